@@ -1,0 +1,218 @@
+"""Command line: ``python -m engine {generate,parity,prepare}``.
+
+Bad arguments exit with status 2 and a one-line message; model problems exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        self.exit(2, f"error: {message}\n")
+
+
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="default", help="offline default, a preset, a Hub id or a local folder")
+    p.add_argument("--drafter", default="ngram", help="none | ngram | int8 | model:<id or preset>")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth)")
+    p.add_argument("--steps", type=int, default=None, help="tree depth (same as --k)")
+    p.add_argument("--topk", type=int, default=1, help="tree branching per node (1 = chain)")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="tree budget: draft tokens kept per step")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--strict", action="store_true", help="shape-invariant target passes (bitwise greedy parity)")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m engine", description="SpecLens speculative decoding engine")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate text with speculative decoding")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
+    _add_generation_args(g)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--events", help="write every event to this JSONL file")
+    g.add_argument("--trace", help="write the run's JSON trace here (one prompt)")
+    g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+
+    par = sub.add_parser("parity", help="greedy parity: speculative vs baseline, diagnosed")
+    src = par.add_mutually_exclusive_group()
+    src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    src.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
+    _add_generation_args(par)
+    par.add_argument("--json", action="store_true")
+
+    prep = sub.add_parser("prepare", help="build the default model cache (once) and report its timing")
+    prep.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    return parser
+
+
+def _read_prompts(path: str) -> list[str]:
+    prompts = []
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            raise ValueError(f"{path}:{number}: not valid JSON") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise ValueError(f'{path}:{number}: expected {{"prompt": "..."}}')
+        prompts.append(item["prompt"])
+    if not prompts:
+        raise ValueError(f"{path} has no prompts")
+    return prompts
+
+
+def _default_parity_prompts() -> list[str]:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "assets" / "parity_prompts.jsonl"
+    return _read_prompts(str(path))
+
+
+def _generate(args, engine) -> int:
+    from . import trace as trace_io
+    from .decode import GenerationSettings
+
+    prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
+    events_out = open(args.events, "w", encoding="utf-8") if args.events else None
+    try:
+        for prompt in prompts:
+            settings = GenerationSettings(
+                max_new_tokens=args.max_new_tokens,
+                k=args.steps or args.k,
+                topk=args.topk,
+                num_draft_tokens=args.num_draft_tokens,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                seed=args.seed,
+                chat=not args.no_chat,
+                strict=args.strict,
+            )
+            events = []
+            for event in engine.generate(prompt, args.drafter, settings):
+                events.append(event)
+                if events_out:
+                    events_out.write(json.dumps(event, ensure_ascii=False) + "\n")
+                if not args.json and event["type"] == "step":
+                    eos = set(events[0]["eos_ids"])
+                    sys.stdout.write("".join(i.get("text", "") for i in event["emitted"] if i["token_id"] not in eos))
+                    sys.stdout.flush()
+            finish = events[-1]
+            metrics = finish["metrics"]
+            if args.trace:
+                trace_io.save(events, args.trace)
+            if args.json:
+                out = {
+                    "prompt": prompt,
+                    "text": finish["text"],
+                    "token_ids": finish["token_ids"],
+                    "stop_reason": finish["stop_reason"],
+                    "drafter": args.drafter,
+                    "seed": events[0]["settings"]["seed"],
+                    **{key: metrics[key] for key in metrics},
+                }
+                print(json.dumps(out, ensure_ascii=False))
+            else:
+                print(
+                    f"\n-- {metrics['new_tokens']} tokens in {metrics['target_passes']} target passes "
+                    f"({metrics['tokens_per_pass']:.2f} per pass), acceptance {metrics['acceptance_rate']:.2f}, "
+                    f"{metrics['tokens_per_s']:.1f} tok/s, {metrics['wall_s']:.2f} s",
+                    file=sys.stderr,
+                )
+    finally:
+        if events_out:
+            events_out.close()
+    return 0
+
+
+def _parity(args, engine) -> int:
+    from .parity import parity_check
+
+    if args.prompt:
+        prompts = args.prompt
+    elif args.prompts_file:
+        prompts = _read_prompts(args.prompts_file)
+    else:
+        prompts = _default_parity_prompts()
+    results = []
+    for result in parity_check(
+        engine,
+        prompts,
+        drafter=args.drafter,
+        max_new_tokens=args.max_new_tokens,
+        k=args.steps or args.k,
+        topk=args.topk,
+        num_draft_tokens=args.num_draft_tokens,
+        strict=args.strict,
+        chat=not args.no_chat,
+    ):
+        results.append(result)
+        if args.json:
+            print(json.dumps(result, ensure_ascii=False))
+        else:
+            line = f"[{result['index']:2d}] {result['verdict']:<20}"
+            if not result["identical"]:
+                line += (
+                    f" at token {result['position']}: baseline {result['baseline_token']!r} vs "
+                    f"speculative {result['speculative_token']!r}, top-2 margin {result['margin']:.4f}"
+                )
+            print(line + f"  | {result['prompt'][:50]!r}")
+    same = sum(r["identical"] for r in results)
+    bugs = sum(r["verdict"] == "real mismatch" for r in results)
+    print(f"{same}/{len(results)} identical, {bugs} real mismatches", file=sys.stderr)
+    return 1 if bugs else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    from .models import ModelLoadError, load_model
+
+    try:
+        if args.command == "prepare":
+            import time
+
+            t0 = time.perf_counter()
+            first = load_model("default", args.dtype)
+            t1 = time.perf_counter()
+            load_model("default", args.dtype)
+            t2 = time.perf_counter()
+            print(
+                f"default model ready ({'cache hit' if first.from_cache else 'cache built'} in {t1 - t0:.1f} s, "
+                f"reload {t2 - t1:.1f} s), dtype {first.dtype}, cache {first.source.get('cache')}"
+            )
+            return 0
+        from .decode import SpeculativeEngine
+
+        if args.command == "generate" and args.prompt is not None and not args.prompt.strip():
+            raise ValueError("prompt is empty")
+        engine = SpeculativeEngine(load_model(args.target, args.dtype))
+        if args.command == "generate":
+            return _generate(args, engine)
+        return _parity(args, engine)
+    except ModelLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,321 @@
+"""Drafters: cheap guessers of the next tokens, with one small interface.
+
+A drafter ``propose``s a draft tree for the current context and is told
+afterwards which path the target ``accept``ed, so it can roll back its own state
+(a model drafter's KV cache) and learn (dynamic K). A chain of K tokens is the
+tree with one child per node.
+
+- ``ngram``: prompt lookup. The longest recent suffix (n = max..min) of
+  prompt + generated text that occurred before proposes what followed it; several
+  distinct earlier continuations become sibling branches. No model, q is a point
+  mass on each proposal.
+- ``model:<id or preset>``: an independent small model sharing the target's vocabulary.
+- ``int8``: the target's own weights quantised to int8 (quantised self-speculation).
+- ``none``: no drafts, the plain autoregressive baseline.
+
+Tree shape (SGLang's knobs): ``steps`` = depth, ``topk`` = children per expanded
+node and nodes expanded per depth, ``budget`` = total draft tokens kept.
+Greedy decoding ranks nodes by cumulative draft probability (EAGLE-2 style).
+Sampling draws the children of a node without replacement from q and decides
+which nodes to keep from their sibling ranks only, never from the drawn values:
+that keeps every sibling list a genuine without-replacement draw from q, which
+the recursive rejection rule in ``sampling.verify_children`` needs to be exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams, probs_from_logits, sample_without_replacement
+from .transformer import KVCache, Transformer
+
+__all__ = ["DraftTree", "TreeShape", "Drafter", "NoDrafter", "NgramDrafter", "ModelDrafter"]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """steps: depth of the tree; topk: branching; budget: max draft tokens kept."""
+
+    steps: int
+    topk: int = 1
+    budget: int | None = None
+
+    def __post_init__(self):
+        for name in ("steps", "topk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if not 1 <= self.steps <= 32:
+            raise ValueError(f"draft depth (K / steps) must be between 1 and 32, got {self.steps}")
+        if not 1 <= self.topk <= 16:
+            raise ValueError(f"topk must be between 1 and 16, got {self.topk}")
+        if self.budget is not None and (not isinstance(self.budget, int) or not 1 <= self.budget <= 256):
+            raise ValueError(f"num_draft_tokens must be between 1 and 256, got {self.budget!r}")
+
+    @property
+    def max_tokens(self) -> int:
+        if self.budget is not None:
+            return self.budget
+        return self.steps if self.topk == 1 else self.topk * self.steps
+
+    @property
+    def is_chain(self) -> bool:
+        return self.topk == 1
+
+
+@dataclass
+class DraftTree:
+    """Draft nodes in the order they were created (parents before children).
+
+    parents[i] == -1 means node i hangs off the root, the last committed token.
+    Siblings appear in the order they were drawn. q_dists maps a parent id (-1 for
+    the root) to the drafter distribution its children were drawn from ([V]
+    float32); a point-mass drafter (n-gram) has none.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    q_token: list[float] = field(default_factory=list)  # q(token) under the parent's q
+    q_dists: dict[int, torch.Tensor] = field(default_factory=dict)
+    point_mass: bool = False
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, parent in enumerate(self.parents) if parent == node]
+
+    def path_to(self, node: int) -> list[int]:
+        path = []
+        while node != -1:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def subset(self, keep: list[int]) -> DraftTree:
+        """The tree restricted to `keep` (must be closed under parents), renumbered."""
+        keep = sorted(keep)
+        remap = {old: new for new, old in enumerate(keep)}
+        remap[-1] = -1
+        tree = DraftTree(point_mass=self.point_mass)
+        for old in keep:
+            tree.tokens.append(self.tokens[old])
+            tree.parents.append(remap[self.parents[old]])
+            tree.depths.append(self.depths[old])
+            tree.q_token.append(self.q_token[old])
+        tree.q_dists = {remap[k]: v for k, v in self.q_dists.items() if k in remap}
+        return tree
+
+
+class Drafter:
+    """Interface. Subclasses override propose (and accept when they keep state)."""
+
+    name = "none"
+    point_mass = False
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """A new sequence starts."""
+
+    def propose(self, context: list[int], shape: TreeShape, params: SamplingParams, gen: torch.Generator) -> DraftTree:
+        raise NotImplementedError
+
+    def accept(self, tree: DraftTree, path: list[int]) -> None:
+        """The target kept `path` (node ids, root to leaf) of the last proposal."""
+
+    def close(self) -> None:
+        """Release per-run buffers."""
+
+
+class NoDrafter(Drafter):
+    """The baseline: nothing drafted, one target token per pass."""
+
+    name = "none"
+
+    def propose(self, context, shape, params, gen) -> DraftTree:
+        return DraftTree()
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup over prompt + generated text.
+
+    For n from max_ngram down to min_ngram, take the last n tokens of the context
+    and look for earlier occurrences (most recent first, within `window` tokens);
+    the first n with any match wins (longest match). Each distinct continuation
+    found becomes a branch (up to topk), followed for up to `steps` tokens.
+    """
+
+    name = "ngram"
+    point_mass = True
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, window: int = 1024):
+        if not (1 <= min_ngram <= max_ngram <= 16):
+            raise ValueError(f"n-gram sizes must satisfy 1 <= min <= max <= 16, got {min_ngram}..{max_ngram}")
+        if window < 2:
+            raise ValueError(f"window must be >= 2, got {window}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.window = window
+
+    def find_continuations(self, context: list[int], length: int, max_branches: int) -> list[list[int]]:
+        """Distinct continuations (each up to `length` tokens) of the longest matching suffix."""
+        ctx = context[-self.window :]
+        total = len(ctx)
+        for n in range(min(self.max_ngram, total - 1), self.min_ngram - 1, -1):
+            suffix = ctx[total - n :]
+            found: list[list[int]] = []
+            seen_first: set[int] = set()
+            # Most recent occurrence first; the suffix itself (at total - n) is excluded.
+            for start in range(total - n - 1, -1, -1):
+                if ctx[start : start + n] != suffix:
+                    continue
+                follow = ctx[start + n : start + n + length]
+                if not follow or follow[0] in seen_first:
+                    continue
+                seen_first.add(follow[0])
+                found.append(follow)
+                if len(found) >= max_branches:
+                    break
+            if found:
+                return found
+        return []
+
+    def propose(self, context, shape, params, gen) -> DraftTree:
+        branches = self.find_continuations(context, shape.steps, shape.topk)
+        tree = DraftTree(point_mass=True)
+        budget = shape.max_tokens
+        for branch in branches:
+            parent = -1
+            for depth, token in enumerate(branch, start=1):
+                if len(tree) >= budget:
+                    return tree
+                tree.tokens.append(int(token))
+                tree.parents.append(parent)
+                tree.depths.append(depth)
+                tree.q_token.append(1.0)
+                parent = len(tree) - 1
+        return tree
+
+
+# Static sibling-rank weights for sampling-mode trees: a node's score is the
+# product of these along its path, so the kept set depends on ranks only.
+_RANK_WEIGHT = [0.8, 0.3, 0.15, 0.08, 0.05, 0.03]
+
+
+def _rank_weight(rank: int) -> float:
+    return _RANK_WEIGHT[rank] if rank < len(_RANK_WEIGHT) else _RANK_WEIGHT[-1] * 0.5 ** (rank - len(_RANK_WEIGHT) + 1)
+
+
+class ModelDrafter(Drafter):
+    """A small causal LM (or the int8 copy of the target) drafting with its own KV cache."""
+
+    def __init__(self, model: Transformer, name: str):
+        self.model = model
+        self.name = name
+        self.cache: KVCache | None = None
+        self._capacity = 0
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        if self.cache is not None:
+            self.cache.length = 0
+
+    def ensure_capacity(self, capacity: int) -> None:
+        if self.cache is None or self.cache.capacity < capacity:
+            self.cache = self.model.new_cache(capacity)
+
+    def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        return probs_from_logits(logits, params)  # [.., V] float32
+
+    def propose(self, context, shape, params, gen) -> DraftTree:
+        if self.cache is None:
+            raise RuntimeError("ModelDrafter.ensure_capacity must be called before propose")
+        cache = self.cache
+        base = cache.length
+        new = context[base:]
+        # Catch up on the committed tokens the drafter has not seen (prompt at the
+        # first step, then the target's extra token and any unseen accepted ones).
+        tokens = torch.tensor(new, dtype=torch.long, device=self.model.device)
+        positions = torch.arange(base, base + len(new), device=self.model.device)
+        logits = self.model.forward(tokens, positions, cache, logits_rows=torch.tensor([len(new) - 1]))
+        committed = cache.length  # == len(context)
+        tree = DraftTree()
+        slot_of: dict[int, int] = {}  # node -> cache slot, for nodes fed to the drafter
+        score: list[float] = []
+        frontier: list[int] = [-1]
+        frontier_q = {-1: self._q(logits[0], params)}
+        for depth in range(1, shape.steps + 1):
+            level: list[int] = []
+            for parent in frontier:
+                q = frontier_q[parent]
+                tree.q_dists[parent] = q
+                if params.greedy:
+                    children = torch.topk(q, shape.topk).indices.tolist()
+                else:
+                    children = sample_without_replacement(q, shape.topk, gen)
+                parent_score = 1.0 if parent == -1 else score[parent]
+                for rank, token in enumerate(children):
+                    q_tok = float(q[token])
+                    tree.tokens.append(int(token))
+                    tree.parents.append(parent)
+                    tree.depths.append(depth)
+                    tree.q_token.append(q_tok)
+                    score.append(parent_score * (q_tok if params.greedy else _rank_weight(rank)))
+                    level.append(len(tree) - 1)
+            if depth == shape.steps:
+                break
+            # Expand the `topk` best nodes of this level (EAGLE-2), a chain expands one.
+            level.sort(key=lambda i: -score[i])
+            frontier = level[: shape.topk]
+            frontier.sort()
+            # Feed the frontier to the drafter in one pass with a tree mask.
+            start = cache.length
+            feed = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long)
+            pos = torch.tensor([committed - 1 + tree.depths[i] for i in frontier], dtype=torch.long)
+            for offset, node in enumerate(frontier):
+                slot_of[node] = start + offset
+            mask = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)
+            mask[:, :committed] = True
+            for row, node in enumerate(frontier):
+                for anc in tree.path_to(node):
+                    mask[row, slot_of[anc]] = True
+            out = self.model.forward(feed, pos, cache, mask=mask)
+            frontier_q = {node: self._q(out[row], params) for row, node in enumerate(frontier)}
+        # Keep the budget's best nodes (ancestor-closed, since scores only shrink
+        # along a path and ties are broken by creation order: parents first).
+        keep = sorted(range(len(tree)), key=lambda i: (-score[i], i))[: shape.max_tokens]
+        keep_set = set(keep)
+        for node in list(keep):
+            for anc in tree.path_to(node):
+                keep_set.add(anc)
+        kept = sorted(keep_set)
+        self._last = (committed, kept, slot_of)
+        return tree.subset(kept) if len(kept) < len(tree) else tree
+
+    def accept(self, tree: DraftTree, path: list[int]) -> None:
+        committed, kept, slot_of = self._last
+        cache = self.cache
+        offsets = []
+        for node in path:
+            original = kept[node]
+            if original not in slot_of:
+                break
+            offsets.append(slot_of[original] - committed)
+        cache.length = committed
+        cache.keep(committed, offsets)
+
+    def close(self) -> None:
+        self.cache = None
+
+
+def int8_drafter(target: Transformer) -> ModelDrafter:
+    """Quantised self-speculation: the target's weights in int8."""
+    from .models import _state_from_transformer
+
+    # torch's CPU int8 weight-only kernel is much faster with bf16 activations
+    # than with float32 ones (measured here: 48 ms vs 140 ms per token). The
+    # drafter's precision does not affect exactness: q can be anything.
+    act_dtype = torch.bfloat16 if target.device.type == "cpu" else target.dtype
+    model = Transformer(target.cfg, _state_from_transformer(target), act_dtype, int8=True)
+    return ModelDrafter(model, "int8")
