@@ -135,7 +135,9 @@ class SpeculativeEngine:
             raise ValueError("prompt is empty: type something for the model to continue")
         tok = self.tokenizer
         if chat and getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
             ids = tok(text, add_special_tokens=False)["input_ids"]
         else:
             ids = tok(prompt)["input_ids"]
@@ -146,7 +148,9 @@ class SpeculativeEngine:
         return [[int(i), self.token_text(int(i)), round(float(v), 6)] for v, i in zip(values, ids) if v > 0]
 
     # --------------------------------------------------------------- the loop
-    def generate(self, prompt: str | list[int], drafter: str = "none", settings: GenerationSettings | None = None, **kw):
+    def generate(
+        self, prompt: str | list[int], drafter: str = "none", settings: GenerationSettings | None = None, **kw
+    ):
         """Yield start, step... and finish events for one generation.
 
         prompt: text (the chat template is applied when settings.chat) or token ids.
@@ -179,7 +183,9 @@ class SpeculativeEngine:
         width = shape.max_tokens + 1  # tokens per target pass at most (pending + drafts)
         capacity = len(prompt_ids) + max_new + width + 1
         seed = settings.seed if settings.seed is not None else random.SystemRandom().randrange(2**31)
-        return self._run(prompt_ids, drafter_obj, settings, params, shape, baseline, max_new, width, capacity, seed, prompt)
+        return self._run(
+            prompt_ids, drafter_obj, settings, params, shape, baseline, max_new, width, capacity, seed, prompt
+        )
 
     def _run(self, prompt_ids, drafter, settings, params, shape, baseline, max_new, width, capacity, seed, prompt):
         model = self.target.model
@@ -212,7 +218,9 @@ class SpeculativeEngine:
         # Prefill everything but the last prompt token, which becomes the pending token.
         t0 = time.perf_counter()
         if len(prompt_ids) > 1:
-            model.forward(torch.tensor(prompt_ids[:-1]), torch.arange(len(prompt_ids) - 1), cache, logits_rows=torch.tensor([0]))
+            model.forward(
+                torch.tensor(prompt_ids[:-1]), torch.arange(len(prompt_ids) - 1), cache, logits_rows=torch.tensor([0])
+            )
         prefill_s = time.perf_counter() - t0
         context = list(prompt_ids)
         generated: list[int] = []
@@ -257,7 +265,7 @@ class SpeculativeEngine:
         finally:
             drafter.close() if isinstance(drafter, ModelDrafter) else None
 
-    def _step(self, context, drafter: Drafter, shape, params, gen, cache, settings, width, full) -> dict:
+    def _step(self, context, drafter: Drafter, shape, params, gen, cache, settings, width, full, drop_q=False) -> dict:
         model = self.target.model
         t0 = time.perf_counter()
         tree = drafter.propose(context, shape, params, gen)
@@ -281,9 +289,9 @@ class SpeculativeEngine:
                 mask[1 + n :, 0] = True  # padding rows: look at one slot, never used
                 tokens = tokens + [0] * (rows - 1 - n)
                 positions = positions + [base] * (rows - 1 - n)
-        logits = model.forward(
-            torch.tensor(tokens), torch.tensor(positions), cache, mask=mask, attend_len=attend_len
-        )[: 1 + n]  # [1 + n, V]: row 0 = the pending token, row 1 + i = node i
+        logits = model.forward(torch.tensor(tokens), torch.tensor(positions), cache, mask=mask, attend_len=attend_len)[
+            : 1 + n
+        ]  # [1 + n, V]: row 0 = the pending token, row 1 + i = node i
         p_rows: dict[int, torch.Tensor] = {}
 
         def p_at(node: int) -> torch.Tensor:
@@ -302,15 +310,27 @@ class SpeculativeEngine:
             p = p_at(node)
             q = tree.q_dists.get(node)
             if children:
-                u = [] if params.greedy else [float(torch.rand((), generator=gen, dtype=torch.float64)) for _ in children]
+                u = (
+                    []
+                    if params.greedy
+                    else [float(torch.rand((), generator=gen, dtype=torch.float64)) for _ in children]
+                )
                 chosen, dist, recs = verify_children(
-                    p, q if q is not None else p, [tree.tokens[c] for c in children], u, params.greedy, tree.point_mass
+                    p,
+                    q if q is not None else p,
+                    [tree.tokens[c] for c in children],
+                    u,
+                    params.greedy,
+                    tree.point_mass,
+                    drop_q,
                 )
                 for c, rec in zip(children, recs):
                     records[c] = rec
                     decisions[c] = "rejected"
                 if full:
-                    dists.append({"node": node, "p_top": self._top(p), "q_top": self._top(q) if q is not None else None})
+                    dists.append(
+                        {"node": node, "p_top": self._top(p), "q_top": self._top(q) if q is not None else None}
+                    )
                 if chosen is not None:
                     accepted_node = children[chosen]
                     decisions[accepted_node] = "accepted"
@@ -327,7 +347,9 @@ class SpeculativeEngine:
                     extra["residual_top"] = self._top(dist)
             else:
                 if full and n:
-                    dists.append({"node": node, "p_top": self._top(p), "q_top": self._top(q) if q is not None else None})
+                    dists.append(
+                        {"node": node, "p_top": self._top(p), "q_top": self._top(q) if q is not None else None}
+                    )
                 elif full:
                     dists.append({"node": node, "p_top": self._top(p), "q_top": None})
                 token = int(p.argmax()) if params.greedy else sample(p, gen)
@@ -381,8 +403,93 @@ class SpeculativeEngine:
         }
 
     # ---------------------------------------------------------------- helpers
+    def sample_next_tokens(
+        self,
+        prompt: str | list[int],
+        drafter: str = "none",
+        n_samples: int = 1000,
+        n_tokens: int = 1,
+        settings: GenerationSettings | None = None,
+        verifier: str = "exact",
+        progress=None,
+        **kw,
+    ) -> list[tuple[int, ...]]:
+        """Draw n_samples independent continuations of n_tokens tokens from one prompt.
+
+        Real speculative sampling (drafts, one target pass, verification), but the
+        prompt is prefilled once and both KV caches are rolled back to it before each
+        sample, so thousands of samples are affordable. verifier="drop_q" swaps in a
+        deliberately lossy verifier (the negative control of the lossless lab).
+        """
+        settings = settings or GenerationSettings()
+        if kw:
+            settings = GenerationSettings(**{**asdict(settings), **kw})
+        params, shape = settings.validate()
+        if verifier not in ("exact", "drop_q"):
+            raise ValueError(f"verifier must be 'exact' or 'drop_q', got {verifier!r}")
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or not 1 <= n_samples <= 100_000:
+            raise ValueError(f"n_samples must be between 1 and 100000, got {n_samples!r}")
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 1 <= n_tokens <= 8:
+            raise ValueError(f"n_tokens must be between 1 and 8, got {n_tokens!r}")
+        drafter_obj = self.drafter(drafter)
+        prompt_ids = self.encode_prompt(prompt, settings.chat) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if len(prompt_ids) + n_tokens + shape.max_tokens + 2 >= self.target.context_window:
+            raise ValueError("prompt too long for the context window")
+        model = self.target.model
+        width = shape.max_tokens + 1
+        capacity = len(prompt_ids) + n_tokens + 2 * width + 2
+        cache = model.new_cache(capacity)
+        if isinstance(drafter_obj, ModelDrafter):
+            drafter_obj.ensure_capacity(capacity + width)
+        drafter_obj.reset(prompt_ids)
+        if len(prompt_ids) > 1:
+            model.forward(
+                torch.tensor(prompt_ids[:-1]), torch.arange(len(prompt_ids) - 1), cache, logits_rows=torch.tensor([0])
+            )
+        base = cache.length
+        gen = torch.Generator().manual_seed(settings.seed if settings.seed is not None else 0)
+        samples: list[tuple[int, ...]] = []
+        for index in range(n_samples):
+            context = list(prompt_ids)
+            cache.length = base  # roll back to the prompt: no recomputation of it
+            if isinstance(drafter_obj, ModelDrafter) and drafter_obj.cache is not None:
+                drafter_obj.cache.length = min(drafter_obj.cache.length, len(prompt_ids) - 1)
+            out: list[int] = []
+            while len(out) < n_tokens:
+                step = self._step(
+                    context, drafter_obj, shape, params, gen, cache, settings, width, False, verifier == "drop_q"
+                )
+                ids = [item["token_id"] for item in step["emitted"]]
+                out.extend(ids)
+                context.extend(ids)
+            samples.append(tuple(out[:n_tokens]))
+            if progress is not None:
+                progress(index + 1, n_samples)
+        return samples
+
+    def next_token_distribution(self, prompt: str | list[int], prefix: list[int] | None = None, settings=None, **kw):
+        """The target's exact next-token distribution p after prompt (+ prefix), as a
+        [V] float32 tensor, with the run's temperature / top-k / top-p applied."""
+        settings = settings or GenerationSettings()
+        if kw:
+            settings = GenerationSettings(**{**asdict(settings), **kw})
+        params, _ = settings.validate()
+        ids = self.encode_prompt(prompt, settings.chat) if isinstance(prompt, str) else [int(t) for t in prompt]
+        ids = ids + list(prefix or [])
+        model = self.target.model
+        cache = model.new_cache(len(ids) + 1)
+        logits = model.forward(
+            torch.tensor(ids), torch.arange(len(ids)), cache, logits_rows=torch.tensor([len(ids) - 1])
+        )
+        return probs_from_logits(logits[0], params)
+
     def run(self, prompt, drafter: str = "none", settings: GenerationSettings | None = None, **kw) -> dict:
         """Run to completion; returns {"events": [...], "text", "token_ids", "metrics"}."""
         events = list(self.generate(prompt, drafter, settings, **kw))
         finish = events[-1]
-        return {"events": events, "text": finish["text"], "token_ids": finish["token_ids"], "metrics": finish["metrics"]}
+        return {
+            "events": events,
+            "text": finish["text"],
+            "token_ids": finish["token_ids"],
+            "metrics": finish["metrics"],
+        }

@@ -283,7 +283,9 @@ def _load_hub(name: str, dtype: torch.dtype, progress, allow_remote_code: bool =
         local_only = not _hub_reachable()
     progress(f"Loading {source_id}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source_id, local_files_only=local_only, trust_remote_code=allow_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            source_id, local_files_only=local_only, trust_remote_code=allow_remote_code
+        )
         hf_model = AutoModelForCausalLM.from_pretrained(
             source_id, dtype=torch.float32, local_files_only=local_only, trust_remote_code=allow_remote_code
         )

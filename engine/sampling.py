@@ -195,6 +195,7 @@ def verify_children(
     u: list[float],
     greedy: bool,
     point_mass: bool = False,
+    drop_q: bool = False,
 ) -> tuple[int | None, torch.Tensor, list[dict]]:
     """Multi-candidate verification at one tree node (recursive rejection sampling).
 
@@ -206,6 +207,9 @@ def verify_children(
     point_mass: the children are deterministic proposals (n-gram): child j is
                its own point mass q_j = onehot(c_j), so it is kept with
                probability p_j(c_j) and a rejection removes c_j from p_j.
+    drop_q:    NEGATIVE CONTROL ONLY (the labs and tests use it to show what a
+               lossy shortcut looks like): accept with min(1, p(c)) and resample
+               from p itself, ignoring q. The output is then NOT distributed as p.
     Returns (index of the accepted child or None, the distribution left after all
     rejections, one record per child tried with the numbers used).
 
@@ -234,10 +238,15 @@ def verify_children(
             q_j = torch.zeros_like(p)
             q_j[c] = 1.0
         q_mass = float(q_j[c])
-        accept_prob = min(1.0, float(p_j[c]) / q_mass) if q_mass > 0 else 0.0
+        if drop_q:
+            accept_prob = min(1.0, float(p_j[c]))
+        else:
+            accept_prob = min(1.0, float(p_j[c]) / q_mass) if q_mass > 0 else 0.0
         records.append({"p_eff": float(p_j[c]), "q_eff": q_mass, "accept_prob": accept_prob, "u": float(u[j])})
         if u[j] < accept_prob:
             return j, p_j, records
+        if drop_q:
+            continue
         p_j = residual(p_j, q_j)
         if point_mass:
             continue

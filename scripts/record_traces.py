@@ -16,8 +16,18 @@ EXAMPLES = {e["regime"]: e["prompt"] for e in json.loads((ROOT / "assets" / "exa
 RUNS = [
     ("code-edit-ngram-greedy", EXAMPLES["code-edit"], "ngram", dict(k=4, max_new_tokens=64, temperature=0.0, seed=0)),
     ("code-edit-baseline-greedy", EXAMPLES["code-edit"], "none", dict(k=4, max_new_tokens=64, temperature=0.0, seed=0)),
-    ("chat-int8-tree-sampling", EXAMPLES["chat"], "int8", dict(k=3, topk=2, num_draft_tokens=6, max_new_tokens=40, temperature=0.8, seed=1)),
-    ("summarize-ngram-sampling", EXAMPLES["summarize"], "ngram", dict(k=4, topk=2, max_new_tokens=48, temperature=0.8, seed=3)),
+    (
+        "chat-int8-tree-sampling",
+        EXAMPLES["chat"],
+        "int8",
+        dict(k=3, topk=2, num_draft_tokens=6, max_new_tokens=40, temperature=0.8, seed=1),
+    ),
+    (
+        "summarize-ngram-sampling",
+        EXAMPLES["summarize"],
+        "ngram",
+        dict(k=4, topk=2, max_new_tokens=48, temperature=0.8, seed=3),
+    ),
 ]
 
 if __name__ == "__main__":
@@ -28,4 +38,6 @@ if __name__ == "__main__":
         run = engine.run(prompt, drafter, **kw)
         trace_io.save(run["events"], out / f"{name}.json")
         m = run["metrics"]
-        print(f"{name}: {m['new_tokens']} tokens, {m['tokens_per_pass']:.2f} per pass, alpha {m['acceptance_rate']:.2f}")
+        print(
+            f"{name}: {m['new_tokens']} tokens, {m['tokens_per_pass']:.2f} per pass, alpha {m['acceptance_rate']:.2f}"
+        )

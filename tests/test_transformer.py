@@ -1,0 +1,111 @@
+"""Our forward pass against transformers, the tree mask, and KV cache surgery (tiny random models)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_transformer
+
+from engine.drafters import DraftTree
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_forward_matches_transformers(model_type):
+    hf, model = tiny_transformer(model_type, vocab_size=512)
+    ids = torch.randint(0, 512, (23,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+    cache = model.new_cache(64)
+    got = model.forward(ids, torch.arange(23), cache)
+    assert torch.allclose(got, ref, **TOL)
+    # Token by token through the cache gives the same logits.
+    cache = model.new_cache(64)
+    model.forward(ids[:10], torch.arange(10), cache)
+    for i in range(10, 23):
+        row = model.forward(ids[i : i + 1], torch.tensor([i]), cache)[0]
+        assert torch.allclose(row, ref[i], **TOL)
+
+
+def _tree() -> DraftTree:
+    # root -> a(0) -> c(2) -> e(4)
+    #      -> b(1) -> d(3)
+    #              -> f(5)
+    tree = DraftTree()
+    for token, parent, depth in [(5, -1, 1), (7, -1, 1), (9, 0, 2), (11, 1, 2), (13, 2, 3), (15, 1, 2)]:
+        tree.tokens.append(token)
+        tree.parents.append(parent)
+        tree.depths.append(depth)
+        tree.q_token.append(1.0)
+    return tree
+
+
+def _tree_pass(model, prefix, tree):
+    """Prefill prefix[:-1], then one pass over [pending] + tree nodes with the tree mask."""
+    cache = model.new_cache(128)
+    model.forward(torch.tensor(prefix[:-1]), torch.arange(len(prefix) - 1), cache)
+    base = cache.length
+    n = len(tree)
+    mask = torch.zeros(1 + n, base + 1 + n, dtype=torch.bool)
+    mask[:, : base + 1] = True
+    for i in range(n):
+        for anc in tree.path_to(i):
+            mask[1 + i, base + 1 + anc] = True
+    tokens = torch.tensor([prefix[-1]] + tree.tokens)
+    positions = torch.tensor([base] + [base + d for d in tree.depths])
+    logits = model.forward(tokens, positions, cache, mask=mask)
+    return cache, base, logits
+
+
+def test_tree_mask_logits_equal_each_root_to_node_path():
+    _, model = tiny_transformer(vocab_size=512)
+    prefix = [3, 14, 15, 92, 65, 35]
+    tree = _tree()
+    _, _, logits = _tree_pass(model, prefix, tree)
+    for i in range(len(tree)):
+        path_tokens = [tree.tokens[j] for j in tree.path_to(i)]
+        seq = torch.tensor(prefix + path_tokens)
+        plain = model.forward(seq, torch.arange(len(seq)), model.new_cache(64))
+        assert torch.allclose(logits[1 + i], plain[-1], **TOL), f"node {i}"
+    plain = model.forward(torch.tensor(prefix), torch.arange(len(prefix)), model.new_cache(64))
+    assert torch.allclose(logits[0], plain[-1], **TOL)
+
+
+def test_cache_after_tree_step_equals_cache_of_accepted_path():
+    _, model = tiny_transformer(vocab_size=512)
+    prefix = [3, 14, 15, 92, 65, 35]
+    tree = _tree()
+    cache, base, _ = _tree_pass(model, prefix, tree)
+    path = [1, 5]  # root -> b -> f
+    cache.keep(base, [0] + [1 + i for i in path])
+    seq = prefix + [tree.tokens[i] for i in path]
+    ref = model.new_cache(128)
+    model.forward(torch.tensor(seq), torch.arange(len(seq)), ref)
+    assert cache.length == ref.length == len(seq)
+    assert torch.allclose(cache.k[:, :, : len(seq)], ref.k[:, :, : len(seq)], **TOL)
+    assert torch.allclose(cache.v[:, :, : len(seq)], ref.v[:, :, : len(seq)], **TOL)
+    # And decoding continues identically from both caches.
+    nxt = torch.tensor([42])
+    a = model.forward(nxt, torch.tensor([len(seq)]), cache)
+    b = model.forward(nxt, torch.tensor([len(seq)]), ref)
+    assert torch.allclose(a, b, **TOL)
+
+
+def test_cache_capacity_is_enforced():
+    _, model = tiny_transformer(vocab_size=512)
+    cache = model.new_cache(4)
+    with pytest.raises(ValueError, match="capacity"):
+        model.forward(torch.arange(5), torch.arange(5), cache)
+
+
+def test_int8_linear_is_close_to_full_precision():
+    from engine.transformer import Int8Linear, Linear
+
+    w = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    full = Linear(w)(x)
+    for dtype in (torch.float32, torch.bfloat16):
+        q = Int8Linear(w.to(dtype))(x.to(dtype)).float()
+        rel = (q - full).norm() / full.norm()
+        assert rel < 0.03, (dtype, float(rel))
