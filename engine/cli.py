@@ -1,4 +1,4 @@
-"""Command line: ``python -m engine {generate,parity,prepare}``.
+"""Command line: ``python -m engine {generate,parity,bench,prepare}``.
 
 Bad arguments exit with status 2 and a one-line message; model problems exit 1.
 """
@@ -53,6 +53,14 @@ def _build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
     _add_generation_args(par)
     par.add_argument("--json", action="store_true")
+
+    b = sub.add_parser("bench", help="benchmark suite: engine systems vs transformers, one table")
+    b.add_argument("--quick", action="store_true", help="one prompt per workload, 32 tokens, 1 repeat (CI smoke)")
+    b.add_argument("--repeats", type=int, default=None)
+    b.add_argument("--max-new-tokens", type=int, default=None)
+    b.add_argument("--systems", default=None, help="comma-separated subset of the systems")
+    b.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    b.add_argument("--json", action="store_true", help="print the report as JSON")
 
     prep = sub.add_parser("prepare", help="build the default model cache (once) and report its timing")
     prep.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
@@ -202,6 +210,23 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from .decode import SpeculativeEngine
 
+        if args.command == "bench":
+            from .bench import SYSTEMS, format_table, run_bench
+
+            systems = args.systems.split(",") if args.systems else None
+            if systems and any(s not in SYSTEMS for s in systems):
+                raise ValueError(f"unknown system in --systems; choose from {', '.join(SYSTEMS)}")
+            if args.repeats is not None and not 1 <= args.repeats <= 20:
+                raise ValueError("--repeats must be between 1 and 20")
+            report = run_bench(
+                SpeculativeEngine(load_model("default", args.dtype)),
+                args.quick,
+                args.repeats,
+                args.max_new_tokens,
+                systems,
+            )
+            print(json.dumps(report, indent=2) if args.json else format_table(report))
+            return 0
         if args.command == "generate" and args.prompt is not None and not args.prompt.strip():
             raise ValueError("prompt is empty")
         engine = SpeculativeEngine(load_model(args.target, args.dtype))

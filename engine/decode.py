@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from dataclasses import asdict, dataclass
 
 import torch
@@ -211,6 +212,8 @@ class SpeculativeEngine:
             "prompt": prompt if isinstance(prompt, str) else None,
             "prompt_ids": list(prompt_ids),
             "prompt_tokens": len(prompt_ids),
+            "prompt_tail": [self.token_text(t) for t in prompt_ids[-8:]],
+            "run_id": uuid.uuid4().hex,
             "eos_ids": sorted(self.eos_ids),
             "max_new_tokens": max_new,
             "started_at": time.time(),
@@ -240,6 +243,10 @@ class SpeculativeEngine:
                     if len(generated) + len(kept) >= max_new:
                         break
                 if len(kept) < len(step["emitted"]):
+                    # Accepted drafts past EOS or the limit are verified but not emitted.
+                    for item in step["emitted"][len(kept) :]:
+                        if item.get("node") is not None:
+                            step["nodes"][item["node"]]["dropped"] = True
                     step["emitted"] = kept
                     step["truncated"] = True
                 new_ids = [item["token_id"] for item in kept]

@@ -44,8 +44,12 @@ def parity_check(
     num_draft_tokens: int | None = None,
     strict: bool = False,
     chat: bool = True,
+    baseline_cache: dict | None = None,
 ):
-    """Yield one result dict per prompt (a generator, so callers can show progress)."""
+    """Yield one result dict per prompt (a generator, so callers can show progress).
+
+    baseline_cache: optional dict reused across calls so that checking several
+    drafters on the same prompts runs each baseline once."""
     tolerance = NEAR_TIE.get(engine.target.dtype, 0.01)
     for index, prompt in enumerate(prompts):
         common = dict(
@@ -59,7 +63,13 @@ def parity_check(
             payload="reduced",
             seed=0,
         )
-        base = engine.run(prompt, "none", GenerationSettings(**common))
+        key = (prompt, max_new_tokens, strict, chat, k * max(topk, 1), num_draft_tokens, str(engine.target.dtype))
+        if baseline_cache is not None and key in baseline_cache:
+            base = baseline_cache[key]
+        else:
+            base = engine.run(prompt, "none", GenerationSettings(**common))
+            if baseline_cache is not None:
+                baseline_cache[key] = base
         spec = engine.run(prompt, drafter, GenerationSettings(**common))
         a, b = base["token_ids"], spec["token_ids"]
         result = {

@@ -225,7 +225,8 @@ def verify_children(
         best = int(p.argmax().item())
         for j, c in enumerate(child_ids):
             ok = c == best
-            records.append({"p_eff": float(p[c]), "q_eff": float(q[c]), "accept_prob": 1.0 if ok else 0.0, "u": None})
+            q_c = 1.0 if point_mass else float(q[c])
+            records.append({"p_eff": float(p[c]), "q_eff": q_c, "accept_prob": 1.0 if ok else 0.0, "u": None})
             if ok:
                 return j, p, records
         dist = torch.zeros_like(p)
