@@ -86,8 +86,10 @@ class SpeculativeEngine:
         self.eos_ids = target.eos_token_ids
 
     @classmethod
-    def load(cls, target: str = "default", dtype: str = "auto", progress=None) -> SpeculativeEngine:
-        return cls(load_model(target, dtype, progress))
+    def load(
+        cls, target: str = "default", dtype: str = "auto", progress=None, device: str = "auto"
+    ) -> SpeculativeEngine:
+        return cls(load_model(target, dtype, progress, device=device))
 
     # ----------------------------------------------------------------- drafters
     def drafter(self, spec: str) -> Drafter:
@@ -113,7 +115,7 @@ class SpeculativeEngine:
             model_id = spec.split(":", 1)[1].strip()
             if not model_id:
                 raise ValueError("model drafter needs an id: model:<hub id, preset or folder>")
-            loaded = load_model(model_id, self.target.dtype)
+            loaded = load_model(model_id, self.target.dtype, device=str(self.target.model.device))
             check_same_vocab(self.tokenizer, loaded.tokenizer)
             drafter = ModelDrafter(loaded.model, spec)
         else:
@@ -221,9 +223,7 @@ class SpeculativeEngine:
         # Prefill everything but the last prompt token, which becomes the pending token.
         t0 = time.perf_counter()
         if len(prompt_ids) > 1:
-            model.forward(
-                torch.tensor(prompt_ids[:-1]), torch.arange(len(prompt_ids) - 1), cache, logits_rows=torch.tensor([0])
-            )
+            model.prefill(prompt_ids[:-1], cache)
         prefill_s = time.perf_counter() - t0
         context = list(prompt_ids)
         generated: list[int] = []
@@ -450,9 +450,7 @@ class SpeculativeEngine:
             drafter_obj.ensure_capacity(capacity + width)
         drafter_obj.reset(prompt_ids)
         if len(prompt_ids) > 1:
-            model.forward(
-                torch.tensor(prompt_ids[:-1]), torch.arange(len(prompt_ids) - 1), cache, logits_rows=torch.tensor([0])
-            )
+            model.prefill(prompt_ids[:-1], cache)
         base = cache.length
         gen = torch.Generator().manual_seed(settings.seed if settings.seed is not None else 0)
         samples: list[tuple[int, ...]] = []
@@ -485,10 +483,7 @@ class SpeculativeEngine:
         ids = ids + list(prefix or [])
         model = self.target.model
         cache = model.new_cache(len(ids) + 1)
-        logits = model.forward(
-            torch.tensor(ids), torch.arange(len(ids)), cache, logits_rows=torch.tensor([len(ids) - 1])
-        )
-        return probs_from_logits(logits[0], params)
+        return probs_from_logits(model.prefill(ids, cache), params)
 
     def run(self, prompt, drafter: str = "none", settings: GenerationSettings | None = None, **kw) -> dict:
         """Run to completion; returns {"events": [...], "text", "token_ids", "metrics"}."""

