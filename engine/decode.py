@@ -27,10 +27,14 @@ from .metrics import summarize_steps
 from .models import LoadedModel, check_same_vocab, load_model
 from .sampling import SamplingParams, probs_from_logits, sample, verify_children
 
-__all__ = ["GenerationSettings", "SpeculativeEngine", "TOP_N"]
+__all__ = ["GenerationSettings", "OutOfMemory", "SpeculativeEngine", "TOP_N"]
 
 TOP_N = 10  # entries of p and q kept per position in full payloads
 EVENT_VERSION = 1
+
+
+class OutOfMemory(RuntimeError):
+    """The accelerator ran out of memory; the message suggests smaller settings."""
 
 
 @dataclass
@@ -231,7 +235,12 @@ class SpeculativeEngine:
         stop_reason = "max_new_tokens"
         try:
             while len(generated) < max_new:
-                step = self._step(context, drafter, shape, params, gen, cache, settings, width, full)
+                try:
+                    step = self._step(context, drafter, shape, params, gen, cache, settings, width, full)
+                except torch.OutOfMemoryError as exc:
+                    raise OutOfMemory(
+                        f"out of memory verifying {width - 1} draft tokens; try a smaller K, topk or tree budget"
+                    ) from exc
                 step["step"] = len(steps) + 1
                 # Truncate at EOS or at the token limit (exactness of the kept prefix is unaffected).
                 kept = []

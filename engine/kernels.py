@@ -1,0 +1,501 @@
+"""Batched chain verification: a pure-torch reference and a Triton kernel.
+
+Purpose
+-------
+``engine.sampling.verify_chain`` verifies one chain of drafts at a time with
+small torch ops, which is right for the CPU decode loop and for the labs. On a
+GPU a batch of B chains is better verified by one kernel launch that never
+materialises the residual on the host. This module provides that kernel, a
+pure-torch reference with the same contract, and a dispatcher.
+
+Vocabulary (vLLM's rejection sampler): for each of the B rows the drafter
+*drafted* K tokens; the verifier *accepts* a prefix of them; at the first
+*rejected* draft an extra token is *resampled* from the residual; when all K
+drafts are accepted the extra token is the *bonus* token, drawn from the
+target's distribution at position K. Every row therefore emits
+``num_accepted + 1`` tokens: the accepted drafts, then ``next_token``.
+
+The maths (p = target, q = drafter), row b, positions i = 0 .. K-1
+--------------------------------------------------------------------
+1. Accept test. With x_i = draft_ids[b, i]::
+
+       accept_prob_i = min(1, p_i(x_i) / max(q_i(x_i), 1e-30))     (float32, IEEE division)
+       draft i is accepted  iff  uniforms[b, i] < accept_prob_i
+
+   ``num_accepted`` is the index of the first rejected draft, or K when none
+   is rejected. This is exactly the rule of ``sampling.verify_chain``
+   (including its 1e-30 clamp), so both agree on the same uniforms.
+   When ``draft_probs`` is None the drafts are point masses (n-gram drafter):
+   q_i = onehot(x_i), so accept_prob_i = p_i(x_i).
+
+2. The distribution of the extra token, ``dist`` (left unnormalised)::
+
+       rejected at i = num_accepted < K:  dist = max(0, p_i - q_i)    (the residual)
+                                           or p_i if that is zero everywhere
+       all K accepted:                     dist = p_K                  (the bonus)
+
+   ``sampling.verify_chain`` returns ``dist / sum(dist)``. Exactness (the
+   emitted token is distributed as p): P(keep x) = min(p(x), q(x)) and
+   P(reject, then y) = sum_x max(0, p - q) * r(y) = max(0, p(y) - q(y)), which
+   sum to p(y). The "residual is zero" fallback only triggers when p <= q
+   everywhere, i.e. (for normalised rows) p == q, where a rejection has
+   probability zero; it just keeps the draw well defined.
+
+3. Inverse-CDF draw with one uniform u = sample_uniforms[b] in [0, 1), all in
+   float32::
+
+       total = sum_j dist[j]
+       t     = u * total
+       cdf   = running sum of dist
+       next_token = the smallest j with cdf[j] > t
+                    (if none, which rounding can cause when u is within one ulp
+                    of 1: the largest j with dist[j] > 0; 0 if dist is all zero)
+
+   Because ``>`` is strict, the selected j always has dist[j] > 0: a token
+   without mass is never drawn.
+
+Exactness between the two implementations
+-----------------------------------------
+Steps 1 and 2 are elementwise and correctly rounded in both (the kernel uses
+``div_rn``), so ``num_accepted`` and ``dist`` agree bit for bit. The float32
+summation order of ``total`` and ``cdf`` cannot be made identical: torch's CPU
+cumsum accumulates in float64, the interpreter uses numpy, and on a GPU
+``tl.cumsum``/``tl.sum`` are parallel scans/trees. The *selected token id* is
+what must match, and it does unless t falls within float32 rounding
+(about V * 2**-24 relative to total in the worst case, far less in practice)
+of a CDF boundary, an event of probability ~1e-6 per draw that the tests
+exclude by construction (they redraw uniforms that land that close).
+
+The kernel
+----------
+One program per batch row. It runs the K accept tests as one vector (K
+independent gathers of p_i(x_i), q_i(x_i) and u_i; the first rejection is a
+min-reduction, which is the same as looping and stopping), then streams the one
+relevant row of p (and q) over V in blocks of BLOCK_V, twice: pass 1 sums the
+residual and p, pass 2 runs a blocked cumsum with a running carry, keeps the
+first index whose CDF exceeds t and the last index with mass (the fallback).
+Nothing of size V is written anywhere; memory traffic is ~4 row reads.
+Draft point masses (``draft_probs=None``) are a constexpr flag: q is then
+built in registers as ``offs == x_i``. Greedy decoding does not need the
+kernel (it is an argmax; see ``sampling.verify_chain``).
+
+Tree verification
+-----------------
+Trees (topk > 1) are NOT verified by this kernel: the decode loop uses the
+sequential reference walk ``sampling.verify_children``. Sibling-by-sibling
+recursive rejection sampling updates the residual after every rejected child
+(p_{j+1} = norm(max(0, p_j - q_j)), with q_j renormalised without the earlier
+siblings), so the siblings at a node are inherently sequential, and the trees
+SpecLens draws are small (tens of nodes), so a kernel would buy nothing.
+
+Dispatch
+--------
+``verify_batch`` uses the compiled Triton kernel when the tensors are on
+CUDA and triton imports, or the kernel under Triton's CPU interpreter when
+``SPECLENS_TRITON_INTERPRET=1`` or ``TRITON_INTERPRET=1`` is set (for tests on
+a machine without a GPU; if triton was imported before the variable took
+effect, see below, it warns once and uses the reference); otherwise the torch
+reference. All three give the same results. This module imports cleanly
+without triton (``HAS_TRITON`` is then False and the reference is used).
+
+Note on TRITON_INTERPRET (triton 3.9, read from its source): ``triton.jit``
+reads the variable when it *decorates* a function (``knobs.runtime.interpret``
+looks at os.environ live). triton.language's own helpers (``tl.zeros``,
+``tl.sum``, ``tl.max``, ``tl.cumsum``, ...) are ``@jit`` functions decorated
+when ``triton`` is first imported, so the interpreter only works in a process
+where TRITON_INTERPRET=1 was set *before the first ``import triton``* (and
+the compiled kernel only where it was not): the mode is fixed per process.
+``transformers`` imports triton, so in practice set it in the environment of
+the process. For convenience, importing this module with
+SPECLENS_TRITON_INTERPRET=1 sets TRITON_INTERPRET=1 when triton has not been
+imported yet. ``triton_language_interpreted()`` reports the mode in force;
+the kernel object is built for that mode (``InterpretedFunction`` or
+``JITFunction``) and asking for the other one raises a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+__all__ = [
+    "HAS_TRITON",
+    "extra_distribution",
+    "inverse_cdf",
+    "triton_interpret_requested",
+    "triton_language_interpreted",
+    "verify_batch",
+    "verify_batch_reference",
+    "verify_batch_triton",
+]
+
+if os.environ.get("SPECLENS_TRITON_INTERPRET", "0").strip() == "1" and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton (see above)
+
+try:  # triton is optional: CPU-only installs (macOS, aarch64) may lack it.
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except Exception:  # pragma: no cover - depends on the install
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+_Q_FLOOR = 1e-30  # same clamp as sampling.verify_chain
+
+
+# --------------------------------------------------------------- validation
+def _check(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms) -> tuple[int, int, int]:
+    if target_probs.dim() != 3:
+        raise ValueError(f"target_probs must be [B, K+1, V], got shape {tuple(target_probs.shape)}")
+    b, k1, v = target_probs.shape
+    k = k1 - 1
+    if k < 0 or v < 1:
+        raise ValueError(f"target_probs must be [B, K+1, V] with K >= 0 and V >= 1, got {tuple(target_probs.shape)}")
+    if tuple(draft_ids.shape) != (b, k):
+        raise ValueError(f"draft_ids must be [B, K] = {(b, k)}, got {tuple(draft_ids.shape)}")
+    if tuple(uniforms.shape) != (b, k):
+        raise ValueError(f"uniforms must be [B, K] = {(b, k)}, got {tuple(uniforms.shape)}")
+    if tuple(sample_uniforms.shape) != (b,):
+        raise ValueError(f"sample_uniforms must be [B] = {(b,)}, got {tuple(sample_uniforms.shape)}")
+    if draft_probs is not None and tuple(draft_probs.shape) != (b, k, v):
+        raise ValueError(f"draft_probs must be [B, K, V] = {(b, k, v)} or None, got {tuple(draft_probs.shape)}")
+    return b, k, v
+
+
+# ---------------------------------------------------------------- reference
+def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The module's inverse-CDF draw, row by row, in float32.
+
+    dist: [B, V] non-negative weights (need not sum to 1)
+    u:    [B]    uniforms in [0, 1)
+    Returns [B] int64: the smallest j with cumsum(dist)[j] > u * sum(dist); if
+    there is none, the largest j with dist[j] > 0 (0 if the row is all zero).
+    """
+    dist = dist.float()
+    v = dist.shape[-1]
+    total = dist.sum(dim=-1)  # [B]
+    t = u.float() * total  # [B]
+    cdf = torch.cumsum(dist, dim=-1)  # [B, V]
+    hit = cdf > t[:, None]  # [B, V]
+    first = hit.int().argmax(dim=-1)  # [B]: first True (0 when none)
+    idx = torch.arange(v, device=dist.device)
+    last_pos = torch.where(dist > 0, idx, -1).amax(dim=-1).clamp_min(0)  # [B]
+    return torch.where(hit.any(dim=-1), first, last_pos).long()
+
+
+def _accept_counts(target_probs, draft_probs, draft_ids, uniforms) -> torch.Tensor:
+    """[B] int64 num_accepted (step 1 of the module docstring)."""
+    b, k1, _ = target_probs.shape
+    k = k1 - 1
+    if k == 0:
+        return torch.zeros(b, dtype=torch.int64, device=target_probs.device)
+    ids = draft_ids.long().unsqueeze(-1)  # [B, K, 1]
+    p_draft = target_probs[:, :k].float().gather(-1, ids).squeeze(-1)  # [B, K]
+    if draft_probs is None:
+        q_draft = torch.ones_like(p_draft)  # point masses: q_i(x_i) = 1
+    else:
+        q_draft = draft_probs.float().gather(-1, ids).squeeze(-1)  # [B, K]
+    accept_prob = torch.clamp(p_draft / q_draft.clamp_min(_Q_FLOOR), max=1.0)  # [B, K]
+    rejected = uniforms.float() >= accept_prob  # [B, K]
+    first = rejected.int().argmax(dim=-1)  # [B]
+    return torch.where(rejected.any(dim=-1), first, torch.full_like(first, k)).long()
+
+
+def extra_distribution(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_ids: torch.Tensor,
+    num_accepted: torch.Tensor,
+) -> torch.Tensor:
+    """[B, V] float32 unnormalised distribution of the extra token (step 2).
+
+    target_probs: [B, K+1, V]; draft_probs: [B, K, V] or None (point masses);
+    draft_ids: [B, K]; num_accepted: [B]. Rows with num_accepted == K get the
+    bonus distribution p_K; the others the residual max(0, p_i - q_i) at the
+    rejected position i (or p_i when that residual is zero everywhere).
+    """
+    b, k1, v = target_probs.shape
+    k = k1 - 1
+    rows = torch.arange(b, device=target_probs.device)
+    pos = num_accepted.long()  # [B]
+    p_row = target_probs[rows, pos].float()  # [B, V]
+    bonus = pos == k  # [B]
+    if k == 0:
+        return p_row
+    qpos = pos.clamp(max=k - 1)  # [B]
+    if draft_probs is None:
+        q_row = torch.zeros_like(p_row)
+        q_row[rows, draft_ids[rows, qpos].long()] = 1.0  # onehot(x_i)
+    else:
+        q_row = draft_probs[rows, qpos].float()  # [B, V]
+    q_row = torch.where(bonus[:, None], torch.zeros_like(q_row), q_row)
+    resid = torch.clamp(p_row - q_row, min=0.0)  # [B, V]; == p_row on bonus rows
+    has_resid = (resid > 0).any(dim=-1, keepdim=True)  # [B, 1]
+    return torch.where(has_resid, resid, p_row)
+
+
+def verify_batch_reference(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_ids: torch.Tensor,
+    uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact rejection sampling over a batch of draft chains, in pure torch.
+
+    target_probs:    [B, K+1, V] float32  target p at the K drafted positions plus the bonus position
+    draft_probs:     [B, K, V]   float32  drafter q the drafts were sampled from, or None for
+                                          point-mass drafts (n-gram): q_i = onehot(draft_ids[:, i])
+    draft_ids:       [B, K]      int64    drafted token ids
+    uniforms:        [B, K]      float32  in [0, 1), one accept test per draft
+    sample_uniforms: [B]         float32  in [0, 1), one inverse-CDF draw per row
+    Returns (num_accepted [B] int64, next_token [B] int64): the number of
+    accepted drafts and the resampled (or bonus) token that follows them.
+    """
+    _check(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
+    num_accepted = _accept_counts(target_probs, draft_probs, draft_ids, uniforms)  # [B]
+    dist = extra_distribution(target_probs, draft_probs, draft_ids, num_accepted)  # [B, V]
+    return num_accepted, inverse_cdf(dist, sample_uniforms)
+
+
+# ------------------------------------------------------------------- triton
+def _verify_kernel(
+    p_ptr,  # [B, K+1, V] float32 target probs
+    q_ptr,  # [B, K, V]   float32 draft probs (unused when HAS_Q is False)
+    draft_ptr,  # [B, K]  int64 drafted ids
+    u_ptr,  # [B, K]      float32 accept uniforms
+    su_ptr,  # [B]        float32 sample uniforms
+    num_acc_ptr,  # [B]   int64 out: number of accepted drafts
+    token_ptr,  # [B]     int64 out: resampled / bonus token
+    K,
+    V,
+    stride_pb,
+    stride_pk,
+    stride_qb,
+    stride_qk,
+    stride_db,
+    stride_ub,
+    HAS_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    p_base = p_ptr + row * stride_pb
+    d_base = draft_ptr + row * stride_db
+    u_base = u_ptr + row * stride_ub
+
+    # ---- accept tests at the K drafted positions, as one vector (independent loads,
+    # no dependent chain): num_accepted = the first rejected position, or K.
+    koffs = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    kin = koffs < K
+    x = tl.load(d_base + koffs, mask=kin, other=0)  # [BLOCK_K] drafted ids x_i (int64)
+    p_x = tl.load(p_base + koffs * stride_pk + x, mask=kin, other=0.0)  # [BLOCK_K] p_i(x_i)
+    if HAS_Q:
+        q_x = tl.load(q_ptr + row * stride_qb + koffs * stride_qk + x, mask=kin, other=1.0)  # [BLOCK_K] q_i(x_i)
+    else:
+        q_x = tl.full((BLOCK_K,), 1.0, tl.float32)  # point masses
+    accept_prob = tl.minimum(tl.math.div_rn(p_x, tl.maximum(q_x, 1e-30)), 1.0)  # [BLOCK_K]
+    u = tl.load(u_base + koffs, mask=kin, other=0.0)  # [BLOCK_K]
+    rejected = (u >= accept_prob) & kin  # [BLOCK_K]
+    num_acc = tl.min(tl.where(rejected, koffs, K), axis=0)  # int32 scalar
+
+    # ---- the row the extra token comes from: residual at the rejection, or the bonus p_K.
+    not_bonus = num_acc < K
+    qpos = tl.minimum(num_acc, K - 1).to(tl.int64)  # rejected position (unused for the bonus)
+    pk_base = p_base + num_acc.to(tl.int64) * stride_pk  # p_i at the rejection, p_K for the bonus
+    q_base = q_ptr + row * stride_qb + qpos * stride_qk
+    v_q = tl.where(not_bonus, V, 0)  # q is read only at a rejection (the bonus row uses q = 0)
+    x_rej = tl.load(d_base + qpos, mask=not_bonus, other=-1)  # the rejected draft (point-mass q)
+
+    # pass 1: the masses of the residual max(0, p - q) and of p.
+    sum_r = tl.full((), 0.0, tl.float32)
+    sum_p = tl.full((), 0.0, tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)  # [BLOCK_V]
+        p = tl.load(pk_base + offs, mask=offs < V, other=0.0)  # [BLOCK_V]
+        if HAS_Q:
+            q = tl.load(q_base + offs, mask=offs < v_q, other=0.0)  # [BLOCK_V]
+        else:
+            q = tl.where(offs == x_rej, 1.0, 0.0)  # [BLOCK_V] onehot(x_i), zero for the bonus
+        sum_r += tl.sum(tl.maximum(p - q, 0.0), axis=0)
+        sum_p += tl.sum(p, axis=0)
+
+    use_r = sum_r > 0.0  # the residual has mass somewhere (a sum of non-negatives)
+    total = tl.where(use_r, sum_r, sum_p)
+    t = tl.load(su_ptr + row) * total  # the inverse-CDF target
+
+    # pass 2: blocked cumsum with a running carry. One min-reduction finds both the
+    # first index with cdf > t (keys 0 .. V-1) and, failing that (rounding only), the
+    # last index with mass (keys 2V - j in V+1 .. 2V); 3V marks neither.
+    carry = tl.full((), 0.0, tl.float32)
+    best = tl.full((), 0, tl.int32) + 3 * V
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)  # [BLOCK_V]
+        inb = offs < V
+        p = tl.load(pk_base + offs, mask=inb, other=0.0)  # [BLOCK_V]
+        if HAS_Q:
+            q = tl.load(q_base + offs, mask=offs < v_q, other=0.0)  # [BLOCK_V]
+        else:
+            q = tl.where(offs == x_rej, 1.0, 0.0)  # [BLOCK_V]
+        d = tl.where(use_r, tl.maximum(p - q, 0.0), p)  # [BLOCK_V] dist, 0 out of bounds
+        cdf = tl.cumsum(d, axis=0) + carry  # [BLOCK_V]
+        key = tl.where((cdf > t) & inb, offs, tl.where(d > 0.0, 2 * V - offs, 3 * V))  # [BLOCK_V]
+        best = tl.minimum(best, tl.min(key, axis=0))
+        carry += tl.sum(d, axis=0)
+
+    token = tl.where(best < V, best, tl.where(best < 3 * V, 2 * V - best, 0))
+    tl.store(num_acc_ptr + row, num_acc.to(tl.int64))
+    tl.store(token_ptr + row, token.to(tl.int64))
+
+
+_KERNELS: dict[bool, object] = {}
+
+
+def triton_language_interpreted() -> bool:
+    """True when triton was imported in interpreter mode (TRITON_INTERPRET=1 set
+    before its first import); then only the interpreted kernel can run here."""
+    if not HAS_TRITON:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(tl.sum, InterpretedFunction)
+
+
+def triton_interpret_requested() -> bool:
+    """True when SPECLENS_TRITON_INTERPRET=1 or TRITON_INTERPRET=1 is set."""
+    return any(os.environ.get(name, "0").strip() == "1" for name in ("SPECLENS_TRITON_INTERPRET", "TRITON_INTERPRET"))
+
+
+def _kernel(interpret: bool):
+    """The kernel, interpreted (CPU, numpy) or compiled (GPU), built once each."""
+    if interpret != triton_language_interpreted():
+        if interpret:
+            raise RuntimeError(
+                "Triton's interpreter needs TRITON_INTERPRET=1 (or SPECLENS_TRITON_INTERPRET=1) in the "
+                "environment before triton is first imported in this process; it was imported in compiled mode"
+            )
+        raise RuntimeError(
+            "triton was imported with TRITON_INTERPRET=1, so this process cannot compile the kernel; "
+            "unset it (and SPECLENS_TRITON_INTERPRET) to use the GPU kernel"
+        )
+    if interpret not in _KERNELS:
+        if interpret:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            _KERNELS[interpret] = InterpretedFunction(_verify_kernel)
+        else:
+            from triton.runtime.jit import JITFunction
+
+            _KERNELS[interpret] = JITFunction(_verify_kernel)
+    return _KERNELS[interpret]
+
+
+def verify_batch_triton(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_ids: torch.Tensor,
+    uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+    *,
+    interpret: bool | None = None,
+    block_v: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as ``verify_batch_reference``, computed by the Triton kernel.
+
+    target_probs:    [B, K+1, V] float32
+    draft_probs:     [B, K, V]   float32 or None (point-mass drafts)
+    draft_ids:       [B, K]      int64
+    uniforms:        [B, K]      float32 in [0, 1)
+    sample_uniforms: [B]         float32 in [0, 1)
+    interpret: None (default) runs in the mode triton was imported in (see the
+               module docstring); True / False insist on the interpreter / the
+               compiled kernel and raise if this process cannot provide it.
+               The compiled kernel needs CUDA tensors; the interpreter takes
+               tensors on any device (it copies them to the host).
+    block_v:   the V block size, a power of two (default min(next_pow2(V), 1024));
+               results do not depend on it beyond float32 rounding of the CDF.
+    Returns (num_accepted [B] int64, next_token [B] int64) on the input device.
+    """
+    if not HAS_TRITON:
+        raise RuntimeError("triton is not installed: use verify_batch_reference (or verify_batch)")
+    b, k, v = _check(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
+    device = target_probs.device
+    if interpret is None:
+        interpret = triton_language_interpreted()
+    if not interpret and device.type != "cuda":
+        raise ValueError(f"the compiled Triton kernel needs CUDA tensors, got device {device}")
+    if block_v is None:
+        block_v = min(triton.next_power_of_2(v), 1024)
+    if block_v < 1 or block_v & (block_v - 1):
+        raise ValueError(f"block_v must be a power of two, got {block_v}")
+    kernel = _kernel(bool(interpret))
+    p = target_probs.float().contiguous()
+    has_q = draft_probs is not None and k > 0  # with K == 0 only the bonus is drawn: q is unused
+    q = draft_probs.to(device=device, dtype=torch.float32).contiguous() if has_q else p  # p: any valid pointer
+    ids = draft_ids.to(device=device, dtype=torch.int64).contiguous()
+    u = uniforms.to(device=device, dtype=torch.float32).contiguous()
+    su = sample_uniforms.to(device=device, dtype=torch.float32).contiguous()
+    num_accepted = torch.empty(b, dtype=torch.int64, device=device)
+    next_token = torch.empty(b, dtype=torch.int64, device=device)
+    if b == 0:
+        return num_accepted, next_token
+    kernel[(b,)](
+        p,
+        q,
+        ids,
+        u,
+        su,
+        num_accepted,
+        next_token,
+        k,
+        v,
+        p.stride(0),
+        p.stride(1),
+        q.stride(0),
+        q.stride(1),
+        k,  # ids row stride (contiguous [B, K])
+        k,  # uniforms row stride
+        HAS_Q=has_q,
+        BLOCK_K=triton.next_power_of_2(max(k, 1)),
+        BLOCK_V=block_v,
+    )
+    return num_accepted, next_token
+
+
+_warned = False
+
+
+def verify_batch(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_ids: torch.Tensor,
+    uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch: the Triton kernel on CUDA tensors (or under the interpreter
+    env vars) when triton imports, else the torch reference. Shapes as in
+    ``verify_batch_reference``; returns (num_accepted [B], next_token [B])."""
+    global _warned
+    args = (target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
+    if HAS_TRITON:
+        interpreted = triton_language_interpreted()
+        if triton_interpret_requested():
+            if interpreted:
+                return verify_batch_triton(*args, interpret=True)
+            if not _warned:  # asked for too late: triton was imported in compiled mode
+                import warnings
+
+                warnings.warn(
+                    "SPECLENS_TRITON_INTERPRET/TRITON_INTERPRET is set but triton was imported before it took "
+                    "effect; verifying with the torch reference",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                _warned = True
+        elif target_probs.is_cuda and not interpreted:
+            return verify_batch_triton(*args, interpret=False)
+    return verify_batch_reference(*args)

