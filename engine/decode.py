@@ -16,16 +16,18 @@ Stopping: EOS, max_new_tokens, or the caller closing the generator.
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
 
 import torch
 
-from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_drafter
+from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_weights
 from .metrics import summarize_steps
 from .models import LoadedModel, check_same_vocab, load_model
 from .sampling import SamplingParams, probs_from_logits, sample, verify_children
+from .transformer import Transformer
 
 __all__ = ["GenerationSettings", "OutOfMemory", "SpeculativeEngine", "TOP_N"]
 
@@ -56,8 +58,10 @@ class GenerationSettings:
 
     def validate(self) -> tuple[SamplingParams, TreeShape]:
         params = SamplingParams(self.temperature, self.top_k, self.top_p)
-        for name in ("max_new_tokens", "k", "topk"):
+        for name in ("max_new_tokens", "k", "topk", "num_draft_tokens", "seed"):
             value = getattr(self, name)
+            if value is None and name in ("num_draft_tokens", "seed"):
+                continue
             if isinstance(value, bool) or not isinstance(value, int):
                 if isinstance(value, float) and value.is_integer():
                     setattr(self, name, int(value))
@@ -85,9 +89,12 @@ class SpeculativeEngine:
     def __init__(self, target: LoadedModel):
         self.target = target
         self.tokenizer = target.tokenizer
-        self._drafter_models: dict[str, Drafter] = {}
+        self._drafter_models: dict[str, Transformer] = {}
+        self._drafter_lock = threading.Lock()
         self._token_text: dict[int, str] = {}
         self.eos_ids = target.eos_token_ids
+        # Special tokens (chat template markers) never start or continue an n-gram draft.
+        self.special_ids = {int(i) for i in getattr(self.tokenizer, "all_special_ids", [])} | set(self.eos_ids)
 
     @classmethod
     def load(
@@ -97,35 +104,45 @@ class SpeculativeEngine:
 
     # ----------------------------------------------------------------- drafters
     def drafter(self, spec: str) -> Drafter:
-        """Build (once) the drafter named by spec: none, ngram, int8 or model:<id>."""
+        """A fresh drafter for one run: none, ngram[:MAX[,MIN[,WINDOW]]], int8 or model:<id>.
+
+        Model weights (the int8 copy, a draft model) are built once per engine and
+        shared read-only; the per-run state (the drafter's KV cache) is new for every
+        call, so concurrent runs never share it.
+        """
         if not isinstance(spec, str):
             raise ValueError(f"drafter must be a string, got {spec!r}")
         spec = spec.strip()
         if spec in ("none", "", "baseline"):
             return NoDrafter()
-        if spec == "ngram":
-            return NgramDrafter()
-        if spec.startswith("ngram:"):
-            try:
-                parts = [int(x) for x in spec.split(":", 1)[1].split(",")]
-            except ValueError:
-                raise ValueError(f"ngram drafter takes ngram:MAX[,MIN[,WINDOW]], got {spec!r}") from None
-            return NgramDrafter(*parts)
-        if spec in self._drafter_models:
-            return self._drafter_models[spec]
-        if spec == "int8":
-            drafter = int8_drafter(self.target.model)
-        elif spec.startswith("model:"):
-            model_id = spec.split(":", 1)[1].strip()
-            if not model_id:
-                raise ValueError("model drafter needs an id: model:<hub id, preset or folder>")
-            loaded = load_model(model_id, self.target.dtype, device=str(self.target.model.device))
-            check_same_vocab(self.tokenizer, loaded.tokenizer)
-            drafter = ModelDrafter(loaded.model, spec)
-        else:
-            raise ValueError(f"unknown drafter {spec!r}; choose none, ngram, int8 or model:<id>")
-        self._drafter_models[spec] = drafter
-        return drafter
+        if spec == "ngram" or spec.startswith("ngram:"):
+            parts: list[int] = []
+            if spec.startswith("ngram:"):
+                try:
+                    parts = [int(x) for x in spec.split(":", 1)[1].split(",")]
+                except ValueError:
+                    raise ValueError(f"ngram drafter takes ngram:MAX[,MIN[,WINDOW]], got {spec!r}") from None
+            return NgramDrafter(*parts, stop_ids=self.special_ids)
+        return ModelDrafter(self._drafter_weights(spec), spec)
+
+    def _drafter_weights(self, spec: str):
+        with self._drafter_lock:
+            model = self._drafter_models.get(spec)
+            if model is not None:
+                return model
+            if spec == "int8":
+                model = int8_weights(self.target.model)
+            elif spec.startswith("model:"):
+                model_id = spec.split(":", 1)[1].strip()
+                if not model_id:
+                    raise ValueError("model drafter needs an id: model:<hub id, preset or folder>")
+                loaded = load_model(model_id, self.target.dtype, device=str(self.target.model.device))
+                check_same_vocab(self.tokenizer, loaded.tokenizer)
+                model = loaded.model
+            else:
+                raise ValueError(f"unknown drafter {spec!r}; choose none, ngram, int8 or model:<id>")
+            self._drafter_models[spec] = model
+            return model
 
     # ------------------------------------------------------------------ helpers
     def token_text(self, token_id: int) -> str:

@@ -206,3 +206,27 @@ def test_batch_tradeoff_measures_and_computes(tiny_engine):
     assert math.isclose(result["expected_tokens_per_pass"], e)
     assert math.isclose(result["throughput_speculative"][1], 2 * e * 1000 / result["pass_ms_k1"][1])
     assert math.isclose(result["throughput_plain"][2], 4 * 1000 / result["pass_ms_1"][2])
+
+
+def test_interleaved_runs_do_not_share_drafter_state(tiny_engine):
+    other = [1, 77, 78, 79, 80, 81, 82]
+    kw = dict(max_new_tokens=16, k=3, temperature=0.8)
+    alone_a = tiny_engine.run(PROMPT, "int8", seed=1, **kw)["token_ids"]
+    alone_b = tiny_engine.run(other, "int8", seed=2, **kw)["token_ids"]
+    gens = [tiny_engine.generate(PROMPT, "int8", seed=1, **kw), tiny_engine.generate(other, "int8", seed=2, **kw)]
+    finals = [None, None]
+    while any(f is None for f in finals):
+        for i, gen in enumerate(gens):
+            if finals[i] is None:
+                event = next(gen)
+                if event["type"] == "finish":
+                    finals[i] = event["token_ids"]
+    assert finals == [alone_a, alone_b]
+
+
+def test_ngram_never_drafts_special_tokens():
+    d = NgramDrafter(max_ngram=2, stop_ids={99})
+    context = [5, 6, 99, 7, 5, 6]
+    assert d.find_continuations(context, 3, 1) == []  # the continuation starts with a special token
+    context = [5, 6, 8, 99, 7, 5, 6]
+    assert d.find_continuations(context, 3, 1) == [[8]]

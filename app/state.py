@@ -1,0 +1,82 @@
+"""Process-wide model registry: each (target, dtype) engine is loaded once and shared read-only.
+
+Everything per session (the run's trace, the step being inspected) lives in gr.State as plain
+data; the only thing shared between sessions is what is loaded here.
+
+Drafters that keep per-run state (the int8 self-drafter and model drafters own a KV cache)
+must not be shared by two runs at once, so ``engine_for_run`` hands each run a light view of
+the shared engine whose stateful drafter is a fresh wrapper around the shared, read-only
+drafter weights. Building the drafter weights (int8 quantisation, loading a model drafter)
+happens once, under the registry lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["ModelRegistry", "REGISTRY", "resolve_dtype_name"]
+
+
+def _models():
+    from engine import models
+
+    return models
+
+
+def resolve_dtype_name(dtype: str) -> str:
+    """'auto' -> the concrete dtype the engine would pick here, as a string (the registry key)."""
+    resolved = _models().resolve_dtype(dtype or "auto")
+    return str(resolved).removeprefix("torch.")
+
+
+class ModelRegistry:
+    """Engines keyed by (target, dtype); drafter weights keyed by (target, dtype, drafter spec)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards the lock tables only
+        self._engines: dict[tuple[str, str], object] = {}
+        self._load_locks: dict[tuple[str, str], threading.Lock] = {}
+
+    def _key(self, target: str, dtype: str) -> tuple[str, str]:
+        target = (target or "default").strip()
+        if target in ("default", _models().PRESETS[_models().DEFAULT_MODEL]["hub_id"]):
+            target = _models().DEFAULT_MODEL
+        return target, resolve_dtype_name(dtype)
+
+    def is_loaded(self, target: str, dtype: str = "auto") -> bool:
+        try:
+            key = self._key(target, dtype)
+        except ValueError:
+            return False
+        return key in self._engines
+
+    def get(self, target: str = "default", dtype: str = "auto", progress: Callable[[str], None] | None = None):
+        """The shared engine for (target, dtype), loading it on first use (raises ModelLoadError/ValueError)."""
+        from engine import SpeculativeEngine
+
+        key = self._key(target, dtype)
+        engine = self._engines.get(key)
+        if engine is not None:
+            return engine
+        with self._lock:
+            lock = self._load_locks.setdefault(key, threading.Lock())
+        with lock:  # one load per key; loading one model never blocks using another
+            engine = self._engines.get(key)
+            if engine is None:
+                engine = SpeculativeEngine.load(key[0], key[1], progress=progress)
+                self._engines[key] = engine
+        return engine
+
+    def engine_for_run(self, engine, drafter: str):
+        """Validate `drafter` and build its shared weights once (int8 copy, draft model).
+
+        The engine gives every run its own drafter state (KV cache), so the shared
+        engine is safe to use from concurrent runs. Raises ValueError / ModelLoadError
+        for a bad drafter spec, before anything runs.
+        """
+        engine.drafter(drafter)
+        return engine
+
+
+REGISTRY = ModelRegistry()

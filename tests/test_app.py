@@ -1,0 +1,229 @@
+"""The Gradio app in-process: the /generate API with the real default model, errors, recorded traces."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from app import build_demo
+
+    demo = build_demo().queue(default_concurrency_limit=2)
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return gradio_client.Client(server, verbose=False)
+
+
+# ------------------------------------------------------------------------- no model needed
+def test_recorded_trace_renders_every_playground_output():
+    from app import handlers
+
+    values = handlers.initial_playground()
+    for key in ("tree", "pq", "tpp", "acceptance"):
+        fig = values[key]
+        assert len(fig.data) > 0, f"{key} figure is empty"
+        json.loads(fig.to_json())  # serialisable for the browser
+    assert 'class="sl-tok' in values["text"]
+    assert "accepted" in values["text"] and "bonus" in values["text"]
+    assert "tokens/pass" in values["stats"]
+    assert "Run summary" in values["card"]
+    assert 1 <= values["step"] <= len([e for e in values["trace"] if e["type"] == "step"])
+    with open(values["download"], encoding="utf-8") as fh:
+        assert json.load(fh)["format"] == "speclens-trace"
+
+
+@pytest.mark.parametrize("name", ["chat-int8-tree-sampling.json", "code-edit-baseline-greedy.json"])
+def test_every_step_of_recorded_traces_narrates(name):
+    from app import handlers, render
+
+    trace = handlers.load_recorded(name)
+    steps = [e for e in trace if e["type"] == "step"]
+    for index in range(len(steps)):
+        text = render.narrate_step(trace, index)
+        assert f"Pass {index + 1} of {len(steps)}" in text
+        assert "Result:" in text
+    values = handlers.step_view(trace, len(steps) + 5)  # clamped, never an IndexError
+    assert len(values["st_tree"].data) > 0
+
+
+def test_narration_explains_sampled_rejection_and_greedy():
+    from app import handlers, render
+
+    sampled = handlers.load_recorded("chat-int8-tree-sampling.json")
+    text = "\n".join(render.narrate_step(sampled, i) for i in range(11))
+    assert "min(1, p/q)" in text and "drew u =" in text
+    assert "rejected" in text and "residual norm(max(0, p − q))" in text
+    assert "bonus" in text
+    greedy = handlers.load_recorded("code-edit-ngram-greedy.json")
+    text = "\n".join(render.narrate_step(greedy, i) for i in range(3))
+    assert "target's top token" in text
+    assert "drew u" not in text
+
+
+def test_bad_uploads_give_clear_errors(tmp_path):
+    import gradio as gr
+
+    from app import handlers
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(gr.Error, match="not valid JSON"):
+        handlers.load_step_source("Upload", None, str(bad), None)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"events": [{"type": "step"}]}))
+    with pytest.raises(gr.Error, match="start"):
+        handlers.load_step_source("Upload", None, str(wrong), None)
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as fh:
+        fh.truncate(21 * 1024 * 1024)
+    with pytest.raises(gr.Error, match="larger than"):
+        handlers.load_step_source("Upload", None, str(huge), None)
+    good = tmp_path / "good.json"
+    good.write_text((handlers.TRACES_DIR / handlers.DEFAULT_TRACE).read_text())
+    out = handlers.load_step_source("Upload", None, str(good), None)
+    assert out[0][0]["type"] == "start"
+
+
+def test_settings_validation_uses_engine_messages():
+    import gradio as gr
+
+    from app import handlers
+
+    with pytest.raises(gr.Error, match="temperature"):
+        handlers.make_settings(4, 1, 0, math.nan, 1.0, 0, 0, 8)
+    with pytest.raises(gr.Error, match="between 1 and 32"):
+        handlers.make_settings(0, 1, 0, 0.0, 1.0, 0, 0, 8)
+    with pytest.raises(gr.Error, match="max_new_tokens"):
+        handlers.make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 100000)
+    settings = handlers.make_settings(4.0, 1, 0, 0.5, 0.9, 40, -1, 8)
+    assert settings.seed is None and settings.k == 4 and settings.num_draft_tokens is None
+
+
+def test_build_demo_registers_generate_endpoint():
+    from app import build_demo
+
+    demo = build_demo()
+    names = [fn.api_name for fn in demo.fns.values()]
+    assert "generate" in names
+
+
+# ---------------------------------------------------------------------- real model, via HTTP
+@pytest.mark.slow
+def test_generate_endpoint_real_run_is_seeded(client):
+    args = ("What is the capital of France?", "ngram", 4, 0.7, 1.0, 0, 0, 12)
+    first = client.predict(*args, api_name="/generate")
+    assert isinstance(first["text"], str) and first["text"].strip()
+    assert first["drafter"] == "ngram" and first["seed"] == 0
+    metrics = first["metrics"]
+    assert 1 <= metrics["new_tokens"] <= 12
+    assert metrics["target_passes"] >= 1 and metrics["tokens_per_pass"] >= 1.0
+    second = client.predict(*args, api_name="/generate")
+    assert second["text"] == first["text"]
+
+
+@pytest.mark.slow
+def test_generate_endpoint_errors_are_clear_and_server_survives(client):
+    with pytest.raises(Exception, match="prompt is empty"):
+        client.predict("   ", "ngram", 4, 0.0, 1.0, 0, 0, 8, api_name="/generate")
+    with pytest.raises(Exception, match="unknown drafter"):
+        client.predict("Hi", "magic", 4, 0.0, 1.0, 0, 0, 8, api_name="/generate")
+    with pytest.raises(Exception, match="between 1 and 32"):
+        client.predict("Hi", "ngram", 99, 0.0, 1.0, 0, 0, 8, api_name="/generate")
+    with pytest.raises(Exception, match="Hub is unreachable"):
+        client.predict("Hi", "model:someone/not-cached", 4, 0.0, 1.0, 0, 0, 8, api_name="/generate")
+    # JSON has no NaN literal (gradio_client refuses to send float("nan")), so send it the way a raw HTTP client can.
+    with pytest.raises(Exception, match="temperature must be a finite number"):
+        client.predict("Hi", "ngram", 4, "nan", 1.0, 0, 0, 8, api_name="/generate")
+    ok = client.predict("Say hi.", "none", 4, 0.0, 1.0, 0, 0, 3, api_name="/generate")
+    assert ok["metrics"]["new_tokens"] <= 3
+
+
+# ------------------------------------------------------------------ real model, in process
+def _play_args(**overrides):
+    args = dict(
+        prompt="Count from one to twenty in words, separated by commas.",
+        target="SmolLM2-135M-Instruct",
+        drafter="ngram",
+        k=4,
+        topk=1,
+        budget=0,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=0,
+        max_new_tokens=40,
+        dtype="auto",
+        run_id="",
+    )
+    args.update(overrides)
+    return args
+
+
+@pytest.mark.slow
+def test_playground_stop_keeps_a_partial_trace():
+    from app import handlers
+
+    run_id = handlers.new_run_id()
+    updates = []
+    for update in handlers.run_playground(**_play_args(run_id=run_id), request=None, progress=None):
+        values = dict(zip(handlers.PLAY_KEYS, update))
+        updates.append(values)
+        trace = values.get("trace")
+        if isinstance(trace, list) and sum(e["type"] == "step" for e in trace) >= 2:
+            handlers.request_stop(run_id)
+    final = updates[-1]
+    trace = final["trace"]
+    passes = sum(e["type"] == "step" for e in trace)
+    assert passes == 3  # Stop came after pass 2: the pass already being computed is kept, nothing more runs
+    assert final["status"].startswith("■ Stopped after 3 target passes")
+    assert trace[-1]["type"] == "step"  # no finish event: a partial trace
+    assert "stopped early" in final["card"]
+    assert final["st_source"] == "Last run"
+    from engine.trace import load
+
+    assert len(load(final["download"].value["path"])) == len(trace)
+
+
+@pytest.mark.slow
+def test_concurrent_int8_runs_do_not_share_drafter_state():
+    """Two sessions drafting with int8 at once must each get the output of a run alone (greedy)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app import handlers
+
+    prompts = ["Name three colours.", "Write one sentence about cats."]
+    alone = [handlers.api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10)["text"] for p in prompts]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda p: handlers.api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10)["text"], prompts))
+    assert together == alone
+
+
+@pytest.mark.slow
+def test_parity_note_reports_a_verdict():
+    from app import handlers
+
+    engine = handlers.REGISTRY.get("default", "auto")
+    settings = handlers.make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 8)
+    note = handlers._parity_note(engine, "Say hello.", "ngram", settings)
+    assert "parity check" in note.lower()

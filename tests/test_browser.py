@@ -1,0 +1,169 @@
+"""End to end in headless Chromium: Playground run streams, Step-through narrates, Race runs, no console errors.
+
+Needs Debian's chromium at /usr/bin/chromium (apt-get install chromium) and the playwright package;
+skipped cleanly otherwise. Screenshots of each tab go to artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# Console noise that comes from the sandbox having no internet, not from the app.
+IGNORED = re.compile(
+    r"favicon|net::ERR_|Failed to load resource|fonts\.googleapis|fonts\.gstatic|cdn\.|huggingface\.co|"
+    r"ERR_NAME_NOT_RESOLVED|ERR_INTERNET_DISCONNECTED|ERR_CONNECTION",
+    re.IGNORECASE,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api")
+    from app import build_demo
+
+    demo = build_demo().queue(default_concurrency_limit=2)
+    port = _free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser(app_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def _set_slider(page, elem_id: str, value: int) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def test_playground_step_through_and_race(app_url, browser):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+
+    page.goto(app_url, wait_until="domcontentloaded")
+    # Before any model is loaded the page shows a recorded real trace everywhere.
+    page.wait_for_selector("#sl-output .sl-tok", timeout=60_000)
+    page.wait_for_selector("#sl-tree .main-svg", timeout=60_000)
+    page.wait_for_selector("#sl-pq .main-svg", timeout=60_000)
+    page.screenshot(path=str(SHOTS / "playground-recorded.png"), full_page=True)
+
+    # A live run with the real model: pick the n-gram drafter, a short answer, and watch it stream.
+    page.locator("#sl-prompt textarea").fill(
+        "Repeat this sentence three times, one per line: The quick brown fox jumps over the lazy dog."
+    )
+    drafter = page.locator("#sl-drafter input")
+    drafter.click()
+    drafter.fill("ngram")
+    drafter.press("Enter")
+    _set_slider(page, "sl-max-new", 48)
+    page.locator("#sl-run").click()
+    page.wait_for_selector("#sl-stats .sl-badge-running", timeout=120_000)
+    page.wait_for_function(
+        "() => document.querySelectorAll('#sl-output .sl-tok').length > 0 && "
+        "document.querySelector('#sl-stats .sl-badge-running') !== null",
+        timeout=120_000,
+    )
+    page.wait_for_selector("#sl-tree .main-svg", timeout=60_000)
+    page.wait_for_selector("#sl-stats .sl-badge-finished", timeout=240_000)
+    assert page.locator("#sl-output .sl-tok").count() > 3
+    assert "Done" in page.locator("#sl-status").inner_text()
+    assert "Run summary" in page.locator("#sl-card").inner_text()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SHOTS / "playground-run.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / "playground-run-top.png"))  # the first screen, as a README picture
+
+    # Stop ends a run within a pass and keeps what it produced (a partial trace).
+    _set_slider(page, "sl-max-new", 200)
+    page.locator("#sl-run").click()
+    page.wait_for_function(
+        "() => document.querySelector('#sl-stats .sl-badge-running') !== null && "
+        "document.querySelectorAll('#sl-output .sl-pass').length >= 3",
+        timeout=120_000,
+    )
+    page.locator("#sl-stop").click()
+    page.wait_for_function(
+        "() => (document.querySelector('#sl-status')?.innerText || '').includes('Stopped after')", timeout=60_000
+    )
+    page.wait_for_selector("#sl-stats .sl-badge-stopped-early", timeout=30_000)
+    assert "stopped early" in page.locator("#sl-card").inner_text()
+    kept = page.locator("#sl-output .sl-pass").count()
+    page.wait_for_timeout(1500)  # nothing more arrives after Stop
+    assert page.locator("#sl-output .sl-pass").count() == kept
+    assert kept >= 2
+
+    # Step-through follows the last run; Next moves one pass and narrates it.
+    page.get_by_role("tab", name="Step-through").click()
+    page.wait_for_function(
+        "() => (document.querySelector('#st-info')?.innerText || '').includes('last Playground run')",
+        timeout=60_000,
+    )
+    page.wait_for_function(
+        "() => (document.querySelector('#st-narration')?.innerText || '').includes('Pass 1 of')", timeout=60_000
+    )
+    page.locator("#st-next").click()
+    page.wait_for_function(
+        "() => (document.querySelector('#st-narration')?.innerText || '').includes('Pass 2 of')", timeout=60_000
+    )
+    narration = page.locator("#st-narration").inner_text()
+    assert "Drafted" in narration or "target" in narration
+    page.wait_for_selector("#st-tree .main-svg", timeout=30_000)
+    page.screenshot(path=str(SHOTS / "step-through.png"), full_page=True)
+
+    # Race: a real baseline run then a real speculative run, measured.
+    page.get_by_role("tab", name="Race").click()
+    _set_slider(page, "race-max", 24)
+    page.locator("#race-run").click()
+    page.wait_for_function(
+        "() => (document.querySelector('#race-status')?.innerText || '').includes('Both runs done')",
+        timeout=240_000,
+    )
+    assert "Measured speedup" in page.locator("#race-results").inner_text()
+    assert page.locator("#race-base .sl-tok").count() > 0
+    assert page.locator("#race-spec .sl-tok").count() > 0
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SHOTS / "race.png"), full_page=True)
+
+    page.close()
+    real = [e for e in errors if not IGNORED.search(e)]
+    assert not real, "browser console errors:\n" + "\n".join(real)
