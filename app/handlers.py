@@ -16,7 +16,6 @@ import functools
 import json
 import logging
 import math
-import os
 import random
 import re
 import shutil
@@ -38,7 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "assets"
 TRACES_DIR = ASSETS / "traces"
 DEFAULT_TRACE = "chat-int8-tree-sampling.json"
-MAX_NEW_TOKENS = int(os.environ.get("SPECLENS_MAX_NEW_TOKENS", "256"))
+from .limits import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, check_model_allowed  # noqa: E402
+
 # Live figures cost ~0.1-0.3 s of CPU each refresh, taken from the run being measured; refresh them at
 # most every FIGURE_INTERVAL_S and at most FIGURE_SHARE of the time (text and counters update every pass).
 FIGURE_INTERVAL_S = 1.0
@@ -151,6 +151,7 @@ def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_toke
             top_p=top_p,
             top_k=top_k,
             seed=seed_value,
+            max_prompt_tokens=MAX_PROMPT_TOKENS,
         )
         settings.validate()
     except ValueError as exc:
@@ -167,6 +168,7 @@ def _get_engine(target: str, dtype: str, progress=None):
                 pass
 
     try:
+        check_model_allowed(target or "default")
         return REGISTRY.get(target or "default", dtype or "auto", progress=report)
     except ValueError as exc:  # ModelLoadError is a ValueError
         raise gr.Error(str(exc)) from None
@@ -174,6 +176,8 @@ def _get_engine(target: str, dtype: str, progress=None):
 
 def _run_engine(engine, drafter: str):
     try:
+        if isinstance(drafter, str) and drafter.strip().startswith("model:"):
+            check_model_allowed(drafter.strip()[len("model:") :])
         return REGISTRY.engine_for_run(engine, drafter)
     except ValueError as exc:
         raise gr.Error(str(exc)) from None

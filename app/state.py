@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from .limits import trust_remote_code
+
 __all__ = ["ModelRegistry", "REGISTRY", "resolve_dtype_name"]
 
 
@@ -64,7 +66,9 @@ class ModelRegistry:
         with lock:  # one load per key; loading one model never blocks using another
             engine = self._engines.get(key)
             if engine is None:
-                engine = SpeculativeEngine.load(key[0], key[1], progress=progress)
+                engine = SpeculativeEngine.load(
+                    key[0], key[1], progress=progress, allow_remote_code=trust_remote_code()
+                )
                 self._engines[key] = engine
         return engine
 

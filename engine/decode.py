@@ -91,6 +91,7 @@ class SpeculativeEngine:
         self.tokenizer = target.tokenizer
         self._drafter_models: dict[str, Transformer] = {}
         self._drafter_lock = threading.Lock()
+        self.allow_remote_code = False
         self._token_text: dict[int, str] = {}
         self.eos_ids = target.eos_token_ids
         # Special tokens (chat template markers) never start or continue an n-gram draft.
@@ -98,9 +99,16 @@ class SpeculativeEngine:
 
     @classmethod
     def load(
-        cls, target: str = "default", dtype: str = "auto", progress=None, device: str = "auto"
+        cls,
+        target: str = "default",
+        dtype: str = "auto",
+        progress=None,
+        device: str = "auto",
+        allow_remote_code: bool = False,
     ) -> SpeculativeEngine:
-        return cls(load_model(target, dtype, progress, device=device))
+        engine = cls(load_model(target, dtype, progress, allow_remote_code=allow_remote_code, device=device))
+        engine.allow_remote_code = allow_remote_code
+        return engine
 
     # ----------------------------------------------------------------- drafters
     def drafter(self, spec: str) -> Drafter:
@@ -136,7 +144,12 @@ class SpeculativeEngine:
                 model_id = spec.split(":", 1)[1].strip()
                 if not model_id:
                     raise ValueError("model drafter needs an id: model:<hub id, preset or folder>")
-                loaded = load_model(model_id, self.target.dtype, device=str(self.target.model.device))
+                loaded = load_model(
+                    model_id,
+                    self.target.dtype,
+                    device=str(self.target.model.device),
+                    allow_remote_code=self.allow_remote_code,
+                )
                 check_same_vocab(self.tokenizer, loaded.tokenizer)
                 model = loaded.model
             else:

