@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "assets"
 TRACES_DIR = ASSETS / "traces"
 DEFAULT_TRACE = "chat-int8-tree-sampling.json"
+from engine.decode import OutOfMemory  # noqa: E402
+
 from .limits import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, check_model_allowed  # noqa: E402
 
 # Live figures cost ~0.1-0.3 s of CPU each refresh, taken from the run being measured; refresh them at
@@ -419,6 +421,8 @@ def run_playground(
                     cost = time.perf_counter() - began
                     next_figures = began + max(FIGURE_INTERVAL_S, cost / FIGURE_SHARE)
                 yield _pack(PLAY_KEYS, values)
+    except OutOfMemory as exc:  # the engine suggests smaller settings; the app keeps serving
+        raise gr.Error(str(exc)) from None
     finally:
         events.close()  # stops the engine (also when Gradio closes this generator)
     index = _interesting_step(trace)
@@ -869,6 +873,8 @@ def api_generate(
     events = _start_generation(run_engine, prompt, drafter, settings)
     try:
         trace = list(events)
+    except OutOfMemory as exc:
+        raise gr.Error(str(exc)) from None
     finally:
         events.close()
     finish = trace[-1]
