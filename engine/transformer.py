@@ -314,13 +314,11 @@ class Transformer:
             cache.v[li, :, start:end] = v.view(t, nkv, hd).transpose(0, 1)
             keys = cache.k[li, :, :attend]  # [Hkv, A, D]
             values = cache.v[li, :, :attend]
+            # Grouped-query attention: query head h reads key/value head h // group.
             attn = F.scaled_dot_product_attention(
-                q.reshape(nkv, group, t, hd),
-                keys[:, None],
-                values[:, None],
-                attn_mask=attn_mask,
-            )  # [Hkv, group, T, D]
-            x = x + layer.o(attn.reshape(nq, t, hd).transpose(0, 1).reshape(t, nq * hd))
+                q[None], keys[None], values[None], attn_mask=attn_mask, enable_gqa=group > 1
+            )  # [1, H, T, D]
+            x = x + layer.o(attn[0].transpose(0, 1).reshape(t, nq * hd))
             h = self._rms_norm(x, layer.mlp_norm)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each
             x = x + layer.down(F.silu(gate) * up)

@@ -9,7 +9,7 @@
 #      $SPECLENS_PYTHON, then .venv/bin/python, then python3 (the device image's
 #      python3 already holds torch+CUDA, triton, pytest, scipy, transformers).
 #      If none has them and there is no .venv, it runs scripts/setup.sh with
-#      SPECLENS_TORCH_SPEC="torch>=2.4,<2.14" (a CUDA build from PyPI, needs the
+#      SPECLENS_TORCH_SPEC="torch>=2.5,<2.14" (a CUDA build from PyPI, needs the
 #      network), then pip-installs pytest and scipy;
 #   3. runs pytest tests/test_kernels.py (CUDA kernel == reference, chi-square on
 #      the GPU, and the CPU-interpreter suite);
@@ -88,7 +88,7 @@ if ! pick_python; then
     exit 2
   fi
   say "installing into .venv: CUDA torch from PyPI via scripts/setup.sh (needs the network)"
-  SPECLENS_TORCH_SPEC="torch>=2.4,<2.14" timeout 300 scripts/setup.sh || echo "[gpu_check] setup.sh failed (rc=$?)"
+  SPECLENS_TORCH_SPEC="torch>=2.5,<2.14" timeout 300 scripts/setup.sh || echo "[gpu_check] setup.sh failed (rc=$?)"
   [ -x .venv/bin/pip ] && timeout 120 .venv/bin/pip install -q "pytest>=8" "scipy>=1.11"
   if ! pick_python; then
     echo "no Python with torch (CUDA), triton, pytest, scipy and transformers: giving up"

