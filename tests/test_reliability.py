@@ -70,7 +70,9 @@ def test_fuzzed_generate_calls_succeed_or_fail_clearly(server):
         for key in rng.sample(keys, rng.randint(1, 3)):
             overrides[key] = _random_value(rng)
         if rng.random() < 0.3:
-            overrides["drafter"] = rng.choice(["none", "ngram", "int8", "medusa", "model:", "model:nope/nope", "", None])
+            overrides["drafter"] = rng.choice(
+                ["none", "ngram", "int8", "medusa", "model:", "model:nope/nope", "", None]
+            )
         prompt = rng.choice(prompts)
         try:
             result = _call(client, prompt, **overrides)
@@ -90,8 +92,12 @@ def test_fuzzed_generate_calls_succeed_or_fail_clearly(server):
 
 
 def test_eight_concurrent_clients_get_exactly_their_own_results(server):
-    prompts = [f"Give me one word that rhymes with {w}." for w in ("cat", "tree", "sun", "rain", "car", "book", "light", "sea")]
-    settings = [dict(drafter=("ngram", "int8")[i % 2], temperature=0.8, seed=100 + i, max_new_tokens=8) for i in range(8)]
+    prompts = [
+        f"Give me one word that rhymes with {w}." for w in ("cat", "tree", "sun", "rain", "car", "book", "light", "sea")
+    ]
+    settings = [
+        dict(drafter=("ngram", "int8")[i % 2], temperature=0.8, seed=100 + i, max_new_tokens=8) for i in range(8)
+    ]
     alone = [_call(gradio_client.Client(server, verbose=False), p, **s) for p, s in zip(prompts, settings)]
     results: list = [None] * 8
     errors: list = []
