@@ -1,6 +1,6 @@
-"""The SpecLens page: three tabs (Playground, Step-through, Race) plus the /generate API endpoint.
+"""The SpecLens page: Playground, Step-through, Race, the labs (app/labs.py) and the /generate API endpoint.
 
-Layout only: every callback lives in `handlers`. Initial values come from a recorded real trace
+Layout only: every callback lives in `handlers` (the labs tabs: in `labs`). Initial values come from a recorded real trace
 (assets/traces), so the page is never empty and needs no model until someone presses Run.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import gradio as gr
 
 from . import handlers as h
-from . import render
+from . import labs, render
 
 __all__ = ["SpecLensBlocks", "build_demo", "theme", "CSS_PATH"]
 
@@ -378,6 +378,12 @@ def build_demo() -> gr.Blocks:
                             race_init.get("race_results", "*Press **Race** to run both and measure the speedup.*"),
                             elem_id="race-results",
                         )
+
+            # ------------------------------------------------------------------------ labs
+            labs.build_explain_tab(c["trace"], MAX_RUNS)
+            labs.build_lossless_tab(MAX_RUNS)
+            labs.build_parity_tab(MAX_RUNS)
+            labs.build_batch_tab(c["trace"], MAX_RUNS)
 
         # ---------------------------------------------------------------------- events
         play_inputs = [prompt, target, drafter, k, topk, budget, temperature, top_p, top_k, seed, max_new, dtype]

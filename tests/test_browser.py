@@ -1,4 +1,4 @@
-"""End to end in headless Chromium: Playground run streams, Step-through narrates, Race runs, no console errors.
+"""End to end in headless Chromium: Playground run streams, Step-through narrates, Race runs, labs render, no console errors.
 
 Needs Debian's chromium at /usr/bin/chromium (apt-get install chromium) and the playwright package;
 skipped cleanly otherwise. Screenshots of each tab go to artifacts/screenshots/.
@@ -163,6 +163,28 @@ def test_playground_step_through_and_race(app_url, browser):
     assert page.locator("#race-spec .sl-tok").count() > 0
     page.wait_for_timeout(500)
     page.screenshot(path=str(SHOTS / "race.png"), full_page=True)
+
+    # Labs. Explain: formulas rendered by KaTeX, the calculator (with the run above as the measured star)
+    # and the toy sampler (no model needed, so it runs here).
+    page.get_by_role("tab", name="Explain").click()
+    page.wait_for_selector("#ex-text .katex", timeout=30_000)
+    page.wait_for_selector("#ex-calc .main-svg", timeout=30_000)
+    page.locator("#ex-toy-run").click()
+    page.wait_for_function(
+        "() => (document.querySelector('#ex-toy-text')?.innerText || '').includes('1000 samples')", timeout=60_000
+    )
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SHOTS / "explain.png"), full_page=True)
+    # The other labs run for minutes: visit each and check it renders (their handlers are tested in test_labs.py).
+    for tab, selector, shot in (
+        ("Lossless lab", "#ll-plot .main-svg", "lossless-lab.png"),
+        ("Parity lab", "#pl-table table", "parity-lab.png"),
+        ("Batch lab", "#bl-plot .main-svg", "batch-lab.png"),
+    ):
+        page.get_by_role("tab", name=tab).click()
+        page.wait_for_selector(selector, timeout=30_000)
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(SHOTS / shot), full_page=True)
 
     page.close()
     real = [e for e in errors if not IGNORED.search(e)]
