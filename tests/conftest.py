@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 import torch
@@ -61,3 +62,23 @@ def tiny_engine(real_engine):
 
     _, model = tiny_transformer()
     return SpeculativeEngine(LoadedModel("tiny-random", model, real_engine.tokenizer, torch.float32))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The Gradio app served in-process on a free loopback port (one per test module)."""
+    from app import build_demo
+
+    demo = build_demo().queue(default_concurrency_limit=2)
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()

@@ -4,30 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 
 import pytest
 
 gradio_client = pytest.importorskip("gradio_client")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server():
-    from app import build_demo
-
-    demo = build_demo().queue(default_concurrency_limit=2)
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
@@ -34,12 +34,6 @@ IGNORED = re.compile(
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url():
     if not os.path.exists(CHROMIUM):
@@ -48,7 +42,7 @@ def app_url():
     from app import build_demo
 
     demo = build_demo().queue(default_concurrency_limit=2)
-    port = _free_port()
+    port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     try:
         yield f"http://127.0.0.1:{port}/"

@@ -10,24 +10,10 @@ import threading
 import pytest
 
 gradio_client = pytest.importorskip("gradio_client")
-from test_app import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 API_DEFAULTS = dict(drafter="ngram", k=3, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=4)
-
-
-@pytest.fixture(scope="module")
-def server():
-    from app import build_demo
-
-    demo = build_demo().queue(default_concurrency_limit=2)
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
 
 
 def _call(client, prompt, **overrides):
