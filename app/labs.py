@@ -66,25 +66,12 @@ class _Stopped(Exception):
 
 def _engine(dtype: str = "auto", progress=None):
     """The shared default engine for `dtype` (loaded once per server), errors as gr.Error."""
-
-    def report(text: str) -> None:
-        if progress is not None:
-            try:
-                progress(None, desc=text)
-            except Exception:  # progress display is best effort
-                pass
-
-    try:
-        return REGISTRY.get("default", dtype or "auto", progress=report)
-    except ValueError as exc:  # ModelLoadError is a ValueError
-        raise gr.Error(str(exc)) from None
+    return h._get_engine("default", dtype, progress)
 
 
 def _with_drafter(engine, drafter: str):
-    try:
-        return REGISTRY.engine_for_run(engine, drafter)
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
+    """Validate the drafter (allowlist included) and build its shared weights, errors as gr.Error."""
+    return h._run_engine(engine, drafter)
 
 
 def _number(value, name: str, lo: float, hi: float, integer: bool = False) -> float:

@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
@@ -35,19 +34,11 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def app_url():
+def app_url(server):
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api")
-    from app import build_demo
-
-    demo = build_demo().queue(default_concurrency_limit=2)
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
+    return server
 
 
 @pytest.fixture(scope="module")
