@@ -46,7 +46,7 @@ def test_ngram_window_limits_the_search():
 
 
 def test_ngram_tree_respects_shape():
-    d = NgramDrafter(max_ngram=1)
+    d = NgramDrafter(max_ngram=1, min_ngram=1)
     context = [4, 1, 4, 2, 4, 3, 4]
     tree = d.propose(context, TreeShape(steps=2, topk=3, budget=5), SamplingParams(), None)
     assert len(tree) == 5
