@@ -38,7 +38,7 @@ SYSTEMS = [
 ]
 ENGINE_SYSTEMS = {
     "engine-baseline": ("none", {}),
-    "engine-ngram": ("ngram", {"k": 6}),
+    "engine-ngram": ("ngram", {"k": 8}),
     "engine-int8": ("int8", {"k": 4}),
     "engine-tree": ("int8", {"k": 4, "topk": 2, "num_draft_tokens": 8}),
 }
@@ -244,7 +244,7 @@ def _run_system(name, engine, hf, llm, ids, max_new) -> dict:
         wall = time.perf_counter() - t0
         n = out["usage"]["completion_tokens"]
         return {"token_ids": [], "new_tokens": n, "wall_s": wall, "passes": n, "accepted": 0, "drafted": 0}
-    kw = {"prompt_lookup_num_tokens": 6} if name == "hf-prompt-lookup" else {}
+    kw = {"prompt_lookup_num_tokens": 8} if name == "hf-prompt-lookup" else {}  # same K as engine-ngram
     t0 = time.perf_counter()
     toks = hf.generate(ids, max_new, **kw)
     wall = time.perf_counter() - t0

@@ -130,6 +130,8 @@ class SpeculativeEngine:
                     parts = [int(x) for x in spec.split(":", 1)[1].split(",")]
                 except ValueError:
                     raise ValueError(f"ngram drafter takes ngram:MAX[,MIN[,WINDOW]], got {spec!r}") from None
+                if len(parts) == 1:  # ngram:1 means single-token matches only
+                    parts.append(min(2, parts[0]))
             return NgramDrafter(*parts, stop_ids=self.special_ids)
         return ModelDrafter(self._drafter_weights(spec), spec)
 

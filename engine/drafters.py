@@ -147,12 +147,15 @@ class NgramDrafter(Drafter):
     found becomes a branch (up to topk), followed for up to `steps` tokens.
     Continuations stop before any of `stop_ids` (special tokens such as chat
     template markers), which the target would almost never accept as a draft.
+    min_ngram defaults to 2: single-token matches ("the", a newline) propose
+    continuations the target rarely accepts, and every rejected draft widens the
+    verification pass (measured on the code-edit workload: 17.6 vs 14.8 tok/s).
     """
 
     name = "ngram"
     point_mass = True
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, window: int = 1024, stop_ids=()):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, window: int = 1024, stop_ids=()):
         if not (1 <= min_ngram <= max_ngram <= 16):
             raise ValueError(f"n-gram sizes must satisfy 1 <= min <= max <= 16, got {min_ngram}..{max_ngram}")
         if window < 2:
@@ -320,8 +323,9 @@ def int8_weights(target: Transformer) -> Transformer:
     """Quantised self-speculation: the target's weights in int8 (weight-only, per channel)."""
     from .models import _state_from_transformer
 
-    # torch's CPU int8 weight-only kernel is much faster with bf16 activations
-    # than with float32 ones (measured here: 48 ms vs 140 ms per token). The
+    # On the CPU the drafter computes in float32 around fbgemm's int8 matmul
+    # (elementwise bf16 ops are slow without native bf16, and the int8 kernel
+    # takes float32 activations); elsewhere it keeps the target's dtype. The
     # drafter's precision does not affect exactness: q can be anything.
-    act_dtype = torch.bfloat16 if target.device.type == "cpu" else target.dtype
+    act_dtype = torch.float32 if target.device.type == "cpu" else target.dtype
     return Transformer(target.cfg, _state_from_transformer(target), act_dtype, int8=True, device=target.device)
