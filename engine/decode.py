@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_weights
+from .drafters import Drafter, DraftTree, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_weights
 from .metrics import summarize_steps
 from .models import LoadedModel, check_same_vocab, load_model
 from .sampling import SamplingParams, probs_from_logits, sample, verify_children
@@ -52,7 +52,7 @@ class GenerationSettings:
     top_k: int = 0
     seed: int | None = None
     chat: bool = True
-    payload: str = "full"  # "full" (top-k of p and q, token texts) or "reduced"
+    payload: str = "full"  # "full" (top-k of p and q, token texts), "reduced", or "off" (start and finish only)
     strict: bool = False  # shape-invariant target passes: bitwise greedy parity in any dtype
     max_prompt_tokens: int | None = None
 
@@ -72,8 +72,8 @@ class GenerationSettings:
         if self.seed is not None:
             if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
                 raise ValueError(f"seed must be an integer between 0 and 2**63 - 1, got {self.seed!r}")
-        if self.payload not in ("full", "reduced"):
-            raise ValueError(f"payload must be 'full' or 'reduced', got {self.payload!r}")
+        if self.payload not in ("full", "reduced", "off"):
+            raise ValueError(f"payload must be 'full', 'reduced' or 'off', got {self.payload!r}")
         shape = TreeShape(self.k, self.topk, self.num_draft_tokens)
         return params, shape
 
@@ -96,6 +96,11 @@ class SpeculativeEngine:
         self.eos_ids = target.eos_token_ids
         # Special tokens (chat template markers) never start or continue an n-gram draft.
         self.special_ids = {int(i) for i in getattr(self.tokenizer, "all_special_ids", [])} | set(self.eos_ids)
+        # How sampled chains are verified: "auto" = one batched call (engine.kernels.verify_batch:
+        # the Triton kernel, on the GPU) when the target runs on CUDA, else the tree walk of
+        # sampling.verify_children; "batch" or "walk" force one. Both are exact; they draw their
+        # uniforms in a different order, so one seed gives different (equally exact) samples.
+        self.chain_verifier = "auto"
 
     @classmethod
     def load(
@@ -229,6 +234,7 @@ class SpeculativeEngine:
     def _run(self, prompt_ids, drafter, settings, params, shape, baseline, max_new, width, capacity, seed, prompt):
         model = self.target.model
         full = settings.payload == "full"
+        events = settings.payload != "off"  # "off": no step events, no per-node records (the benchmark's floor)
         gen = torch.Generator().manual_seed(seed)
         cache = model.new_cache(capacity + (width if settings.strict else 0))
         if isinstance(drafter, ModelDrafter):
@@ -268,7 +274,7 @@ class SpeculativeEngine:
         try:
             while len(generated) < max_new:
                 try:
-                    step = self._step(context, drafter, shape, params, gen, cache, settings, width, full)
+                    step = self._step(context, drafter, shape, params, gen, cache, settings, width, full, events=events)
                 except torch.OutOfMemoryError as exc:
                     raise OutOfMemory(
                         f"out of memory verifying {width - 1} draft tokens; try a smaller K, topk or tree budget"
@@ -286,7 +292,7 @@ class SpeculativeEngine:
                 if len(kept) < len(step["emitted"]):
                     # Accepted drafts past EOS or the limit are verified but not emitted.
                     for item in step["emitted"][len(kept) :]:
-                        if item.get("node") is not None:
+                        if item.get("node") is not None and step["nodes"]:
                             step["nodes"][item["node"]]["dropped"] = True
                     step["emitted"] = kept
                     step["truncated"] = True
@@ -297,7 +303,8 @@ class SpeculativeEngine:
                 step["tokens_total"] = len(generated)
                 step["elapsed_s"] = time.perf_counter() - started
                 steps.append(step)
-                yield step
+                if events:
+                    yield step
                 if stop_reason == "eos":
                     break
             wall = time.perf_counter() - started
@@ -313,7 +320,9 @@ class SpeculativeEngine:
         finally:
             drafter.close() if isinstance(drafter, ModelDrafter) else None
 
-    def _step(self, context, drafter: Drafter, shape, params, gen, cache, settings, width, full, drop_q=False) -> dict:
+    def _step(
+        self, context, drafter: Drafter, shape, params, gen, cache, settings, width, full, drop_q=False, events=True
+    ) -> dict:
         model = self.target.model
         t0 = time.perf_counter()
         tree = drafter.propose(context, shape, params, gen)
@@ -337,9 +346,108 @@ class SpeculativeEngine:
                 mask[1 + n :, 0] = True  # padding rows: look at one slot, never used
                 tokens = tokens + [0] * (rows - 1 - n)
                 positions = positions + [base] * (rows - 1 - n)
-        logits = model.forward(torch.tensor(tokens), torch.tensor(positions), cache, mask=mask, attend_len=attend_len)[
-            : 1 + n
-        ]  # [1 + n, V]: row 0 = the pending token, row 1 + i = node i
+        batched = self._use_batched_chain(tree, params, drop_q, model)
+        logits = model.forward(
+            torch.tensor(tokens), torch.tensor(positions), cache, mask=mask, attend_len=attend_len, to_host=not batched
+        )[: 1 + n]  # [1 + n, V]: row 0 = the pending token, row 1 + i = node i
+        if batched:
+            decisions, records, emitted, dists, path, p_rows = self._verify_chain_batched(
+                logits, tree, params, gen, full
+            )
+        else:
+            decisions, records, emitted, dists, path, p_rows = self._walk_tree(logits, tree, params, gen, full, drop_q)
+        # Keep the pending token and the accepted path in the target cache; drop the rest.
+        cache.length = base + 1 + n
+        cache.keep(base, [0] + [1 + i for i in path])
+        drafter.accept(tree, path)
+        verify_ms = (time.perf_counter() - t1) * 1000.0
+        return self._step_event(
+            tree, decisions, records, emitted, dists, path, p_rows, full, events, draft_ms, verify_ms
+        )
+
+    def _use_batched_chain(self, tree: DraftTree, params, drop_q: bool, model) -> bool:
+        mode = self.chain_verifier
+        if mode not in ("auto", "batch", "walk"):
+            raise ValueError(f"chain_verifier must be auto, batch or walk; got {mode!r}")
+        if not len(tree) or params.greedy or drop_q or mode == "walk":
+            return False
+        if any(parent != i - 1 for i, parent in enumerate(tree.parents)):
+            return False  # a tree: siblings are verified one after another (see engine/kernels.py)
+        return mode == "batch" or model.device.type == "cuda"
+
+    def _verify_chain_batched(self, logits, tree: DraftTree, params, gen, full):
+        """Sampled chain verification in one call of kernels.verify_batch (B = 1).
+
+        logits: [K+1, V] on the model's device. The Triton kernel runs where the
+        logits live (CUDA); on the CPU the dispatcher uses the torch reference.
+        Returns what _walk_tree returns, so the events are the same.
+        """
+        from .kernels import verify_batch
+
+        k = len(tree)
+        device = logits.device
+        p = probs_from_logits(logits, params)  # [K+1, V] float32 target probabilities
+        ids = torch.tensor(tree.tokens, dtype=torch.long)  # [K] drafted ids
+        q = None if tree.point_mass else torch.stack([tree.q_dists[i - 1] for i in range(k)]).to(device)  # [K, V]
+        u = torch.rand(k, generator=gen, dtype=torch.float64).float().clamp_(max=1.0 - 2**-24)  # [K] in [0, 1)
+        u_sample = torch.rand(1, generator=gen, dtype=torch.float64).float().clamp_(max=1.0 - 2**-24)  # [1]
+        num_accepted, next_token = verify_batch(
+            p[None], None if q is None else q[None], ids[None].to(device), u[None].to(device), u_sample.to(device)
+        )  # [1], [1]
+        accepted = int(num_accepted[0])
+        token = int(next_token[0])
+        p_host = p.float().cpu()  # [K+1, V] for the events
+        q_host = None if q is None else q.cpu()
+        p_rows = {i - 1: p_host[i] for i in range(min(accepted, k) + 1)}
+        decisions = ["not_reached"] * k
+        records: list[dict | None] = [None] * k
+        dists: list[dict] = []
+        emitted: list[dict] = []
+        for i in range(min(accepted + 1, k)):
+            x = tree.tokens[i]
+            p_x = float(p_host[i, x])
+            q_x = 1.0 if q_host is None else float(q_host[i, x])
+            records[i] = {
+                "accept_prob": min(1.0, p_x / max(q_x, 1e-30)),
+                "u": float(u[i]),
+                "p_eff": p_x,
+                "q_eff": q_x,
+            }
+            decisions[i] = "accepted" if i < accepted else "rejected"
+            if full:
+                q_dist = tree.q_dists.get(i - 1)
+                dists.append(
+                    {
+                        "node": i - 1,
+                        "p_top": self._top(p_host[i]),
+                        "q_top": self._top(q_dist) if q_dist is not None else None,
+                    }
+                )
+            if i < accepted:
+                emitted.append({"token_id": x, "kind": "accepted", "node": i})
+        path = list(range(accepted))
+        if accepted < k:
+            extra = {"token_id": token, "kind": "resampled", "node": None, "from_node": accepted - 1}
+            if full:
+                from .sampling import residual
+
+                q_row = (
+                    q_host[accepted]
+                    if q_host is not None
+                    else torch.nn.functional.one_hot(torch.tensor(tree.tokens[accepted]), p_host.shape[-1]).float()
+                )
+                extra["residual_top"] = self._top(residual(p_host[accepted], q_row))
+        else:
+            extra = {"token_id": token, "kind": "bonus", "node": None, "from_node": k - 1}
+            if full:
+                dists.append({"node": k - 1, "p_top": self._top(p_host[k]), "q_top": None})
+        extra["p"] = round(float(p_host[accepted, token]), 6)
+        emitted.append(extra)
+        return decisions, records, emitted, dists, path, p_rows
+
+    def _walk_tree(self, logits, tree: DraftTree, params, gen, full, drop_q):
+        """Walk the draft tree from the root with exact (recursive) rejection sampling."""
+        n = len(tree)
         p_rows: dict[int, torch.Tensor] = {}
 
         def p_at(node: int) -> torch.Tensor:
@@ -405,13 +513,12 @@ class SpeculativeEngine:
             extra["p"] = round(float(p[token]), 6)
             emitted.append(extra)
             break
-        # Keep the pending token and the accepted path in the target cache; drop the rest.
-        cache.length = base + 1 + n
-        cache.keep(base, [0] + [1 + i for i in path])
-        drafter.accept(tree, path)
-        verify_ms = (time.perf_counter() - t1) * 1000.0
+        return decisions, records, emitted, dists, path, p_rows
+
+    def _step_event(self, tree, decisions, records, emitted, dists, path, p_rows, full, events, draft_ms, verify_ms):
+        n = len(tree)
         nodes = []
-        for i in range(n):
+        for i in range(n if events else 0):
             parent = tree.parents[i]
             rec = records[i]
             p_parent = p_rows.get(parent)

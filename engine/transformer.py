@@ -298,6 +298,7 @@ class Transformer:
         mask: torch.Tensor | None = None,
         attend_len: int | None = None,
         logits_rows: torch.Tensor | None = None,
+        to_host: bool = True,
     ) -> torch.Tensor:
         """Run T new tokens, writing their K/V at slots [cache.length, cache.length + T).
 
@@ -308,7 +309,8 @@ class Transformer:
                      causal attention (T == 1 needs no mask at all)
         logits_rows: [R] rows of the T outputs to project to the vocabulary (None = all)
         Inputs may live on the CPU; logits come back as float32 on the CPU (the
-        verification and the events are host-side). Advances cache.length by T;
+        verification and the events are host-side), or stay on the model's device
+        with to_host=False (the batched GPU verification). Advances cache.length by T;
         the caller decides afterwards which of the new slots to keep.
         """
         cfg = self.cfg
@@ -355,7 +357,8 @@ class Transformer:
         cache.length = end
         if logits_rows is not None:
             x = x[logits_rows]
-        return self.lm_head(self._rms_norm(x, self.norm)).float().cpu()
+        logits = self.lm_head(self._rms_norm(x, self.norm)).float()
+        return logits.cpu() if to_host else logits
 
     def prefill(self, token_ids: list[int], cache: KVCache) -> torch.Tensor:
         """Append token_ids to the cache; returns the logits [V] of the last one."""

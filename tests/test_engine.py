@@ -90,7 +90,9 @@ def test_unknown_drafter(tiny_engine):
 # ------------------------------------------------------------ events and loop
 @pytest.mark.parametrize("drafter", ["none", "ngram", "int8"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_trace_round_trips_and_counts_add_up(tiny_engine, drafter, temperature):
+@pytest.mark.parametrize("chain_verifier", ["walk", "batch"])
+def test_trace_round_trips_and_counts_add_up(tiny_engine, drafter, temperature, chain_verifier, monkeypatch):
+    monkeypatch.setattr(tiny_engine, "chain_verifier", chain_verifier)
     run = tiny_engine.run(PROMPT, drafter, max_new_tokens=24, k=3, temperature=temperature, seed=11)
     events = run["events"]
     assert events[0]["type"] == "start" and events[-1]["type"] == "finish"
@@ -230,3 +232,47 @@ def test_ngram_never_drafts_special_tokens():
     assert d.find_continuations(context, 3, 1) == []  # the continuation starts with a special token
     context = [5, 6, 8, 99, 7, 5, 6]
     assert d.find_continuations(context, 3, 1) == [[8]]
+
+
+@pytest.mark.parametrize("drafter", ["int8", "ngram"])
+def test_batched_chain_verification_emits_the_same_events_as_the_walk(tiny_engine, monkeypatch, drafter):
+    """The GPU path (one verify_batch call per chain) gives events of the same shape; it is
+    chosen for sampled chains only (greedy and trees keep the walk)."""
+    from engine import kernels
+
+    calls = []
+    original = kernels.verify_batch
+
+    def counting(*args):
+        calls.append(args[0].shape)  # [1, K+1, V]
+        return original(*args)
+
+    monkeypatch.setattr(kernels, "verify_batch", counting)
+    runs = {}
+    for mode in ("walk", "batch"):
+        monkeypatch.setattr(tiny_engine, "chain_verifier", mode)
+        runs[mode] = tiny_engine.run(PROMPT, drafter, max_new_tokens=16, k=3, temperature=1.0, seed=3)
+    assert calls and all(shape[0] == 1 and shape[1] <= 4 for shape in calls)
+    for mode, run in runs.items():
+        steps = [e for e in run["events"] if e["type"] == "step"]
+        for step in steps:
+            for node in step["nodes"]:
+                if node["decision"] in ("accepted", "rejected"):
+                    assert {"accept_prob", "u", "p_eff", "q_eff"} <= set(node), (mode, node)
+                    assert 0.0 <= node["accept_prob"] <= 1.0
+                    assert (node["u"] < node["accept_prob"]) == (node["decision"] == "accepted")
+            for item in step["emitted"]:
+                assert item["kind"] in ("accepted", "resampled", "bonus")
+            assert step["dists"] and "p_top" in step["dists"][0]
+    calls.clear()
+    tiny_engine.run(PROMPT, drafter, max_new_tokens=8, k=3, temperature=0.0)  # greedy: argmax, no kernel
+    tiny_engine.run(PROMPT, "int8", max_new_tokens=8, k=2, topk=2, temperature=1.0, seed=1)  # tree: the walk
+    assert calls == []
+
+
+def test_payload_off_yields_start_and_finish_only(tiny_engine):
+    events = list(tiny_engine.generate(PROMPT, "int8", max_new_tokens=12, k=3, payload="off"))
+    assert [e["type"] for e in events] == ["start", "finish"]
+    reduced = tiny_engine.run(PROMPT, "int8", max_new_tokens=12, k=3, payload="reduced")
+    assert events[-1]["token_ids"] == reduced["token_ids"]
+    assert events[-1]["metrics"]["target_passes"] == reduced["metrics"]["target_passes"]

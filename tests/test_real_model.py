@@ -121,9 +121,12 @@ def test_strict_mode_parity_is_bitwise_in_bfloat16():
     assert all(r["identical"] for r in results), results
 
 
-def test_speculative_sampling_matches_target_distribution_on_real_model(real_engine):
+@pytest.mark.parametrize("chain_verifier", ["walk", "batch"])
+def test_speculative_sampling_matches_target_distribution_on_real_model(real_engine, chain_verifier, monkeypatch):
     """First two generated tokens: speculative samples (int8 drafter, K=2) against the
-    exact p computed from the target's logits, chi-square."""
+    exact p computed from the target's logits, chi-square. "batch" verifies each chain in
+    one call of kernels.verify_batch (what the GPU path runs, here its torch reference)."""
+    monkeypatch.setattr(real_engine, "chain_verifier", chain_verifier)
     prompt = "Name a colour."
     settings = dict(temperature=1.0, top_k=4, k=2, seed=123)
     n = 300
