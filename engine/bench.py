@@ -39,21 +39,34 @@ SYSTEMS = [
 ENGINE_SYSTEMS = {
     "engine-baseline": ("none", {}),
     "engine-ngram": ("ngram", {"k": 8}),
-    "engine-int8": ("int8", {"k": 4}),
-    "engine-tree": ("int8", {"k": 4, "topk": 2, "num_draft_tokens": 8}),
+    "engine-int8": ("int8", {"k": 3}),
+    "engine-tree": ("int8", {"k": 3, "topk": 2, "num_draft_tokens": 5}),
 }
 
 
-def copy_bandwidth_gbs(size_mb: int = 256, repeats: int = 5) -> float:
-    """Measured memory bandwidth in GB/s (bytes read + written by a large copy)."""
+def copy_bandwidth_gbs(size_mb: int = 256, repeats: int = 10) -> float:
+    """Measured memory bandwidth in GB/s: bytes read + written by a large copy,
+    best of ``repeats`` (both buffers touched first, so page faults are not timed)."""
     src = torch.ones(size_mb * 1024 * 1024 // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
+    dst = torch.zeros_like(src)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         dst.copy_(src)
         best = min(best, time.perf_counter() - t0)
     return 2 * src.numel() * 4 / best / 1e9
+
+
+def read_bandwidth_gbs(size_mb: int = 256, repeats: int = 10) -> float:
+    """Measured read-only bandwidth in GB/s (a sum over a large buffer): what a
+    matrix-vector product that streams weights can reach at best."""
+    src = torch.ones(size_mb * 1024 * 1024 // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        src.sum()
+        best = min(best, time.perf_counter() - t0)
+    return src.numel() * 4 / best / 1e9
 
 
 def machine_info(engine: SpeculativeEngine) -> dict:
@@ -67,10 +80,20 @@ def machine_info(engine: SpeculativeEngine) -> dict:
                 break
     except OSError:
         pass
-    bandwidth = copy_bandwidth_gbs()
+    device = engine.target.model.device
     weight_bytes = engine.target.model.weight_bytes
+    if device.type == "cuda":
+        bandwidth = _cuda_copy_bandwidth_gbs(device)
+        read_bw = None
+        accel = torch.cuda.get_device_name(device)
+    else:
+        bandwidth = copy_bandwidth_gbs()
+        read_bw = round(read_bandwidth_gbs(), 2)
+        accel = None
     return {
         "cpu": cpu,
+        "device": str(device),
+        "gpu": accel,
         "threads": torch.get_num_threads(),
         "dtype": str(engine.target.dtype).removeprefix("torch."),
         "torch": torch.__version__,
@@ -79,8 +102,22 @@ def machine_info(engine: SpeculativeEngine) -> dict:
         "model": engine.target.name,
         "weight_bytes_per_pass": weight_bytes,
         "copy_bandwidth_gbs": round(bandwidth, 2),
+        "read_bandwidth_gbs": read_bw,
         "roofline_passes_per_s": round(bandwidth * 1e9 / weight_bytes, 2),
     }
+
+
+def _cuda_copy_bandwidth_gbs(device, size_mb: int = 1024, repeats: int = 10) -> float:
+    src = torch.ones(size_mb * 1024 * 1024 // 4, dtype=torch.float32, device=device)
+    dst = torch.zeros_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best / 1e9
 
 
 class _HF:
@@ -90,13 +127,33 @@ class _HF:
         from transformers import AutoModelForCausalLM
 
         folder = engine.target.source.get("cache") or engine.target.source.get("id")
-        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=engine.target.dtype)
+        self.device = engine.target.model.device
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=engine.target.dtype).to(self.device)
         self.model.eval()
         self.eos = sorted(engine.eos_ids)
         self.assistant = None
 
+    def load_assistant(self, engine: SpeculativeEngine) -> str | None:
+        """Load the preset drafter as a transformers model; returns why not, or None."""
+        from transformers import AutoModelForCausalLM
+
+        from .models import PRESETS, load_model
+
+        name = engine.target.name
+        drafter = PRESETS.get(name, {}).get("drafter")
+        if not drafter:
+            return f"no drafter model is paired with {name} (presets pair e.g. SmolLM2-360M-Instruct with the 135M)"
+        try:
+            loaded = load_model(drafter, engine.target.dtype, device=str(self.device))
+            folder = loaded.source.get("cache") or loaded.source.get("id")
+            self.assistant = AutoModelForCausalLM.from_pretrained(folder, dtype=engine.target.dtype).to(self.device)
+        except Exception as exc:  # the row is optional: say why and go on
+            return f"drafter {drafter} unavailable ({exc})"
+        self.assistant.eval()
+        return None
+
     def generate(self, prompt_ids: list[int], max_new: int, **kw) -> list[int]:
-        ids = torch.tensor([prompt_ids])
+        ids = torch.tensor([prompt_ids], device=self.device)
         with torch.inference_mode():
             out = self.model.generate(
                 ids,
@@ -127,8 +184,20 @@ def run_bench(
     max_new_tokens: int | None = None,
     systems=None,
     progress=True,
+    workloads_subset=None,
+    events_check: bool = True,
 ) -> dict:
+    """Run the suite; returns the report (see format_table and docs in README).
+
+    events_check adds a short measurement of the event stream's cost: engine-int8
+    on the chat prompts with payload off, reduced and full, interleaved.
+    """
     workloads = json.loads((ROOT / "assets" / "workloads.json").read_text())
+    if workloads_subset:
+        unknown = set(workloads_subset) - set(workloads)
+        if unknown:
+            raise ValueError(f"unknown workload {sorted(unknown)}; choose from {', '.join(workloads)}")
+        workloads = {name: workloads[name] for name in workloads_subset}
     if quick:
         workloads = {name: prompts[:1] for name, prompts in workloads.items()}
     repeats = repeats or (1 if quick else 3)
@@ -139,10 +208,13 @@ def run_bench(
     hf = _HF(engine) if any(s.startswith("hf-") for s in systems) else None
     if "hf-assisted" in systems:
         # Assisted generation needs a separate small drafter model with the same
-        # vocabulary; the offline default has none (its int8 copy is ours, not a
-        # transformers model), so the row is reported as unavailable.
-        notes.append("hf-assisted: no drafter model for the default target offline (needs a Hub preset pair)")
-        systems.remove("hf-assisted")
+        # vocabulary: the target's preset names one (e.g. SmolLM2-360M -> 135M).
+        # The offline default has none (its int8 copy is ours, not a transformers
+        # model), so there the row is reported as unavailable.
+        reason = hf.load_assistant(engine) if hf is not None else "no transformers reference"
+        if reason:
+            notes.append(f"hf-assisted: {reason}")
+            systems.remove("hf-assisted")
     llm = None
     if "llamacpp" in systems:
         llm = _llamacpp(engine)
@@ -177,6 +249,7 @@ def run_bench(
                         )
     if progress:
         print(file=sys.stderr)
+    events = _event_overhead(engine, workloads, repeats, max_new, progress) if events_check else None
     rows = []
     for (name, workload), runs in samples.items():
         tokens = sum(r["new_tokens"] for r in runs)
@@ -215,15 +288,42 @@ def run_bench(
         "settings": {"max_new_tokens": max_new, "repeats": repeats, "quick": quick, "greedy": True, "batch": 1},
         "rows": rows,
         "greedy_mismatches": mismatches,
+        "event_overhead": events,
         "notes": notes,
         "date": time.strftime("%Y-%m-%d"),
     }
 
 
-def _run_system(name, engine, hf, llm, ids, max_new) -> dict:
+EVENT_SYSTEM = "engine-int8"  # the system whose event stream is richest per pass (q and p for every draft)
+
+
+def _event_overhead(engine, workloads, repeats, max_new, progress) -> dict:
+    """tok/s of EVENT_SYSTEM with payload off / reduced / full, interleaved per prompt."""
+    prompts = workloads.get("chat") or next(iter(workloads.values()))
+    modes = ["off", "reduced", "full"]
+    samples: dict[str, list[float]] = {m: [] for m in modes}
+    for prompt in prompts:
+        ids = engine.encode_prompt(prompt)
+        for rep in range(repeats):
+            for mode in modes[rep % 3 :] + modes[: rep % 3]:
+                result = _run_system(EVENT_SYSTEM, engine, None, None, ids, max_new, payload=mode)
+                samples[mode].append(result["new_tokens"] / result["wall_s"])
+        if progress:
+            print(f"events: {len(samples['off'])}/{len(prompts) * repeats}", file=sys.stderr, flush=True)
+    tps = {m: statistics.median(v) for m, v in samples.items()}
+    return {
+        "system": EVENT_SYSTEM,
+        "workload": "chat" if "chat" in workloads else next(iter(workloads)),
+        "tok_per_s": {m: round(v, 3) for m, v in tps.items()},
+        "slowdown_reduced": round(tps["off"] / tps["reduced"] - 1.0, 4),
+        "slowdown_full": round(tps["off"] / tps["full"] - 1.0, 4),
+    }
+
+
+def _run_system(name, engine, hf, llm, ids, max_new, payload="reduced") -> dict:
     if name in ENGINE_SYSTEMS:
         drafter, kw = ENGINE_SYSTEMS[name]
-        settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload="reduced", seed=0, **kw)
+        settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0, **kw)
         t0 = time.perf_counter()
         finish = None
         for event in engine.generate(ids, drafter, settings):
@@ -244,7 +344,11 @@ def _run_system(name, engine, hf, llm, ids, max_new) -> dict:
         wall = time.perf_counter() - t0
         n = out["usage"]["completion_tokens"]
         return {"token_ids": [], "new_tokens": n, "wall_s": wall, "passes": n, "accepted": 0, "drafted": 0}
-    kw = {"prompt_lookup_num_tokens": 8} if name == "hf-prompt-lookup" else {}  # same K as engine-ngram
+    kw = {}
+    if name == "hf-prompt-lookup":
+        kw = {"prompt_lookup_num_tokens": 8}  # same K as engine-ngram
+    elif name == "hf-assisted":
+        kw = {"assistant_model": hf.assistant}
     t0 = time.perf_counter()
     toks = hf.generate(ids, max_new, **kw)
     wall = time.perf_counter() - t0
@@ -271,7 +375,8 @@ def format_table(report: dict) -> str:
     lines = [
         f"machine: {m['cpu']}, {m['threads']} threads, {m['dtype']}, torch {m['torch']}, transformers {m['transformers']}",
         f"roofline: {m['weight_bytes_per_pass'] / 1e6:.0f} MB of weights per pass / {m['copy_bandwidth_gbs']:.1f} GB/s copy bandwidth"
-        f" = {m['roofline_passes_per_s']:.1f} passes/s",
+        f" = {m['roofline_passes_per_s']:.1f} passes/s"
+        + (f" (read-only bandwidth {m['read_bandwidth_gbs']:.1f} GB/s)" if m.get("read_bandwidth_gbs") else ""),
         f"settings: greedy, batch 1, {report['settings']['max_new_tokens']} new tokens, median of {report['settings']['repeats']}",
         "",
         f"{'system':<17} {'workload':<10} {'tok/s':>7} {'tok/pass':>8} {'accept':>7} {'vs base':>8} {'vs hf':>7} {'roofline':>8}",
@@ -295,6 +400,13 @@ def format_table(report: dict) -> str:
             )
     else:
         lines.append("\nall greedy outputs identical to engine-baseline")
+    ev = report.get("event_overhead")
+    if ev:
+        t = ev["tok_per_s"]
+        lines.append(
+            f"event stream ({ev['system']}, {ev['workload']}): off {t['off']:.2f} tok/s, reduced {t['reduced']:.2f}"
+            f" ({ev['slowdown_reduced']:+.1%}), full {t['full']:.2f} ({ev['slowdown_full']:+.1%})"
+        )
     for note in report["notes"]:
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -60,6 +60,10 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=int, default=None)
     b.add_argument("--systems", default=None, help="comma-separated subset of the systems")
     b.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    b.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    b.add_argument("--target", default="default", help="target model (default, a preset, a Hub id or a local folder)")
+    b.add_argument("--workloads", default=None, help="comma-separated subset of chat, code-edit, summarize")
+    b.add_argument("--no-events-check", action="store_true", help="skip the event-stream cost measurement")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
 
     prep = sub.add_parser("prepare", help="build the default model cache (once) and report its timing")
@@ -218,12 +222,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"unknown system in --systems; choose from {', '.join(SYSTEMS)}")
             if args.repeats is not None and not 1 <= args.repeats <= 20:
                 raise ValueError("--repeats must be between 1 and 20")
+            if args.max_new_tokens is not None and not 1 <= args.max_new_tokens <= 2048:
+                raise ValueError("--max-new-tokens must be between 1 and 2048")
             report = run_bench(
-                SpeculativeEngine(load_model("default", args.dtype)),
+                SpeculativeEngine(load_model(args.target, args.dtype, device=args.device)),
                 args.quick,
                 args.repeats,
                 args.max_new_tokens,
                 systems,
+                workloads_subset=args.workloads.split(",") if args.workloads else None,
+                events_check=not args.no_events_check,
             )
             print(json.dumps(report, indent=2) if args.json else format_table(report))
             return 0

@@ -1,0 +1,69 @@
+"""The benchmark harness in --quick mode on the real default model: every system and workload is
+reported (or said to be unavailable), the JSON has the documented shape, and the greedy outputs of
+all engine systems agree. Speed targets are the benchmark's business, not a timed test's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.bench import ENGINE_SYSTEMS, SYSTEMS, format_table, run_bench
+
+ROOT = Path(__file__).resolve().parent.parent
+ROW_KEYS = {
+    "system",
+    "workload",
+    "tok_per_s",
+    "tokens_per_pass",
+    "acceptance_rate",
+    "speedup_vs_engine_baseline",
+    "speedup_vs_hf_generate",
+}
+
+
+@pytest.mark.slow
+def test_quick_bench_reports_every_system_and_workload(real_engine):
+    report = run_bench(real_engine, quick=True, progress=False)
+    report = json.loads(json.dumps(report))  # plain JSON all the way down
+    workloads = set(json.loads((ROOT / "assets" / "workloads.json").read_text()))
+    assert {"chat", "code-edit", "summarize"} <= workloads
+    rows = {(r["system"], r["workload"]): r for r in report["rows"]}
+    for system in SYSTEMS:
+        unavailable = [n for n in report["notes"] if n.startswith(system + ":")]
+        if unavailable:  # optional reference points say why they are missing
+            assert not any(s == system for s, _ in rows), system
+            continue
+        assert system not in ("engine-baseline", "hf-generate") or not unavailable
+        for workload in workloads:
+            row = rows[(system, workload)]
+            assert ROW_KEYS <= set(row), row
+            assert row["tok_per_s"] > 0
+    for system in list(ENGINE_SYSTEMS) + ["hf-generate", "hf-prompt-lookup"]:
+        assert all((system, w) in rows for w in workloads), system
+    for (system, _), row in rows.items():
+        if system in ENGINE_SYSTEMS:
+            assert row["tokens_per_pass"] >= 1.0
+    assert rows[("engine-baseline", "chat")]["speedup_vs_engine_baseline"] == pytest.approx(1.0)
+    assert rows[("hf-generate", "chat")]["speedup_vs_hf_generate"] == pytest.approx(1.0)
+    engine_mismatches = [m for m in report["greedy_mismatches"] if m["system"] in ENGINE_SYSTEMS]
+    assert not engine_mismatches, f"engine systems disagree in greedy decoding: {engine_mismatches}"
+    machine = report["machine"]
+    for key in ("cpu", "threads", "dtype", "torch", "transformers", "copy_bandwidth_gbs", "roofline_passes_per_s"):
+        assert machine[key], key
+    events = report["event_overhead"]
+    assert set(events["tok_per_s"]) == {"off", "reduced", "full"}
+    table = format_table(report)
+    assert "engine-ngram" in table and "roofline" in table and "event stream" in table
+
+
+def test_bench_cli_rejects_bad_arguments_before_loading_anything():
+    for args in (["--systems", "engine-warp"], ["--repeats", "0"], ["--max-new-tokens", "0"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "engine", "bench", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+        )
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.startswith("error:"), proc.stderr
