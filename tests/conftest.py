@@ -82,3 +82,34 @@ def server():
         yield f"http://127.0.0.1:{port}/"
     finally:
         demo.close()
+
+
+@pytest.fixture
+def target_pass_times(monkeypatch) -> list[float]:
+    """Every target pass run in this process (the in-process app server included) appends its end time."""
+    import time
+
+    from engine.decode import SpeculativeEngine
+
+    stamps: list[float] = []
+    original = SpeculativeEngine._step
+
+    def recording_step(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        stamps.append(time.monotonic())
+        return result
+
+    monkeypatch.setattr(SpeculativeEngine, "_step", recording_step)
+    return stamps
+
+
+def assert_run_stopped(stamps: list[float], gone_at: float) -> None:
+    """After a client left at `gone_at`: at most the pass in flight plus one more ran, then nothing."""
+    import time
+
+    time.sleep(4.0)
+    after = [t for t in stamps if t > gone_at]
+    assert len(after) <= 2, f"{len(after)} target passes ran after the client went away"
+    quiet_since = time.monotonic()
+    time.sleep(1.0)
+    assert not [t for t in stamps if t > quiet_since], "the run kept going after the client went away"

@@ -193,9 +193,11 @@ def test_concurrent_int8_runs_do_not_share_drafter_state():
     from app import handlers
 
     prompts = ["Name three colours.", "Write one sentence about cats."]
-    alone = [handlers.api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10)["text"] for p in prompts]
+    alone = [list(handlers.api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10))[-1]["text"] for p in prompts]
     with ThreadPoolExecutor(2) as pool:
-        together = list(pool.map(lambda p: handlers.api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10)["text"], prompts))
+        together = list(
+            pool.map(lambda p: list(handlers.api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10))[-1]["text"], prompts)
+        )
     assert together == alone
 
 

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import assert_run_stopped
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
@@ -174,3 +175,70 @@ def test_playground_step_through_and_race(app_url, browser):
     page.close()
     real = [e for e in errors if not IGNORED.search(e)]
     assert not real, "browser console errors:\n" + "\n".join(real)
+
+
+def _start_run(page, app_url: str, prompt: str, drafter: str, max_new: int) -> None:
+    page.goto(app_url, wait_until="domcontentloaded")
+    page.wait_for_selector("#sl-output .sl-tok", timeout=120_000)  # the recorded trace: the page is live
+    page.locator("#sl-prompt textarea").fill(prompt)
+    box = page.locator("#sl-drafter input")
+    box.click()
+    box.fill(drafter)
+    box.press("Enter")
+    _set_slider(page, "sl-max-new", max_new)
+    page.locator("#sl-run").click()
+
+
+def test_closing_the_tab_ends_the_run_within_a_pass_and_frees_its_slot(app_url, browser, target_pass_times):
+    import time
+
+    stamps = target_pass_times
+    context = browser.new_context()
+    page = context.new_page()
+    _start_run(page, app_url, "Write a long story about a lighthouse keeper.", "none", 250)
+    deadline = time.monotonic() + 180
+    while len(stamps) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(stamps) >= 5, "the run did not start"
+    closed_at = time.monotonic()
+    context.close()  # the tab (and its connection) goes away mid-run
+    # The pass in flight may finish, and Gradio notices the dropped stream when it next sends an
+    # update: at most one more pass after that, then nothing.
+    assert_run_stopped(stamps, closed_at)
+
+    # The slot is free: a new session runs to the end.
+    context = browser.new_context()
+    page = context.new_page()
+    _start_run(page, app_url, "Say hello.", "ngram", 6)
+    page.wait_for_selector("#sl-stats .sl-badge-finished", timeout=120_000)
+    context.close()
+
+
+def test_eight_browser_sessions_each_get_their_own_run(app_url, browser):
+    """8 tabs run at once (2 at a time, the rest wait in the queue): each shows exactly its own output."""
+    from app import handlers
+    from app.state import REGISTRY
+
+    prompts = [f"Name one animal that starts with the letter {letter}." for letter in "BCDFGLMP"]
+    # The page starts with the settings of the recorded trace it shows; each tab changes only the
+    # prompt, the drafter and the length, so the same settings run alone give the expected output.
+    s = handlers.load_recorded(handlers.DEFAULT_TRACE)[0]["settings"]
+    budget = s.get("num_draft_tokens", 0) if s.get("topk", 1) > 1 else 0
+    settings = handlers.make_settings(s["k"], s["topk"], budget, s["temperature"], s["top_p"], s["top_k"], s["seed"], 8)
+    engine = REGISTRY.get("default", "auto")
+    expected = []
+    for prompt in prompts:
+        finish = list(engine.generate(prompt, "ngram", settings))[-1]
+        expected.append("".join(engine.token_text(t) for t in finish["token_ids"]))
+    contexts = [browser.new_context() for _ in prompts]
+    pages = [c.new_page() for c in contexts]
+    try:
+        for page, prompt in zip(pages, prompts):
+            _start_run(page, app_url, prompt, "ngram", 8)
+        for page, want in zip(pages, expected):
+            page.wait_for_selector("#sl-stats .sl-badge-finished", timeout=300_000)
+            shown = "".join(page.locator("#sl-output .sl-tok").all_text_contents())
+            assert re.sub(r"[\s⏎]", "", shown) == re.sub(r"\s", "", want)
+    finally:
+        for c in contexts:
+            c.close()

@@ -8,6 +8,7 @@ import random
 import threading
 
 import pytest
+from conftest import assert_run_stopped
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -132,7 +133,41 @@ def test_limits_refuse_disallowed_models_and_long_prompts(monkeypatch):
     limits.check_model_allowed("someone/huge-model")
     monkeypatch.delenv("SPECLENS_ALLOW_ANY_MODEL")
     with pytest.raises(gr.Error, match="not allowed"):
-        handlers.api_generate("hi", drafter="model:someone/huge-model")
+        next(handlers.api_generate("hi", drafter="model:someone/huge-model"))
     with pytest.raises(gr.Error, match="limit is"):
-        handlers.api_generate("word " * (limits.MAX_PROMPT_TOKENS + 10), max_new_tokens=2)
+        next(handlers.api_generate("word " * (limits.MAX_PROMPT_TOKENS + 10), max_new_tokens=2))
     assert not math.isnan(limits.MAX_NEW_TOKENS)
+
+
+def test_dropped_api_connection_ends_the_run_within_a_pass(server, target_pass_times):
+    """A client that goes away mid-run (here: the raw SSE stream is closed) stops the run at the next
+    target pass, and its slot serves the next request."""
+    import time
+    import uuid
+
+    import httpx
+
+    stamps = target_pass_times
+    config = httpx.get(server + "config", timeout=30).json()
+    fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
+    session = uuid.uuid4().hex
+    data = ["Write a long story about a lighthouse keeper.", "none", 4, 0.0, 1.0, 0, 0, 250]
+    joined = httpx.post(
+        server + "gradio_api/queue/join",
+        json={"data": data, "fn_index": fn_index, "session_hash": session},
+        timeout=30,
+    )
+    assert joined.status_code == 200, joined.text
+    partial_updates = 0
+    with httpx.stream("GET", server + f"gradio_api/queue/data?session_hash={session}", timeout=120) as stream:
+        for line in stream.iter_lines():
+            if '"process_generating"' in line:
+                partial_updates += 1
+                if len(stamps) >= 5:
+                    break
+    closed_at = time.monotonic()  # the connection is gone
+    assert partial_updates >= 1
+    assert_run_stopped(stamps, closed_at)
+    client = gradio_client.Client(server, verbose=False)
+    result = _call(client, "What is the capital of France?", max_new_tokens=6)
+    assert result["partial"] is False and "Paris" in result["text"]
