@@ -379,7 +379,9 @@ def run_playground(
         return
     events = _start_generation(run_engine, prompt, drafter, settings)
     trace: list[dict] = []
-    next_figures = 0.0
+    # The first tokens go out without figures (they cost a few hundred ms to build and draw):
+    # the draft tree and p/q follow within FIGURE_INTERVAL_S, or with the final update.
+    next_figures = time.perf_counter() + FIGURE_INTERVAL_S
     stopped = False
     try:
         for event in events:

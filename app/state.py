@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from .limits import trust_remote_code
 
-__all__ = ["ModelRegistry", "REGISTRY", "resolve_dtype_name"]
+__all__ = ["ModelRegistry", "REGISTRY", "preload", "resolve_dtype_name"]
 
 
 def _models():
@@ -84,3 +84,22 @@ class ModelRegistry:
 
 
 REGISTRY = ModelRegistry()
+
+
+def preload(target: str = "default", dtype: str = "auto", drafters: tuple[str, ...] = ()) -> threading.Thread:
+    """Load the target (and build the given drafters' weights) in a background thread, so the
+    first Run after a server start does not wait for them. Failures are logged; the first Run
+    then reports them as usual."""
+    import logging
+
+    def work() -> None:
+        try:
+            engine = REGISTRY.get(target, dtype)
+            for spec in drafters:
+                engine.drafter(spec)
+        except Exception:  # the page still works; the first Run shows the error
+            logging.getLogger("speclens.app").exception("preloading %s failed", target)
+
+    thread = threading.Thread(target=work, name="speclens-preload", daemon=True)
+    thread.start()
+    return thread
