@@ -43,7 +43,9 @@ ENGINE_SYSTEMS = {
     # verbatim copies (code edits) then go through in fewer passes.
     "engine-ngram": ("ngram", {"k": 15}),
     "engine-int8": ("int8", {"k": 3}),
-    "engine-tree": ("int8", {"k": 3, "topk": 2, "num_draft_tokens": 5}),
+    # Greedy int8 drafts are accepted ~90% of the time, so branching buys little; a 3-node tree
+    # keeps the pass at 4 rows (a cheap width for this BLAS: see pass_cost_ms).
+    "engine-tree": ("int8", {"k": 2, "topk": 2, "num_draft_tokens": 3}),
 }
 
 
@@ -253,6 +255,7 @@ def run_bench(
     if progress:
         print(file=sys.stderr)
     events = _event_overhead(engine, workloads, repeats, max_new, progress) if events_check else None
+    pass_cost = pass_cost_ms(engine)
     rows = []
     for (name, workload), runs in samples.items():
         tokens = sum(r["new_tokens"] for r in runs)
@@ -292,9 +295,21 @@ def run_bench(
         "rows": rows,
         "greedy_mismatches": mismatches,
         "event_overhead": events,
+        "pass_cost_ms": pass_cost,
         "notes": notes,
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+PASS_WIDTHS = (1, 2, 3, 4, 5, 8, 9, 12, 16)
+
+
+def pass_cost_ms(engine: SpeculativeEngine, widths=PASS_WIDTHS, prefix_len: int = 128) -> dict[str, float]:
+    """Median ms of one target pass over W new tokens (W = K + 1 for a chain of K drafts):
+    what verification costs against a plain one-token pass on this machine."""
+    from .batching import measure_pass_ms
+
+    return {str(w): round(measure_pass_ms(engine.target.model, 1, w, prefix_len=prefix_len), 1) for w in widths}
 
 
 EVENT_SYSTEM = "engine-int8"  # the system whose event stream is richest per pass (q and p for every draft)
@@ -409,6 +424,13 @@ def format_table(report: dict) -> str:
         lines.append(
             f"event stream ({ev['system']}, {ev['workload']}): off {t['off']:.2f} tok/s, reduced {t['reduced']:.2f}"
             f" ({ev['slowdown_reduced']:+.1%}), full {t['full']:.2f} ({ev['slowdown_full']:+.1%})"
+        )
+    costs = report.get("pass_cost_ms")
+    if costs:
+        one = costs.get("1") or 1.0
+        lines.append(
+            "target pass cost by tokens in the pass: "
+            + ", ".join(f"{w}: {ms:.0f} ms ({ms / one:.2f}x)" for w, ms in costs.items())
         )
     for note in report["notes"]:
         lines.append(f"note: {note}")

@@ -209,3 +209,15 @@ def test_parity_note_reports_a_verdict():
     settings = handlers.make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 8)
     note = handlers._parity_note(engine, "Say hello.", "ngram", settings)
     assert "parity check" in note.lower()
+
+
+@pytest.mark.slow
+def test_preload_loads_in_the_background_and_survives_a_bad_model(caplog):
+    from app.state import REGISTRY, preload
+
+    preload("default", "auto", ("ngram",)).join(timeout=300)
+    assert REGISTRY.is_loaded("default", "auto")
+    with caplog.at_level("ERROR", logger="speclens.app"):
+        preload("not-a-real/model-id").join(timeout=60)  # logged, never raised
+    assert "preloading not-a-real/model-id failed" in caplog.text
+    assert not REGISTRY.is_loaded("not-a-real/model-id")

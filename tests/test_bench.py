@@ -56,6 +56,8 @@ def test_quick_bench_reports_every_system_and_workload(real_engine):
         assert machine[key], key
     events = report["event_overhead"]
     assert set(events["tok_per_s"]) == {"off", "reduced", "full"}
+    costs = report["pass_cost_ms"]
+    assert set(costs) >= {"1", "5", "9"} and all(ms > 0 for ms in costs.values())
     table = format_table(report)
     assert "engine-ngram" in table and "roofline" in table and "event stream" in table
 
