@@ -104,7 +104,11 @@ def target_pass_times(monkeypatch) -> list[float]:
 
 
 def assert_run_stopped(stamps: list[float], gone_at: float) -> None:
-    """After a client left at `gone_at`: at most the pass in flight plus one more ran, then nothing."""
+    """After a client left at `gone_at`: at most the pass in flight plus one more ran, then nothing.
+
+    Gradio notices a vanished client when it next sends that client an update (one per pass) and
+    then closes the handler at its next yield: with passes of a few hundred ms that is the pass in
+    flight and at most one more. (With 70 ms baseline passes the detection itself can span three.)"""
     import time
 
     time.sleep(4.0)
