@@ -324,6 +324,21 @@ def end_run():
     return gr.Button(interactive=True)
 
 
+def wire_run_and_stop(run_btn, stop_btn, run_id, fn, inputs, outputs, max_runs: int, private: dict, **progress):
+    """Run click: a fresh run id (instant), then `fn(*inputs, run_id)` streamed into `outputs` in the
+    shared `model-runs` queue, then the button unlocks; Stop marks the id. `progress`: show_progress..."""
+    run_btn.click(begin_run, None, [run_id, run_btn], queue=False, show_progress="hidden", **private).then(
+        fn,
+        [*inputs, run_id],
+        outputs,
+        concurrency_limit=max_runs,
+        concurrency_id="model-runs",
+        **progress,
+        **private,
+    ).then(end_run, None, run_btn, queue=False, show_progress="hidden", **private)
+    stop_btn.click(request_stop, [run_id], None, queue=False, show_progress="hidden", **private)
+
+
 def request_stop(run_id: str | None) -> None:
     if not run_id:
         return

@@ -856,17 +856,18 @@ def build_lossless_tab(max_runs: int = MAX_RUNS) -> gr.Tab:
                     elem_id="ll-table",
                 )
         run_id = gr.State("")  # inside the Tab: a State directly under gr.Tabs breaks gradio's tab bar
-    run_btn.click(h.begin_run, None, [run_id, run_btn], queue=False, show_progress="hidden", **PRIVATE).then(
+    h.wire_run_and_stop(
+        run_btn,
+        stop_btn,
+        run_id,
         run_lossless,
-        [prompt, temperature, top_k, drafter, k, topk, n, seed, samplers, run_id],
+        [prompt, temperature, top_k, drafter, k, topk, n, seed, samplers],
         [status, plot, table],
-        concurrency_limit=max_runs,
-        concurrency_id="model-runs",
+        max_runs,
+        PRIVATE,
         show_progress="full",
         show_progress_on=[status],
-        **PRIVATE,
-    ).then(h.end_run, None, run_btn, queue=False, show_progress="hidden", **PRIVATE)
-    stop_btn.click(h.request_stop, [run_id], None, queue=False, show_progress="hidden", **PRIVATE)
+    )
     return tab
 
 
@@ -1057,17 +1058,18 @@ def build_parity_tab(max_runs: int = MAX_RUNS) -> gr.Tab:
                     elem_id="pl-table",
                 )
         run_id = gr.State("")  # inside the Tab: a State directly under gr.Tabs breaks gradio's tab bar
-    run_btn.click(h.begin_run, None, [run_id, run_btn], queue=False, show_progress="hidden", **PRIVATE).then(
+    h.wire_run_and_stop(
+        run_btn,
+        stop_btn,
+        run_id,
         run_parity,
-        [prompts, drafter, dtype, max_new, k, strict, run_id],
+        [prompts, drafter, dtype, max_new, k, strict],
         [status, table],
-        concurrency_limit=max_runs,
-        concurrency_id="model-runs",
+        max_runs,
+        PRIVATE,
         show_progress="full",
         show_progress_on=[status],
-        **PRIVATE,
-    ).then(h.end_run, None, run_btn, queue=False, show_progress="hidden", **PRIVATE)
-    stop_btn.click(h.request_stop, [run_id], None, queue=False, show_progress="hidden", **PRIVATE)
+    )
     return tab
 
 
@@ -1253,15 +1255,16 @@ def build_batch_tab(trace_state: gr.State, max_runs: int = MAX_RUNS) -> gr.Tab:
         concurrency_limit=None,
         **PRIVATE,
     )
-    run_btn.click(h.begin_run, None, [run_id, run_btn], queue=False, show_progress="hidden", **PRIVATE).then(
+    h.wire_run_and_stop(
+        run_btn,
+        stop_btn,
+        run_id,
         run_batch,
-        [k, alpha, sizes, draft_ms, repeats, run_id],
+        [k, alpha, sizes, draft_ms, repeats],
         [status, plot, table],
-        concurrency_limit=max_runs,
-        concurrency_id="model-runs",
+        max_runs,
+        PRIVATE,
         show_progress="full",
         show_progress_on=[status],
-        **PRIVATE,
-    ).then(h.end_run, None, run_btn, queue=False, show_progress="hidden", **PRIVATE)
-    stop_btn.click(h.request_stop, [run_id], None, queue=False, show_progress="hidden", **PRIVATE)
+    )
     return tab

@@ -394,16 +394,17 @@ def build_demo() -> gr.Blocks:
 
         # Run: a fresh run id first (instant), then the streamed run; Stop marks that id (see handlers).
         run_id = gr.State("")
-        run_btn.click(h.begin_run, None, [run_id, run_btn], queue=False, show_progress="hidden", **private).then(
+        h.wire_run_and_stop(
+            run_btn,
+            stop_btn,
+            run_id,
             h.run_playground,
-            [*play_inputs, run_id],
+            play_inputs,
             play_outputs,
-            concurrency_limit=MAX_RUNS,
-            concurrency_id="model-runs",
+            MAX_RUNS,
+            private,
             show_progress="minimal",
-            **private,
-        ).then(h.end_run, None, run_btn, queue=False, show_progress="hidden", **private)
-        stop_btn.click(h.request_stop, [run_id], None, queue=False, show_progress="hidden", **private)
+        )
         c["step"].input(
             h.show_play_step,
             [c["trace"], c["step"]],
@@ -476,16 +477,17 @@ def build_demo() -> gr.Blocks:
         )
 
         race_id = gr.State("")
-        race_btn.click(h.begin_run, None, [race_id, race_btn], queue=False, show_progress="hidden", **private).then(
+        h.wire_run_and_stop(
+            race_btn,
+            race_stop,
+            race_id,
             h.run_race,
-            [race_prompt, race_drafter, race_k, race_temp, race_seed, race_max, race_id],
+            [race_prompt, race_drafter, race_k, race_temp, race_seed, race_max],
             race_outputs,
-            concurrency_limit=MAX_RUNS,
-            concurrency_id="model-runs",
+            MAX_RUNS,
+            private,
             show_progress="minimal",
-            **private,
-        ).then(h.end_run, None, race_btn, queue=False, show_progress="hidden", **private)
-        race_stop.click(h.request_stop, [race_id], None, queue=False, show_progress="hidden", **private)
+        )
         race_example.input(
             h.pick_race_example,
             [race_example],
