@@ -271,9 +271,9 @@ class Transformer:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
         return weight * xf.to(x.dtype)
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, D] for the given positions, from a table computed once in float64."""
-        needed = int(positions.max()) + 1
+        needed = max_position + 1
         if self._rope_table is None or self._rope_table[0].shape[0] < needed:
             size = max(needed, 2 * (self._rope_table[0].shape[0] if self._rope_table else 1024))
             angles = torch.arange(size, dtype=torch.float64, device=self.device)[:, None] * self.inv_freq[None, :]
@@ -314,6 +314,7 @@ class Transformer:
         the caller decides afterwards which of the new slots to keep.
         """
         cfg = self.cfg
+        max_position = int(positions.max())  # read on the host: no device sync per pass
         if self.device.type != "cpu":
             tokens, positions = tokens.to(self.device), positions.to(self.device)
             mask = mask.to(self.device) if mask is not None else None
@@ -331,7 +332,7 @@ class Transformer:
             if attend > end:
                 mask[:, end:] = False
         attn_mask = mask[None, None] if mask is not None else None  # [1, 1, T, A]
-        cos, sin = self._rope(positions)
+        cos, sin = self._rope(positions, max_position)
         x = self.embed[tokens]  # [T, E]
         nq, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         group = nq // nkv
