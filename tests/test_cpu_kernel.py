@@ -1,0 +1,121 @@
+"""Our AVX512-BF16 matrix kernel (engine/cpu_kernels.py, engine/csrc/skinny_gemm_bf16.c).
+
+(a) It matches a float32 reference, odd sizes and bias included.
+(b) It is shape-invariant: each row of a multi-row product equals the one-row
+    product bit for bit (what makes verification see one-token logits).
+(c) The packed layout unpacks to the original weight.
+(d) A bf16 model uses it when it is available, and without it (no AVX512-BF16,
+    no compiler, SPECLENS_CPU_KERNEL=0) the model falls back to torch's products
+    and says why.
+Tests (a)-(c) need a CPU with AVX512-BF16 and skip elsewhere; (d) runs everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import cpu_kernels
+from engine.transformer import Linear
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_kernel = pytest.mark.skipif(
+    not cpu_kernels.available(), reason=f"CPU kernel unavailable here: {cpu_kernels.why_unavailable()}"
+)
+
+
+def _bf16(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "rows,n_in,n_out", [(1, 576, 960), (3, 576, 576), (9, 1536, 576), (16, 64, 49), (17, 33, 16), (40, 128, 64)]
+)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_float32_reference(rows, n_in, n_out, with_bias):
+    x, w = _bf16(rows, n_in, seed=1), _bf16(n_out, n_in, seed=2)
+    b = _bf16(n_out, seed=3) if with_bias else None
+    got = cpu_kernels.skinny_gemm_bf16(x, cpu_kernels.PackedWeight(w, b))
+    assert got.shape == (rows, n_out) and got.dtype == torch.bfloat16
+    ref = x.float() @ w.float().t() + (b.float() if b is not None else 0)
+    # float32 accumulation, one bf16 rounding of the result: within a bf16 ulp or two of the reference
+    torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2 * n_in**0.5)
+
+
+@needs_kernel
+def test_rows_are_shape_invariant():
+    w, b = _bf16(3072, 576, seed=4), _bf16(3072, seed=5)
+    packed = cpu_kernels.PackedWeight(w, b)
+    x = _bf16(16, 576, seed=6)
+    full = cpu_kernels.skinny_gemm_bf16(x, packed)
+    for r in range(16):
+        assert torch.equal(cpu_kernels.skinny_gemm_bf16(x[r : r + 1], packed), full[r : r + 1]), r
+    for n in (2, 5, 9):
+        assert torch.equal(cpu_kernels.skinny_gemm_bf16(x[:n], packed), full[:n]), n
+
+
+@needs_kernel
+def test_packed_weight_unpacks_to_the_original():
+    w = _bf16(50, 37, seed=7)  # both dimensions padded
+    assert torch.equal(cpu_kernels.PackedWeight(w).unpack(), w)
+
+
+@needs_kernel
+def test_bf16_linear_runs_on_the_kernel():
+    w, x = _bf16(64, 96, seed=8), _bf16(2, 96, seed=9)
+    linear = Linear(w)
+    assert linear._kernel is not None
+    assert torch.equal(linear.weight, w)
+    assert torch.equal(linear(x), cpu_kernels.skinny_gemm_bf16(x, cpu_kernels.PackedWeight(w)))
+
+
+def test_bad_inputs_are_refused_with_a_message():
+    if not cpu_kernels.available():
+        with pytest.raises(RuntimeError, match="unavailable"):
+            cpu_kernels.skinny_gemm_bf16(_bf16(1, 8, seed=0), cpu_kernels.PackedWeight(_bf16(16, 8, seed=1)))
+        return
+    packed = cpu_kernels.PackedWeight(_bf16(16, 8, seed=1))
+    with pytest.raises(ValueError, match="columns"):
+        cpu_kernels.skinny_gemm_bf16(_bf16(1, 9, seed=0), packed)
+    with pytest.raises(ValueError, match="bf16"):
+        cpu_kernels.skinny_gemm_bf16(torch.randn(1, 8), packed)
+
+
+SNIPPET = """
+import torch
+from engine import cpu_kernels
+from engine.transformer import Linear
+w = torch.randn(32, 64).to(torch.bfloat16)
+x = torch.randn(3, 64).to(torch.bfloat16)
+lin = Linear(w)
+y = lin(x)
+ref = x.float() @ w.float().t()
+assert torch.allclose(y.float(), ref, rtol=2e-2, atol=0.5), (y, ref)
+assert lin._kernel is None
+assert torch.equal(lin.weight, w)
+print("WHY:", cpu_kernels.why_unavailable())
+"""
+
+
+@pytest.mark.parametrize(
+    "env,why",
+    [({"SPECLENS_CPU_KERNEL": "0"}, "SPECLENS_CPU_KERNEL=0"), ({"CC": "/bin/false"}, None)],
+    ids=["disabled", "compiler-fails"],
+)
+def test_without_the_kernel_bf16_falls_back_and_says_why(tmp_path, env, why):
+    full_env = {**os.environ, "SPECLENS_CACHE": str(tmp_path), **env}
+    if "CC" in env:
+        if not cpu_kernels._cpu_supports():
+            pytest.skip("no AVX512-BF16 here: the kernel is never compiled")
+        why = "compiling"
+    done = subprocess.run(
+        [sys.executable, "-c", SNIPPET], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "WHY:" in done.stdout and why in done.stdout, done.stdout
