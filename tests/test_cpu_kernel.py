@@ -49,6 +49,47 @@ def test_matches_float32_reference(rows, n_in, n_out, with_bias):
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (4, 1536, 576), (17, 33, 20)])
+def test_float32_rows_in_and_out(rows, n_in, n_out):
+    """float32 x is rounded to bf16 inside the kernel; float32 y is the unrounded sum."""
+    x, w = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(1)), _bf16(n_out, n_in, seed=2)
+    packed = cpu_kernels.PackedWeight(w)
+    got = cpu_kernels.skinny_gemm_bf16(x, packed)
+    assert got.dtype == torch.float32
+    ref = x.to(torch.bfloat16).float() @ w.float().t()
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * n_in**0.5)
+    as_bf16 = cpu_kernels.skinny_gemm_bf16(x.to(torch.bfloat16), packed, out_dtype=torch.float32)
+    assert torch.equal(got, as_bf16)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (4, 1536, 576), (9, 37, 50)])
+def test_int8_weights_match_the_dequantised_product(rows, n_in, n_out):
+    """x is quantised per row to int16 inside the kernel (|xq| * 127 * in < 2^31): the
+    result is the dequantised product up to that rounding, far below bf16's."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(rows, n_in, generator=gen) * torch.linspace(0.1, 30.0, n_in)  # outlier channels
+    q = torch.randint(-127, 128, (n_out, n_in), generator=gen, dtype=torch.int8)
+    scale, bias = torch.rand(n_out, generator=gen) / 100, _bf16(n_out, seed=4)
+    got = cpu_kernels.skinny_gemm_int8w(x, cpu_kernels.PackedInt8Weight(q, scale, bias))
+    ref = (x.double() @ q.double().t()) * scale.double() + bias.double()
+    err = (got.double() - ref).abs().max() / ref.abs().max()
+    assert err < 1e-3, float(err)
+
+
+@needs_kernel
+def test_int8_linear_runs_on_the_kernel():
+    from engine.transformer import Int8Linear
+
+    w = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    lin = Int8Linear(w)
+    assert lin._packed is not None
+    rel = (lin(x) - x @ w.t()).norm() / (x @ w.t()).norm()
+    assert rel < 0.03, float(rel)
+
+
+@needs_kernel
 def test_rows_are_shape_invariant():
     w, b = _bf16(3072, 576, seed=4), _bf16(3072, seed=5)
     packed = cpu_kernels.PackedWeight(w, b)
@@ -83,8 +124,8 @@ def test_bad_inputs_are_refused_with_a_message():
     packed = cpu_kernels.PackedWeight(_bf16(16, 8, seed=1))
     with pytest.raises(ValueError, match="columns"):
         cpu_kernels.skinny_gemm_bf16(_bf16(1, 9, seed=0), packed)
-    with pytest.raises(ValueError, match="bf16"):
-        cpu_kernels.skinny_gemm_bf16(torch.randn(1, 8), packed)
+    with pytest.raises(ValueError, match="bf16 or float32"):
+        cpu_kernels.skinny_gemm_bf16(torch.randn(1, 8, dtype=torch.float64), packed)
 
 
 SNIPPET = """
