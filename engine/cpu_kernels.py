@@ -29,7 +29,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["PackedInt8Weight", "PackedWeight", "available", "why_unavailable", "skinny_gemm_bf16", "skinny_gemm_int8w"]
+__all__ = [
+    "PackedInt8Weight",
+    "PackedWeight",
+    "attend_one_token",
+    "run_packed",
+    "available",
+    "why_unavailable",
+    "skinny_gemm_bf16",
+    "skinny_gemm_int8w",
+]
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "skinny_gemm_bf16.c"
 CFLAGS = [
@@ -70,18 +79,20 @@ def _build() -> ctypes.CDLL:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = lib_path.with_suffix(f".{os.getpid()}.tmp")
         result = subprocess.run(
-            [compiler, *CFLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True, timeout=120
+            [compiler, *CFLAGS, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True, timeout=120
         )
         if result.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise RuntimeError(f"compiling {SOURCE.name} failed: {result.stderr.strip()[:500]}")
         os.replace(tmp, lib_path)  # atomic: concurrent builders never load a half-written file
     lib = ctypes.CDLL(str(lib_path))
-    ptr, flag, size = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    ptr, flag, size, real = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.skinny_gemm_bf16.restype = None
-    lib.skinny_gemm_bf16.argtypes = [ptr, flag, ptr, ptr, ptr, flag, size, size, size, ptr]
+    lib.skinny_gemm_bf16.argtypes = [ptr, flag, ptr, ptr, ptr, flag, size, size, size, ptr, real]
     lib.skinny_gemm_int8w.restype = None
-    lib.skinny_gemm_int8w.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, flag, size, size, size, ptr, ptr]
+    lib.skinny_gemm_int8w.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, flag, size, size, size, ptr, real]
+    lib.attend_one_token.restype = None
+    lib.attend_one_token.argtypes = [ptr, ptr, ptr, ptr, size, size, size, size, size, real]
     return lib
 
 
@@ -101,6 +112,8 @@ class PackedWeight:
             self.bias = torch.zeros(out_p, dtype=torch.bfloat16)
             self.bias[:out] = bias
         self.out_padded, self.in_padded = out_p, in_p
+        self.args = (self.data.data_ptr(), self.bias.data_ptr() if self.bias is not None else None)
+        self.sizes = (in_p, out_p)
 
     def unpack(self) -> torch.Tensor:
         """The plain W [out, in]."""
@@ -127,28 +140,33 @@ class PackedInt8Weight:
             self.bias = torch.zeros(out_p, dtype=torch.bfloat16)
             self.bias[:out] = bias
         self.out_padded, self.in_padded = out_p, in_p
+        bias_ptr = self.bias.data_ptr() if self.bias is not None else None
+        self.args = (self.data.data_ptr(), self.scale.data_ptr(), bias_ptr)
+        self.sizes = (in_p, out_p)
 
 
-def _call(fn, x: torch.Tensor, packed: PackedWeight | PackedInt8Weight, out_dtype: torch.dtype) -> torch.Tensor:
-    """x [rows, in] contiguous bf16 or float32 -> y [rows, out] in out_dtype (bf16 or float32)."""
+def _call(
+    fn,
+    x: torch.Tensor,
+    packed: PackedWeight | PackedInt8Weight,
+    out_dtype: torch.dtype,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> torch.Tensor:
+    """x [rows, in] contiguous bf16 or float32 -> y [rows, out] in out_dtype (bf16 or float32).
+    The hot path of every decoding pass: kept to one allocation and one foreign call."""
     rows = x.shape[0]
     if packed.in_padded != packed.n_in:
+        if norm_weight is not None:  # padding zeros would change the mean of squares: normalise first
+            x = torch.nn.functional.rms_norm(x, norm_weight.shape, norm_weight, eps)
+            norm_weight = None
         x = torch.nn.functional.pad(x, (0, packed.in_padded - packed.n_in))
-    x_f32 = x.dtype == torch.float32
-    tmp = torch.empty(rows * packed.in_padded, dtype=torch.bfloat16) if x_f32 else None
     y = torch.empty(rows, packed.out_padded, dtype=out_dtype)
-    y_f32 = out_dtype == torch.float32
-    bias = packed.bias.data_ptr() if packed.bias is not None else None
-    sizes = (rows, packed.in_padded, packed.out_padded, tmp.data_ptr() if tmp is not None else None)
-    if isinstance(packed, PackedInt8Weight):
-        fn = _state["lib"].skinny_gemm_int8w if fn is None else fn
-        xq = torch.empty(rows * packed.in_padded, dtype=torch.int16)  # x quantised per row
-        sx = torch.empty(rows, dtype=torch.float32)  # its scales
-        sizes = (*sizes[:3], xq.data_ptr(), sx.data_ptr())
-        fn(x.data_ptr(), x_f32, packed.data.data_ptr(), packed.scale.data_ptr(), bias, y.data_ptr(), y_f32, *sizes)
-    else:
-        fn = _state["lib"].skinny_gemm_bf16 if fn is None else fn
-        fn(x.data_ptr(), x_f32, packed.data.data_ptr(), bias, y.data_ptr(), y_f32, *sizes)
+    norm = norm_weight.data_ptr() if norm_weight is not None else None
+    x_f32, y_f32 = x.dtype == torch.float32, out_dtype == torch.float32
+    if fn is None:
+        fn = _state["lib"].skinny_gemm_int8w if isinstance(packed, PackedInt8Weight) else _state["lib"].skinny_gemm_bf16
+    fn(x.data_ptr(), x_f32, *packed.args, y.data_ptr(), y_f32, rows, *packed.sizes, norm, eps)
     return y if packed.out_padded == packed.out else y[:, : packed.out]
 
 
@@ -172,9 +190,26 @@ def _self_check(lib) -> None:
                     (x.float() @ q.float().t()) * scale + b.float(),
                 )
             )
+        g = torch.rand(n_in, generator=gen) + 0.5
+        xn = torch.nn.functional.rms_norm(x.float(), (n_in,), g, 1e-5)
+        checks.append(
+            (_call(lib.skinny_gemm_bf16, x.float(), PackedWeight(w), torch.float32, g, 1e-5), xn @ w.float().t())
+        )
         for got, ref in checks:
             if not torch.allclose(got.float(), ref, rtol=2e-2, atol=5e-2 * n_in**0.5):
                 raise RuntimeError(f"self-check failed at rows={rows} in={n_in} out={n_out}")
+    q, k, v = (
+        torch.randn(6, 64, generator=gen),
+        torch.randn(2, 40, 64, generator=gen),
+        torch.randn(2, 40, 64, generator=gen),
+    )
+    out = torch.empty(6, 64)
+    lib.attend_one_token(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 6, 2, 40, 33, 64, 0.125)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q[None, :, None], k[None, :, :33], v[None, :, :33], enable_gqa=True
+    )
+    if not torch.allclose(out, ref[0, :, 0], atol=1e-4):
+        raise RuntimeError("self-check of attend_one_token failed")
 
 
 def _load() -> None:
@@ -206,14 +241,28 @@ def why_unavailable() -> str | None:
     return _state["why"]
 
 
+def run_packed(
+    x: torch.Tensor, packed: PackedWeight | PackedInt8Weight, norm_weight: torch.Tensor | None = None, eps: float = 0.0
+) -> torch.Tensor:
+    """The model's unchecked fast path: x [rows, in] contiguous float32 or bf16 (float32
+    with norm_weight), y in x's dtype. The kernel must be available; see skinny_gemm_bf16."""
+    return _call(None, x, packed, x.dtype, norm_weight, eps)
+
+
 def skinny_gemm_bf16(
-    x: torch.Tensor, packed: PackedWeight | PackedInt8Weight, out_dtype: torch.dtype | None = None
+    x: torch.Tensor,
+    packed: PackedWeight | PackedInt8Weight,
+    out_dtype: torch.dtype | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """y [rows, out] = x [rows, in] @ W^T (+ bias) on the CPU, W and bias given packed.
 
     x is bf16 or float32 (float32 is rounded to bf16 for the products, inside the
     kernel); y is out_dtype, by default x's dtype (float32 output skips the final
-    rounding: the accumulator is stored as is).
+    rounding: the accumulator is stored as is). With norm_weight [in] (float32,
+    float32 x only) each row is RMS-normalised first: y = RMSNorm(x) @ W^T, the
+    norm fused into the kernel's pass over x.
     """
     if not available():
         raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")
@@ -224,10 +273,40 @@ def skinny_gemm_bf16(
     out_dtype = out_dtype or x.dtype
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"out_dtype must be bf16 or float32, got {out_dtype}")
-    return _call(None, x.contiguous(), packed, out_dtype)
+    if norm_weight is not None:
+        if x.dtype != torch.float32 or norm_weight.dtype != torch.float32 or norm_weight.shape != (packed.n_in,):
+            raise ValueError("norm_weight must be float32 [in], with float32 x")
+        norm_weight = norm_weight.contiguous()
+    return _call(None, x.contiguous(), packed, out_dtype, norm_weight, eps)
 
 
-def skinny_gemm_int8w(x: torch.Tensor, packed: PackedInt8Weight, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def skinny_gemm_int8w(
+    x: torch.Tensor,
+    packed: PackedInt8Weight,
+    out_dtype: torch.dtype | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """y [rows, out] = (x [rows, in] @ Q^T) * scale (+ bias): the int8 drafter's product
-    (the int8 values are widened exactly to bf16 inside the kernel)."""
-    return skinny_gemm_bf16(x, packed, out_dtype)
+    (x quantised per row to int16 inside the kernel); norm_weight as in skinny_gemm_bf16."""
+    return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
+
+
+def attend_one_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int) -> torch.Tensor:
+    """Attention of one new token: q [H, D] float32 over k, v [Hkv, S, D] float32 (one
+    layer of the cache, positions [0, length) attended) -> [H, D]. softmax(q k^T / sqrt(D)) v,
+    query head h reading key/value head h // (H // Hkv)."""
+    if not available():
+        raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")
+    heads, dim = q.shape
+    kv_heads, capacity, _ = k.shape
+    if not (q.dtype == k.dtype == v.dtype == torch.float32 and k.is_contiguous() and v.is_contiguous()):
+        raise ValueError("attend_one_token takes float32 q and contiguous float32 k, v")
+    if heads % kv_heads or not 0 < length <= capacity:
+        raise ValueError(f"bad attention shapes: H={heads}, Hkv={kv_heads}, length={length}, S={capacity}")
+    q = q.contiguous()
+    out = torch.empty(heads, dim, dtype=torch.float32)
+    _state["lib"].attend_one_token(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, kv_heads, capacity, length, dim, dim**-0.5
+    )
+    return out

@@ -33,6 +33,8 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define LANES 16 /* outputs per packed block = float32 lanes of a zmm register */
@@ -131,26 +133,55 @@ static inline __m512i load_w_bf16(const void *wp, int64_t line) {
 
 DEFINE_KIND(bf16)
 
-/* x as bf16: the caller's buffer, or float32 rounded (nearest even) into `tmp`. */
-static const uint16_t *as_bf16(const void *x, int x_f32, int64_t n, uint16_t *tmp) {
-    if (!x_f32) return (const uint16_t *)x;
-    const float *xf = (const float *)x;
+/* RMSNorm of one float32 row into `dst` (float32): dst = x / sqrt(mean(x^2) + eps) * g. */
+static void rms_norm_row(const float *x, const float *g, float eps, int64_t n, float *dst) {
+    __m512 ss = _mm512_setzero_ps();
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256((void *)(tmp + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xf + i)));
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        _mm256_mask_storeu_epi16(tmp + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, xf + i)));
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    float sum = _mm512_reduce_add_ps(ss);
+    for (; i < n; i++) sum += x[i] * x[i];
+    float r = 1.0f / sqrtf(sum / (float)n + eps);
+    for (i = 0; i < n; i++) dst[i] = x[i] * r * g[i];
+}
+
+/* x as bf16 rows for the products: the caller's bf16 buffer, or float32 (optionally
+ * RMS-normalised first, norm_w != NULL) rounded to nearest even into `tmp`. */
+static const uint16_t *as_bf16(const void *x, int x_f32, const float *norm_w, float eps, int64_t rows, int64_t in,
+                               uint16_t *tmp) {
+    if (!x_f32) return (const uint16_t *)x;
+    float row[in];
+    for (int64_t t = 0; t < rows; t++) {
+        const float *xf = (const float *)x + t * in;
+        if (norm_w) {
+            rms_norm_row(xf, norm_w, eps, in, row);
+            xf = row;
+        }
+        uint16_t *dst = tmp + t * in;
+        int64_t i = 0;
+        for (; i + 16 <= in; i += 16)
+            _mm256_storeu_si256((void *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xf + i)));
+        if (i < in) {
+            __mmask16 m = (__mmask16)((1u << (in - i)) - 1u);
+            _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, xf + i)));
+        }
     }
     return tmp;
 }
 
 /* y = x W^T (+ b), W packed bf16. x and y are float32 when x_f32 / y_f32, else bf16;
- * float32 x is rounded to bf16 for the products (the rows stay independent).
- * tmp: rows * in bf16 scratch, used when x_f32. */
+ * float32 x is rounded to bf16 for the products (the rows stay independent), after
+ * an RMSNorm with weight norm_w [in] when norm_w != NULL (float32 x only).
+ */
 void skinny_gemm_bf16(const void *x, int x_f32, const uint16_t *wp, const uint16_t *b, void *y, int y_f32,
-                      int64_t rows, int64_t in, int64_t out, uint16_t *tmp) {
-    run_bf16(as_bf16(x, x_f32, rows * in, tmp), wp, NULL, b, y, y_f32, rows, in, out);
+                      int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
+    uint16_t small[4096];
+    uint16_t *tmp = !x_f32 || rows * in <= 4096 ? small : malloc(sizeof(uint16_t) * rows * in);
+    if (!tmp) abort();
+    run_bf16(as_bf16(x, x_f32, norm_w, eps, rows, in, tmp), wp, NULL, b, y, y_f32, rows, in, out);
+    if (tmp != small) free(tmp);
 }
 
 /* ---- int8 weights: integer dot products on AVX512-VNNI -------------------------
@@ -241,23 +272,31 @@ static inline float bf16_bits_to_float(uint16_t h) {
 }
 
 /* y = (x Q^T) * scale (+ b), Q packed int8 [out/16, in/2, 16, 2], scale float32 [out].
- * x float32 (x_f32) or bf16 [rows, in]; xq: rows * in int16 scratch; sx: rows floats scratch. */
+ * x float32 (x_f32) or bf16 [rows, in], RMS-normalised first when norm_w != NULL. */
 void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *scale, const uint16_t *b, void *y,
-                       int y_f32, int64_t rows, int64_t in, int64_t out, int16_t *xq, float *sx) {
+                       int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
+    int16_t small[4096];
+    float small_sx[64];
+    int16_t *xq = rows * in <= 4096 ? small : malloc(sizeof(int16_t) * rows * in);
+    float *sx = rows <= 64 ? small_sx : malloc(sizeof(float) * rows);
+    if (!xq || !sx) abort();
     double limit = 2147483647.0 / (127.0 * (double)in);
     const float xmax = (float)(limit < 32767.0 ? (double)(int64_t)limit : 32767.0);
+    float row[in];
     for (int64_t t = 0; t < rows; t++) {
+        for (int64_t i = 0; i < in; i++)
+            row[i] = x_f32 ? ((const float *)x)[t * in + i] : bf16_bits_to_float(((const uint16_t *)x)[t * in + i]);
+        if (norm_w) rms_norm_row(row, norm_w, eps, in, row);
         float amax = 0.0f;
         for (int64_t i = 0; i < in; i++) {
-            float v = x_f32 ? ((const float *)x)[t * in + i] : bf16_bits_to_float(((const uint16_t *)x)[t * in + i]);
-            float a = v < 0 ? -v : v;
+            float a = row[i] < 0 ? -row[i] : row[i];
             amax = a > amax ? a : amax;
         }
         float s = amax > 0.0f ? amax / xmax : 1.0f;
         float inv = 1.0f / s;
         sx[t] = s;
         for (int64_t i = 0; i < in; i++) {
-            float v = x_f32 ? ((const float *)x)[t * in + i] : bf16_bits_to_float(((const uint16_t *)x)[t * in + i]);
+            float v = row[i];
             float r = __builtin_roundf(v * inv);
             r = r > xmax ? xmax : (r < -xmax ? -xmax : r);
             xq[t * in + i] = (int16_t)r;
@@ -271,5 +310,52 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
         int64_t ob = begin;
         for (; ob + 4 <= end; ob += 4) tiles_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out, ob, 4);
         if (ob < end) tiles_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out, ob, end - ob);
+    }
+    if (xq != small) free(xq);
+    if (sx != small_sx) free(sx);
+}
+
+/* ---- attention of one new token over the cache ----------------------------------
+ * q: [H, D] float32 (rotated), k, v: one layer of the cache, [Hkv, S, D] float32 of
+ * which the first A positions are attended (the new token's own K/V already
+ * written), out: [H, D]. Query head h reads key/value head h / (H / Hkv).
+ * softmax(q k^T * scale) v, with the max subtracted before exp. Heads run in
+ * parallel; torch's flash attention took ~40 us per layer for this, most of it
+ * setup. */
+void attend_one_token(const float *q, const float *k, const float *v, float *out, int64_t H, int64_t Hkv, int64_t S,
+                      int64_t A, int64_t D, float scale) {
+    const int64_t group = H / Hkv;
+#pragma omp parallel for schedule(static)
+    for (int64_t h = 0; h < H; h++) {
+        const float *qh = q + h * D;
+        const float *kh = k + (h / group) * S * D;
+        const float *vh = v + (h / group) * S * D;
+        float scores[A];
+        float mx = -INFINITY;
+        for (int64_t a = 0; a < A; a++) {
+            __m512 acc = _mm512_setzero_ps();
+            int64_t i = 0;
+            for (; i + 16 <= D; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i), _mm512_loadu_ps(kh + a * D + i), acc);
+            float sdot = _mm512_reduce_add_ps(acc);
+            for (; i < D; i++) sdot += qh[i] * kh[a * D + i];
+            scores[a] = sdot * scale;
+            mx = scores[a] > mx ? scores[a] : mx;
+        }
+        float total = 0.0f;
+        for (int64_t a = 0; a < A; a++) {
+            scores[a] = expf(scores[a] - mx);
+            total += scores[a];
+        }
+        float inv = 1.0f / total;
+        float *oh = out + h * D;
+        for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
+        for (int64_t a = 0; a < A; a++) {
+            float w = scores[a] * inv;
+            int64_t i = 0;
+            __m512 wv = _mm512_set1_ps(w);
+            for (; i + 16 <= D; i += 16)
+                _mm512_storeu_ps(oh + i, _mm512_fmadd_ps(wv, _mm512_loadu_ps(vh + a * D + i), _mm512_loadu_ps(oh + i)));
+            for (; i < D; i++) oh[i] += w * vh[a * D + i];
+        }
     }
 }
