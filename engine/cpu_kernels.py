@@ -32,7 +32,7 @@ import torch
 __all__ = [
     "PackedInt8Weight",
     "PackedWeight",
-    "attend_one_token",
+    "attend_causal",
     "run_packed",
     "available",
     "why_unavailable",
@@ -91,8 +91,8 @@ def _build() -> ctypes.CDLL:
     lib.skinny_gemm_bf16.argtypes = [ptr, flag, ptr, ptr, ptr, flag, size, size, size, ptr, real]
     lib.skinny_gemm_int8w.restype = None
     lib.skinny_gemm_int8w.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, flag, size, size, size, ptr, real]
-    lib.attend_one_token.restype = None
-    lib.attend_one_token.argtypes = [ptr, ptr, ptr, ptr, size, size, size, size, size, real]
+    lib.attend_causal.restype = None
+    lib.attend_causal.argtypes = [ptr, ptr, ptr, ptr, size, size, size, size, size, size, real]
     return lib
 
 
@@ -198,18 +198,16 @@ def _self_check(lib) -> None:
         for got, ref in checks:
             if not torch.allclose(got.float(), ref, rtol=2e-2, atol=5e-2 * n_in**0.5):
                 raise RuntimeError(f"self-check failed at rows={rows} in={n_in} out={n_out}")
-    q, k, v = (
-        torch.randn(6, 64, generator=gen),
-        torch.randn(2, 40, 64, generator=gen),
-        torch.randn(2, 40, 64, generator=gen),
-    )
-    out = torch.empty(6, 64)
-    lib.attend_one_token(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 6, 2, 40, 33, 64, 0.125)
+    q = torch.randn(6, 3, 64, generator=gen)
+    k, v = torch.randn(2, 40, 64, generator=gen), torch.randn(2, 40, 64, generator=gen)
+    out = torch.empty(3, 6 * 64)
+    lib.attend_causal(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 6, 2, 40, 33, 3, 64, 0.125)
+    mask = torch.ones(3, 33, dtype=torch.bool).tril(diagonal=30)
     ref = torch.nn.functional.scaled_dot_product_attention(
-        q[None, :, None], k[None, :, :33], v[None, :, :33], enable_gqa=True
-    )
-    if not torch.allclose(out, ref[0, :, 0], atol=1e-4):
-        raise RuntimeError("self-check of attend_one_token failed")
+        q[None], k[None, :, :33], v[None, :, :33], attn_mask=mask[None, None], enable_gqa=True
+    )  # [1, H, T, D]
+    if not torch.allclose(out, ref[0].transpose(0, 1).reshape(3, 6 * 64), atol=1e-4):
+        raise RuntimeError("self-check of attend_causal failed")
 
 
 def _load() -> None:
@@ -225,7 +223,7 @@ def _load() -> None:
             lib = _build()
             _self_check(lib)
             _state["lib"] = lib
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
             why = str(exc)
     _state["why"] = why
 
@@ -292,21 +290,24 @@ def skinny_gemm_int8w(
     return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
 
 
-def attend_one_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int) -> torch.Tensor:
-    """Attention of one new token: q [H, D] float32 over k, v [Hkv, S, D] float32 (one
-    layer of the cache, positions [0, length) attended) -> [H, D]. softmax(q k^T / sqrt(D)) v,
-    query head h reading key/value head h // (H // Hkv)."""
+MAX_ATTENTION_TOKENS = 16  # longer passes (prefill) go to torch's flash attention
+
+
+def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int) -> torch.Tensor:
+    """Causal attention of T new tokens: q [H, T, D] float32 over k, v [Hkv, S, D] float32
+    (one layer of the cache holding `length` positions, the new tokens last) -> [T, H * D].
+    Token t attends positions [0, length - T + t]; query head h reads key/value head
+    h // (H // Hkv); softmax(q k^T / sqrt(D)) v."""
     if not available():
         raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")
-    heads, dim = q.shape
+    heads, tokens, dim = q.shape
     kv_heads, capacity, _ = k.shape
     if not (q.dtype == k.dtype == v.dtype == torch.float32 and k.is_contiguous() and v.is_contiguous()):
-        raise ValueError("attend_one_token takes float32 q and contiguous float32 k, v")
-    if heads % kv_heads or not 0 < length <= capacity:
-        raise ValueError(f"bad attention shapes: H={heads}, Hkv={kv_heads}, length={length}, S={capacity}")
+        raise ValueError("attend_causal takes float32 q and contiguous float32 k, v")
+    if heads % kv_heads or not 0 < tokens <= length <= capacity:
+        raise ValueError(f"bad attention shapes: H={heads}, Hkv={kv_heads}, T={tokens}, length={length}, S={capacity}")
     q = q.contiguous()
-    out = torch.empty(heads, dim, dtype=torch.float32)
-    _state["lib"].attend_one_token(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, kv_heads, capacity, length, dim, dim**-0.5
-    )
+    out = torch.empty(tokens, heads * dim, dtype=torch.float32)
+    args = (heads, kv_heads, capacity, length, tokens, dim, dim**-0.5)
+    _state["lib"].attend_causal(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), *args)
     return out

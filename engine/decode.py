@@ -334,7 +334,10 @@ class SpeculativeEngine:
         positions = [base] + [base + d for d in tree.depths]
         mask = None
         attend_len = None
-        if n or settings.strict:
+        # A chain's tree mask is plain causal attention: leave it to the model
+        # (which then runs its fast causal path).
+        chain = all(parent == i - 1 for i, parent in enumerate(tree.parents))
+        if (n and not chain) or settings.strict:
             rows = width if settings.strict else 1 + n
             attend_len = cache.capacity if settings.strict else base + 1 + n
             mask = torch.zeros(rows, attend_len, dtype=torch.bool)

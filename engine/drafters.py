@@ -285,11 +285,13 @@ class ModelDrafter(Drafter):
             pos = torch.tensor([committed - 1 + tree.depths[i] for i in frontier], dtype=torch.long)
             for offset, node in enumerate(frontier):
                 slot_of[node] = start + offset
-            mask = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)  # moved by forward
-            mask[:, :committed] = True
-            for row, node in enumerate(frontier):
-                for anc in tree.path_to(node):
-                    mask[row, slot_of[anc]] = True
+            mask = None  # a chain sees everything before it: plain causal attention
+            if shape.topk > 1:
+                mask = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)  # moved by forward
+                mask[:, :committed] = True
+                for row, node in enumerate(frontier):
+                    for anc in tree.path_to(node):
+                        mask[row, slot_of[anc]] = True
             out = self.model.forward(feed, pos, cache, mask=mask)
             frontier_q = {node: self._q(out[row], params) for row, node in enumerate(frontier)}
         # Keep the budget's best nodes (ancestor-closed, since scores only shrink

@@ -438,14 +438,19 @@ class Transformer:
         if end > cache.capacity:
             raise ValueError(f"sequence of {end} tokens exceeds the KV cache capacity {cache.capacity}")
         attend = end if attend_len is None else attend_len
-        if mask is None and t > 1:
+        # Causal passes of a few tokens (decoding, chain verification, a drafter's
+        # catch-up) attend on our kernel: torch's flash attention spent ~40 us per
+        # layer on setup for them.
+        causal_kernel = (
+            mask is None and attend == end and t <= cpu_kernels.MAX_ATTENTION_TOKENS and self._attention_kernel
+        )
+        if mask is None and t > 1 and not causal_kernel:
             # Causal over the new tokens, full view of the committed prefix.
             mask = torch.ones(t, attend, dtype=torch.bool, device=tokens.device)
             mask[:, start:end] = torch.tril(mask[:, start:end])
             if attend > end:
                 mask[:, end:] = False
         attn_mask = mask[None, None] if mask is not None else None  # [1, 1, T, A]
-        one_token_kernel = t == 1 and mask is None and self._attention_kernel
         cos, sin = self._rope(positions, max_position)
         x = self.embed[tokens].to(self.act_dtype)  # [T, E]
         nq, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -458,9 +463,8 @@ class Transformer:
             q, k = qk[:nq].to(cache.k.dtype), qk[nq:]  # [H, T, D], [Hkv, T, D]
             cache.k[li, :, start:end] = k
             cache.v[li, :, start:end] = v.view(t, nkv, hd).transpose(0, 1)
-            if one_token_kernel:
-                # One new token, no mask: our kernel (torch's flash attention spent ~40 us per layer on setup).
-                attn = cpu_kernels.attend_one_token(q[:, 0], cache.k[li], cache.v[li], attend).view(1, nq * hd)
+            if causal_kernel:
+                attn = cpu_kernels.attend_causal(q, cache.k[li], cache.v[li], end)  # [T, H D]
             else:
                 keys = cache.k[li, :, :attend]  # [Hkv, A, D]
                 values = cache.v[li, :, :attend]

@@ -315,44 +315,46 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
     if (sx != small_sx) free(sx);
 }
 
-/* ---- attention of one new token over the cache ----------------------------------
- * q: [H, D] float32 (rotated), k, v: one layer of the cache, [Hkv, S, D] float32 of
- * which the first A positions are attended (the new token's own K/V already
- * written), out: [H, D]. Query head h reads key/value head h / (H / Hkv).
- * softmax(q k^T * scale) v, with the max subtracted before exp. Heads run in
- * parallel; torch's flash attention took ~40 us per layer for this, most of it
- * setup. */
-void attend_one_token(const float *q, const float *k, const float *v, float *out, int64_t H, int64_t Hkv, int64_t S,
-                      int64_t A, int64_t D, float scale) {
+/* ---- causal attention of a few new tokens over the cache ------------------------
+ * q: [H, T, D] float32 (rotated), k, v: one layer of the cache, [Hkv, S, D] float32,
+ * holding A positions of which the last T are the new tokens (their K/V already
+ * written); out: [T, H, D]. New token t attends positions [0, A - T + t], query
+ * head h reads key/value head h / (H / Hkv): softmax(q k^T * scale) v with the max
+ * subtracted before exp. (head, token) pairs run in parallel. torch's flash
+ * attention spent ~40 us per layer on setup for this. */
+void attend_causal(const float *q, const float *k, const float *v, float *out, int64_t H, int64_t Hkv, int64_t S,
+                   int64_t A, int64_t T, int64_t D, float scale) {
     const int64_t group = H / Hkv;
 #pragma omp parallel for schedule(static)
-    for (int64_t h = 0; h < H; h++) {
-        const float *qh = q + h * D;
+    for (int64_t ht = 0; ht < H * T; ht++) {
+        const int64_t h = ht / T, t = ht % T, len = A - T + t + 1;
+        const float *qh = q + (h * T + t) * D;
         const float *kh = k + (h / group) * S * D;
         const float *vh = v + (h / group) * S * D;
-        float scores[A];
+        float scores[len];
         float mx = -INFINITY;
-        for (int64_t a = 0; a < A; a++) {
+        for (int64_t a = 0; a < len; a++) {
             __m512 acc = _mm512_setzero_ps();
             int64_t i = 0;
-            for (; i + 16 <= D; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i), _mm512_loadu_ps(kh + a * D + i), acc);
+            for (; i + 16 <= D; i += 16)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i), _mm512_loadu_ps(kh + a * D + i), acc);
             float sdot = _mm512_reduce_add_ps(acc);
             for (; i < D; i++) sdot += qh[i] * kh[a * D + i];
             scores[a] = sdot * scale;
             mx = scores[a] > mx ? scores[a] : mx;
         }
         float total = 0.0f;
-        for (int64_t a = 0; a < A; a++) {
+        for (int64_t a = 0; a < len; a++) {
             scores[a] = expf(scores[a] - mx);
             total += scores[a];
         }
-        float inv = 1.0f / total;
-        float *oh = out + h * D;
+        const float inv = 1.0f / total;
+        float *oh = out + (t * H + h) * D;
         for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
-        for (int64_t a = 0; a < A; a++) {
-            float w = scores[a] * inv;
+        for (int64_t a = 0; a < len; a++) {
+            const float w = scores[a] * inv;
+            const __m512 wv = _mm512_set1_ps(w);
             int64_t i = 0;
-            __m512 wv = _mm512_set1_ps(w);
             for (; i + 16 <= D; i += 16)
                 _mm512_storeu_ps(oh + i, _mm512_fmadd_ps(wv, _mm512_loadu_ps(vh + a * D + i), _mm512_loadu_ps(oh + i)));
             for (; i < D; i++) oh[i] += w * vh[a * D + i];
