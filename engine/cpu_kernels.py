@@ -32,7 +32,7 @@ import torch
 __all__ = [
     "PackedInt8Weight",
     "PackedWeight",
-    "attend_causal",
+    "attend_few",
     "run_packed",
     "available",
     "why_unavailable",
@@ -91,8 +91,8 @@ def _build() -> ctypes.CDLL:
     lib.skinny_gemm_bf16.argtypes = [ptr, flag, ptr, ptr, ptr, flag, size, size, size, ptr, real]
     lib.skinny_gemm_int8w.restype = None
     lib.skinny_gemm_int8w.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, flag, size, size, size, ptr, real]
-    lib.attend_causal.restype = None
-    lib.attend_causal.argtypes = [ptr, ptr, ptr, ptr, size, size, size, size, size, size, real]
+    lib.attend_few.restype = None
+    lib.attend_few.argtypes = [ptr, ptr, ptr, ptr, ptr, size, size, size, size, size, size, real]
     return lib
 
 
@@ -201,13 +201,23 @@ def _self_check(lib) -> None:
     q = torch.randn(6, 3, 64, generator=gen)
     k, v = torch.randn(2, 40, 64, generator=gen), torch.randn(2, 40, 64, generator=gen)
     out = torch.empty(3, 6 * 64)
-    lib.attend_causal(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 6, 2, 40, 33, 3, 64, 0.125)
+    lib.attend_few(q.data_ptr(), k.data_ptr(), v.data_ptr(), None, out.data_ptr(), 6, 2, 40, 33, 3, 64, 0.125)
     mask = torch.ones(3, 33, dtype=torch.bool).tril(diagonal=30)
     ref = torch.nn.functional.scaled_dot_product_attention(
         q[None], k[None, :, :33], v[None, :, :33], attn_mask=mask[None, None], enable_gqa=True
     )  # [1, H, T, D]
-    if not torch.allclose(out, ref[0].transpose(0, 1).reshape(3, 6 * 64), atol=1e-4):
-        raise RuntimeError("self-check of attend_causal failed")
+    tree = torch.rand(3, 33, generator=gen) < 0.5
+    tree[:, 0] = True
+    out_tree = torch.empty(3, 6 * 64)
+    lib.attend_few(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), tree.data_ptr(), out_tree.data_ptr(), 6, 2, 40, 33, 3, 64, 0.125
+    )
+    ref_tree = torch.nn.functional.scaled_dot_product_attention(
+        q[None], k[None, :, :33], v[None, :, :33], attn_mask=tree[None, None], enable_gqa=True
+    )
+    for got, want in ((out, ref), (out_tree, ref_tree)):
+        if not torch.allclose(got, want[0].transpose(0, 1).reshape(3, 6 * 64), atol=1e-4):
+            raise RuntimeError("self-check of attend_few failed")
 
 
 def _load() -> None:
@@ -293,21 +303,36 @@ def skinny_gemm_int8w(
 MAX_ATTENTION_TOKENS = 16  # longer passes (prefill) go to torch's flash attention
 
 
-def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int) -> torch.Tensor:
-    """Causal attention of T new tokens: q [H, T, D] float32 over k, v [Hkv, S, D] float32
-    (one layer of the cache holding `length` positions, the new tokens last) -> [T, H * D].
-    Token t attends positions [0, length - T + t]; query head h reads key/value head
-    h // (H // Hkv); softmax(q k^T / sqrt(D)) v."""
-    if not available():
-        raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")
+def attend_few(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int, mask: torch.Tensor | None = None, check: bool = True
+) -> torch.Tensor:
+    """Attention of T new tokens: q [H, T, D] float32 over k, v [Hkv, S, D] float32 (one
+    layer of the cache, positions [0, length) in view) -> [T, H * D]. Without a mask the
+    new tokens are the last T positions and attend causally (token t sees [0, length - T + t]);
+    mask [T, length] bool says which positions each token sees (a draft tree). Query head
+    h reads key/value head h // (H // Hkv); softmax(q k^T / sqrt(D)) v.
+    check=False skips the validation (the model validates a mask once per pass, not per layer)."""
     heads, tokens, dim = q.shape
     kv_heads, capacity, _ = k.shape
-    if not (q.dtype == k.dtype == v.dtype == torch.float32 and k.is_contiguous() and v.is_contiguous()):
-        raise ValueError("attend_causal takes float32 q and contiguous float32 k, v")
-    if heads % kv_heads or not 0 < tokens <= length <= capacity:
-        raise ValueError(f"bad attention shapes: H={heads}, Hkv={kv_heads}, T={tokens}, length={length}, S={capacity}")
+    if check:
+        if not available():
+            raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")
+        if not (q.dtype == k.dtype == v.dtype == torch.float32 and k.is_contiguous() and v.is_contiguous()):
+            raise ValueError("attend_few takes float32 q and contiguous float32 k, v")
+        if heads % kv_heads or not 0 < tokens <= length <= capacity:
+            raise ValueError(
+                f"bad attention shapes: H={heads}, Hkv={kv_heads}, T={tokens}, length={length}, S={capacity}"
+            )
+        if mask is not None:
+            if mask.dtype != torch.bool or mask.shape != (tokens, length) or not mask.is_contiguous():
+                raise ValueError(
+                    f"mask must be contiguous bool [{tokens}, {length}], got {mask.dtype} {tuple(mask.shape)}"
+                )
+            if not bool(mask.any(dim=1).all()):
+                raise ValueError("every row of the mask must allow at least one position")
+    mask_ptr = mask.data_ptr() if mask is not None else None
     q = q.contiguous()
     out = torch.empty(tokens, heads * dim, dtype=torch.float32)
     args = (heads, kv_heads, capacity, length, tokens, dim, dim**-0.5)
-    _state["lib"].attend_causal(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), *args)
+    _state["lib"].attend_few(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_ptr, out.data_ptr(), *args)
     return out

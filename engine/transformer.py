@@ -438,13 +438,17 @@ class Transformer:
         if end > cache.capacity:
             raise ValueError(f"sequence of {end} tokens exceeds the KV cache capacity {cache.capacity}")
         attend = end if attend_len is None else attend_len
-        # Causal passes of a few tokens (decoding, chain verification, a drafter's
-        # catch-up) attend on our kernel: torch's flash attention spent ~40 us per
-        # layer on setup for them.
-        causal_kernel = (
-            mask is None and attend == end and t <= cpu_kernels.MAX_ATTENTION_TOKENS and self._attention_kernel
+        # Passes of a few tokens (decoding, verification, drafting) attend on our
+        # kernel, causally or through the tree mask: torch's SDPA spent 40-55 us
+        # per layer on setup for them.
+        few_kernel = (
+            t <= cpu_kernels.MAX_ATTENTION_TOKENS and self._attention_kernel and (mask is not None or attend == end)
         )
-        if mask is None and t > 1 and not causal_kernel:
+        if few_kernel and mask is not None:
+            if mask.shape != (t, attend) or not bool(mask.any(dim=1).all()):
+                raise ValueError(f"mask must be [{t}, {attend}] with at least one allowed position per row")
+            mask = mask.to(torch.bool).contiguous()
+        if mask is None and t > 1 and not few_kernel:
             # Causal over the new tokens, full view of the committed prefix.
             mask = torch.ones(t, attend, dtype=torch.bool, device=tokens.device)
             mask[:, start:end] = torch.tril(mask[:, start:end])
@@ -463,8 +467,8 @@ class Transformer:
             q, k = qk[:nq].to(cache.k.dtype), qk[nq:]  # [H, T, D], [Hkv, T, D]
             cache.k[li, :, start:end] = k
             cache.v[li, :, start:end] = v.view(t, nkv, hd).transpose(0, 1)
-            if causal_kernel:
-                attn = cpu_kernels.attend_causal(q, cache.k[li], cache.v[li], end)  # [T, H D]
+            if few_kernel:
+                attn = cpu_kernels.attend_few(q, cache.k[li], cache.v[li], attend, mask, check=False)  # [T, H D]
             else:
                 keys = cache.k[li, :, :attend]  # [Hkv, A, D]
                 values = cache.v[li, :, :attend]

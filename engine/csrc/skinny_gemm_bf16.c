@@ -232,6 +232,7 @@ void skinny_gemm_bf16(const void *x, int x_f32, const uint16_t *wp, const uint16
     }
 
 DEFINE_TILE_I8(4, 1)
+DEFINE_TILE_I8(8, 1)
 DEFINE_TILE_I8(4, 2)
 DEFINE_TILE_I8(4, 3)
 DEFINE_TILE_I8(4, 4)
@@ -287,19 +288,24 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
         for (int64_t i = 0; i < in; i++)
             row[i] = x_f32 ? ((const float *)x)[t * in + i] : bf16_bits_to_float(((const uint16_t *)x)[t * in + i]);
         if (norm_w) rms_norm_row(row, norm_w, eps, in, row);
-        float amax = 0.0f;
-        for (int64_t i = 0; i < in; i++) {
-            float a = row[i] < 0 ? -row[i] : row[i];
-            amax = a > amax ? a : amax;
-        }
-        float s = amax > 0.0f ? amax / xmax : 1.0f;
-        float inv = 1.0f / s;
+        /* vectorised: this prologue runs single-threaded before every product */
+        __m512 vmax = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= in; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(row + i)));
+        float amax = _mm512_reduce_max_ps(vmax);
+        for (; i < in; i++) amax = fabsf(row[i]) > amax ? fabsf(row[i]) : amax;
+        const float s = amax > 0.0f ? amax / xmax : 1.0f;
+        const float inv = 1.0f / s;
         sx[t] = s;
-        for (int64_t i = 0; i < in; i++) {
-            float v = row[i];
-            float r = __builtin_roundf(v * inv);
-            r = r > xmax ? xmax : (r < -xmax ? -xmax : r);
-            xq[t * in + i] = (int16_t)r;
+        const __m512 vinv = _mm512_set1_ps(inv), vlim = _mm512_set1_ps(xmax);
+        int16_t *dst = xq + t * in;
+        for (i = 0; i + 16 <= in; i += 16) {
+            __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(row + i), vinv), -vlim), vlim);
+            _mm256_storeu_si256((void *)(dst + i), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(v))); /* nearest even */
+        }
+        for (; i < in; i++) {
+            float r = nearbyintf(row[i] * inv);
+            dst[i] = (int16_t)(r > xmax ? xmax : (r < -xmax ? -xmax : r));
         }
     }
     const int64_t blocks = out / LANES;
@@ -308,6 +314,8 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
         int64_t nthreads = omp_get_num_threads(), me = omp_get_thread_num();
         int64_t begin = blocks * me / nthreads, end = blocks * (me + 1) / nthreads;
         int64_t ob = begin;
+        if (rows == 1) /* one row: 8 blocks per step, more independent weight streams in flight */
+            for (; ob + 8 <= end; ob += 8) tile_i8_8x1(xq, sx, qp, scale, b, y, y_f32, in, out, ob, 0);
         for (; ob + 4 <= end; ob += 4) tiles_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out, ob, 4);
         if (ob < end) tiles_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out, ob, end - ob);
     }
@@ -315,19 +323,22 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
     if (sx != small_sx) free(sx);
 }
 
-/* ---- causal attention of a few new tokens over the cache ------------------------
- * q: [H, T, D] float32 (rotated), k, v: one layer of the cache, [Hkv, S, D] float32,
- * holding A positions of which the last T are the new tokens (their K/V already
- * written); out: [T, H, D]. New token t attends positions [0, A - T + t], query
- * head h reads key/value head h / (H / Hkv): softmax(q k^T * scale) v with the max
- * subtracted before exp. (head, token) pairs run in parallel. torch's flash
- * attention spent ~40 us per layer on setup for this. */
-void attend_causal(const float *q, const float *k, const float *v, float *out, int64_t H, int64_t Hkv, int64_t S,
-                   int64_t A, int64_t T, int64_t D, float scale) {
+/* ---- attention of a few new tokens over the cache --------------------------------
+ * q: [H, T, D] float32 (rotated), k, v: one layer of the cache, [Hkv, S, D] float32;
+ * out: [T, H, D]. Without a mask the cache holds A positions of which the last T
+ * are the new tokens (their K/V already written) and token t attends [0, A - T + t]
+ * (causal); with mask [T, A] (1 = may attend; a draft tree's ancestors) token t
+ * attends the positions its row allows. Query head h reads key/value head
+ * h / (H / Hkv): softmax(q k^T * scale) v with the max subtracted before exp.
+ * (head, token) pairs run in parallel. torch's SDPA spent 40-55 us per layer on
+ * setup for these. Every row must allow at least one position. */
+void attend_few(const float *q, const float *k, const float *v, const uint8_t *mask, float *out, int64_t H,
+                int64_t Hkv, int64_t S, int64_t A, int64_t T, int64_t D, float scale) {
     const int64_t group = H / Hkv;
 #pragma omp parallel for schedule(static)
     for (int64_t ht = 0; ht < H * T; ht++) {
-        const int64_t h = ht / T, t = ht % T, len = A - T + t + 1;
+        const int64_t h = ht / T, t = ht % T, len = mask ? A : A - T + t + 1;
+        const uint8_t *allowed = mask ? mask + t * A : NULL;
         const float *qh = q + (h * T + t) * D;
         const float *kh = k + (h / group) * S * D;
         const float *vh = v + (h / group) * S * D;
@@ -340,12 +351,12 @@ void attend_causal(const float *q, const float *k, const float *v, float *out, i
                 acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i), _mm512_loadu_ps(kh + a * D + i), acc);
             float sdot = _mm512_reduce_add_ps(acc);
             for (; i < D; i++) sdot += qh[i] * kh[a * D + i];
-            scores[a] = sdot * scale;
+            scores[a] = allowed && !allowed[a] ? -INFINITY : sdot * scale;
             mx = scores[a] > mx ? scores[a] : mx;
         }
         float total = 0.0f;
         for (int64_t a = 0; a < len; a++) {
-            scores[a] = expf(scores[a] - mx);
+            scores[a] = scores[a] == -INFINITY ? 0.0f : expf(scores[a] - mx);
             total += scores[a];
         }
         const float inv = 1.0f / total;
