@@ -33,6 +33,7 @@ __all__ = [
     "PackedInt8Weight",
     "PackedWeight",
     "attend_few",
+    "rope_and_store",
     "run_packed",
     "available",
     "why_unavailable",
@@ -91,6 +92,8 @@ def _build() -> ctypes.CDLL:
     lib.skinny_gemm_bf16.argtypes = [ptr, flag, ptr, ptr, ptr, flag, size, size, size, ptr, real]
     lib.skinny_gemm_int8w.restype = None
     lib.skinny_gemm_int8w.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, flag, size, size, size, ptr, real]
+    lib.rope_and_store.restype = None
+    lib.rope_and_store.argtypes = [ptr] * 6 + [size] * 6
     lib.attend_few.restype = None
     lib.attend_few.argtypes = [ptr, ptr, ptr, ptr, ptr, size, size, size, size, size, size, real]
     return lib
@@ -336,3 +339,32 @@ def attend_few(
     args = (heads, kv_heads, capacity, length, tokens, dim, dim**-0.5)
     _state["lib"].attend_few(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_ptr, out.data_ptr(), *args)
     return out
+
+
+def rope_and_store(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, heads: int
+) -> torch.Tensor:
+    """Rotary embedding of the fused projection's queries and keys, keys and values
+    written into one layer of the cache at slots [start, start + T); returns the
+    rotated queries [H, T, D]. qkv [T, (H + 2 Hkv) D], cos, sin [T, D], k, v [Hkv, S, D],
+    all contiguous float32 (the model's fast path: not validated beyond shapes)."""
+    tokens = qkv.shape[0]
+    kv_heads, capacity, dim = k.shape
+    if qkv.shape[1] != (heads + 2 * kv_heads) * dim or start + tokens > capacity:
+        raise ValueError("rope_and_store: shapes do not match")
+    q = torch.empty(heads, tokens, dim, dtype=torch.float32)
+    _state["lib"].rope_and_store(
+        qkv.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        start,
+        tokens,
+        heads,
+        kv_heads,
+        capacity,
+        dim,
+    )
+    return q

@@ -456,17 +456,22 @@ class Transformer:
                 mask[:, end:] = False
         attn_mask = mask[None, None] if mask is not None else None  # [1, 1, T, A]
         cos, sin = self._rope(positions, max_position)
+        # Rotary + KV write in one C call per layer where activations and cache are float32 CPU tensors.
+        fused_rope = self._attention_kernel and self.act_dtype == torch.float32 and cache.k.dtype == torch.float32
         x = self.embed[tokens].to(self.act_dtype)  # [T, E]
         nq, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         group = nq // nkv
         for li, layer in enumerate(self.layers):
             qkv = self._normed_linear(layer.qkv, x, layer.attn_norm)  # [T, (H + 2 Hkv) D]
-            qk, v = qkv.split([(nq + nkv) * hd, nkv * hd], dim=-1)
-            # Queries and keys rotate together: one rotary call per layer.
-            qk = self._apply_rope(qk.view(t, nq + nkv, hd).transpose(0, 1), cos, sin)  # [H + Hkv, T, D]
-            q, k = qk[:nq].to(cache.k.dtype), qk[nq:]  # [H, T, D], [Hkv, T, D]
-            cache.k[li, :, start:end] = k
-            cache.v[li, :, start:end] = v.view(t, nkv, hd).transpose(0, 1)
+            if fused_rope:
+                q = cpu_kernels.rope_and_store(qkv, cos, sin, cache.k[li], cache.v[li], start, nq)  # [H, T, D]
+            else:
+                qk, v = qkv.split([(nq + nkv) * hd, nkv * hd], dim=-1)
+                # Queries and keys rotate together: one rotary call per layer.
+                qk = self._apply_rope(qk.view(t, nq + nkv, hd).transpose(0, 1), cos, sin)  # [H + Hkv, T, D]
+                q, k = qk[:nq].to(cache.k.dtype), qk[nq:]  # [H, T, D], [Hkv, T, D]
+                cache.k[li, :, start:end] = k
+                cache.v[li, :, start:end] = v.view(t, nkv, hd).transpose(0, 1)
             if few_kernel:
                 attn = cpu_kernels.attend_few(q, cache.k[li], cache.v[li], attend, mask, check=False)  # [T, H D]
             else:

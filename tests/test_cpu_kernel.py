@@ -160,3 +160,41 @@ def test_without_the_kernel_bf16_falls_back_and_says_why(tmp_path, env, why):
     )
     assert done.returncode == 0, done.stderr
     assert "WHY:" in done.stdout and why in done.stdout, done.stdout
+
+
+@needs_kernel
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_bf16_passes_are_shape_invariant_end_to_end(model_type):
+    """With our kernels every piece of a bf16 pass on the CPU treats each token on its
+    own (products, fused RMSNorm, rotary, attention), so the logits of a token do not
+    depend on how many tokens share the pass: a K-token verification pass agrees bit
+    for bit with K one-token passes, and greedy speculative decoding reproduces the
+    baseline exactly (no near-ties)."""
+    from conftest import tiny_hf_model
+
+    from engine.transformer import ModelConfig, Transformer
+
+    hf = tiny_hf_model(model_type, 512, 0)
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
+    assert model.act_dtype == torch.float32
+    prompt = list(range(3, 40))
+    cache = model.new_cache(64)
+    model.prefill(prompt, cache)
+    base = cache.length
+    new = torch.tensor([7, 9, 11, 13, 15])
+    positions = torch.arange(base, base + 5)
+    together = model.forward(new, positions, cache)  # [5, V]
+    for i in range(5):
+        cache.length = base + i
+        alone = model.forward(new[i : i + 1], positions[i : i + 1], cache)
+        assert torch.equal(alone[0], together[i]), i
+    # a tree mask (token 3 sees the prefix, token 0 and itself) agrees with the causal pass of that path
+    cache.length = base
+    mask = torch.zeros(4, base + 4, dtype=torch.bool)
+    mask[:, :base] = True
+    for row, ancestors in enumerate([[0], [0, 1], [0, 2], [0, 3]]):
+        mask[row, [base + a for a in ancestors]] = True
+    tree = model.forward(new[:4], torch.tensor([base, base + 1, base + 1, base + 1]), cache, mask=mask)
+    cache.length = base
+    chain = model.forward(new[[0, 3]], positions[:2], cache)
+    assert torch.equal(tree[3], chain[1])

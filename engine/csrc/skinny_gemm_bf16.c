@@ -372,3 +372,26 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
         }
     }
 }
+
+/* ---- rotary embedding + KV-cache write, fused ------------------------------------
+ * qkv: [T, (H + 2 Hkv) D] float32, the fused projection's output (queries, keys,
+ * values); cos, sin: [T, D] for the tokens' positions. Writes the rotated queries
+ * to q_out [H, T, D] and the rotated keys and the values into one layer of the
+ * cache, k, v: [Hkv, S, D] at slots [start, start + T). Rotation in the
+ * rotate-half convention of the Hugging Face checkpoints:
+ * x * cos + (-x[D/2:], x[:D/2]) * sin. Replaces ~14 small torch calls per layer. */
+void rope_and_store(const float *qkv, const float *cos, const float *sin, float *q_out, float *k, float *v,
+                    int64_t start, int64_t T, int64_t H, int64_t Hkv, int64_t S, int64_t D) {
+    const int64_t width = (H + 2 * Hkv) * D, half = D / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = qkv + t * width, *c = cos + t * D, *s = sin + t * D;
+        for (int64_t h = 0; h < H + Hkv; h++) {
+            const float *x = row + h * D;
+            float *dst = h < H ? q_out + (h * T + t) * D : k + ((h - H) * S + start + t) * D;
+            for (int64_t i = 0; i < half; i++) dst[i] = x[i] * c[i] - x[i + half] * s[i];
+            for (int64_t i = half; i < D; i++) dst[i] = x[i] * c[i] + x[i - half] * s[i];
+        }
+        for (int64_t h = 0; h < Hkv; h++)
+            memcpy(v + (h * S + start + t) * D, row + (H + Hkv + h) * D, sizeof(float) * D);
+    }
+}
