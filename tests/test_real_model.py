@@ -14,6 +14,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from engine import cpu_kernels
 from engine.models import DEFAULT_MODEL, ModelLoadError, cache_dir, check_same_vocab, load_model
 from engine.parity import parity_check
 
@@ -119,6 +120,19 @@ def test_strict_mode_parity_is_bitwise_in_bfloat16():
     prompts = ["Fix the bug: def add(a, b): return a - b", "Write a haiku about autumn leaves."]
     results = list(parity_check(engine, prompts, "ngram", max_new_tokens=12, k=3, strict=True))
     assert all(r["identical"] for r in results), results
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason=f"CPU kernel unavailable: {cpu_kernels.why_unavailable()}")
+def test_bfloat16_parity_is_bitwise_without_strict_mode_on_our_cpu_kernels():
+    """On our CPU kernels every token of a pass is computed on its own, so bf16 greedy
+    speculation reproduces the baseline exactly without padding passes (strict mode)."""
+    from engine import SpeculativeEngine
+
+    engine = SpeculativeEngine.load(dtype="bfloat16")
+    prompts = PARITY_PROMPTS[:6]
+    for drafter, shape in (("int8", dict(k=3)), ("int8", dict(k=2, topk=2, num_draft_tokens=3)), ("ngram", dict(k=4))):
+        results = list(parity_check(engine, prompts, drafter, max_new_tokens=24, **shape))
+        assert all(r["identical"] for r in results), (drafter, shape, results)
 
 
 @pytest.mark.parametrize("chain_verifier", ["walk", "batch"])
