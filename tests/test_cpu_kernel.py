@@ -198,3 +198,26 @@ def test_bf16_passes_are_shape_invariant_end_to_end(model_type):
     cache.length = base
     chain = model.forward(new[[0, 3]], positions[:2], cache)
     assert torch.equal(tree[3], chain[1])
+
+
+@needs_kernel
+@pytest.mark.parametrize("tokens,length", [(1, 7), (1, 1000), (5, 130), (16, 400)])
+@pytest.mark.parametrize("dim", [64, 72])
+@pytest.mark.parametrize("tree", [False, True])
+def test_attention_matches_torch(tokens, length, dim, tree):
+    gen = torch.Generator().manual_seed(tokens * length + dim)
+    q = torch.randn(6, tokens, dim, generator=gen)
+    k = torch.randn(2, length + 8, dim, generator=gen) * 2  # capacity beyond the attended length
+    v = torch.randn(2, length + 8, dim, generator=gen)
+    mask = torch.ones(tokens, length, dtype=torch.bool)
+    mask[:, length - tokens :] = torch.tril(mask[:, length - tokens :])
+    if tree:  # drop random non-diagonal entries: an arbitrary ancestor pattern
+        keep = torch.rand(tokens, length, generator=gen) < 0.7
+        own = torch.zeros(tokens, length, dtype=torch.bool)
+        own[:, length - tokens :] = torch.eye(tokens, dtype=torch.bool)  # every token sees itself
+        mask &= keep | own
+    got = cpu_kernels.attend_few(q, k, v, length, mask if tree else None)  # [T, H D]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q[None], k[None, :, :length], v[None, :, :length], attn_mask=mask[None, None], enable_gqa=True
+    )[0]  # [H, T, D]
+    torch.testing.assert_close(got, ref.transpose(0, 1).reshape(tokens, 6 * dim), rtol=1e-5, atol=1e-5)

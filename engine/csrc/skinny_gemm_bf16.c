@@ -323,6 +323,41 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
     if (sx != small_sx) free(sx);
 }
 
+/* exp(x) for x <= 0 (softmax after subtracting the max), 16 lanes: x = n ln2 + r with
+ * |r| <= ln2 / 2, exp(r) by its degree-7 Taylor polynomial (relative error < 2e-7, about
+ * float32 rounding), times 2^n by scalef. Underflows to 0 below ~-87; -inf gives 0. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x); /* ln2 split in two for accuracy */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Lane sums of four vectors, (sum a, sum b, sum c, sum d), each summed in the same
+ * order whichever slot it occupies: ((x0 + x2) + (x1 + x3)) within each 128-bit lane,
+ * then (L0 + L2) + (L1 + L3) across lanes. */
+static inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)); /* a0+a2 b0+b2 a1+a3 b1+b3 */
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+    __m512 abcd = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
+                                _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd))); /* a b c d per 128-bit lane */
+    __m256 lo = _mm512_castps512_ps256(abcd);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1));
+    __m256 s8 = _mm256_add_ps(lo, hi); /* (L0 + L2), (L1 + L3) */
+    return _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+}
+
 /* ---- attention of a few new tokens over the cache --------------------------------
  * q: [H, T, D] float32 (rotated), k, v: one layer of the cache, [Hkv, S, D] float32;
  * out: [T, H, D]. Without a mask the cache holds A positions of which the last T
@@ -342,33 +377,69 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
         const float *qh = q + (h * T + t) * D;
         const float *kh = k + (h / group) * S * D;
         const float *vh = v + (h / group) * S * D;
-        float scores[len];
+        float scores[len + 4];
         float mx = -INFINITY;
-        for (int64_t a = 0; a < len; a++) {
-            __m512 acc = _mm512_setzero_ps();
-            int64_t i = 0;
-            for (; i + 16 <= D; i += 16)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i), _mm512_loadu_ps(kh + a * D + i), acc);
-            float sdot = _mm512_reduce_add_ps(acc);
-            for (; i < D; i++) sdot += qh[i] * kh[a * D + i];
-            scores[a] = allowed && !allowed[a] ? -INFINITY : sdot * scale;
-            mx = scores[a] > mx ? scores[a] : mx;
+        const int64_t d16 = D - D % 16;
+        /* Four keys at a time: four dot-product vectors summed lane-wise by one
+         * transpose-add (hsum4) instead of four full horizontal reductions. */
+        for (int64_t a0 = 0; a0 < len; a0 += 4) {
+            __m512 acc[4];
+            for (int j = 0; j < 4; j++) {
+                acc[j] = _mm512_setzero_ps();
+                if (a0 + j < len)
+                    for (int64_t i = 0; i < d16; i += 16)
+                        acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i), _mm512_loadu_ps(kh + (a0 + j) * D + i), acc[j]);
+            }
+            _mm_storeu_ps(scores + a0, hsum4(acc[0], acc[1], acc[2], acc[3]));
+            for (int j = 0; j < 4 && a0 + j < len; j++) {
+                const int64_t a = a0 + j;
+                float sdot = scores[a];
+                for (int64_t i = d16; i < D; i++) sdot += qh[i] * kh[a * D + i];
+                scores[a] = allowed && !allowed[a] ? -INFINITY : sdot * scale;
+                mx = scores[a] > mx ? scores[a] : mx;
+            }
         }
-        float total = 0.0f;
-        for (int64_t a = 0; a < len; a++) {
-            scores[a] = scores[a] == -INFINITY ? 0.0f : expf(scores[a] - mx);
-            total += scores[a];
+        /* exp(s - max), 16 at a time (masked positions hold -inf and give 0) */
+        const __m512 vmx = _mm512_set1_ps(mx);
+        __m512 vtotal = _mm512_setzero_ps();
+        int64_t a = 0;
+        for (; a + 16 <= len; a += 16) {
+            __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + a), vmx));
+            _mm512_storeu_ps(scores + a, e);
+            vtotal = _mm512_add_ps(vtotal, e);
         }
-        const float inv = 1.0f / total;
+        if (a < len) {
+            __mmask16 m = (__mmask16)((1u << (len - a)) - 1u);
+            __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + a), vmx)));
+            _mm512_mask_storeu_ps(scores + a, m, e);
+            vtotal = _mm512_add_ps(vtotal, e);
+        }
+        const float inv = 1.0f / _mm512_reduce_add_ps(vtotal);
         float *oh = out + (t * H + h) * D;
-        for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
-        for (int64_t a = 0; a < len; a++) {
-            const float w = scores[a] * inv;
-            const __m512 wv = _mm512_set1_ps(w);
-            int64_t i = 0;
-            for (; i + 16 <= D; i += 16)
-                _mm512_storeu_ps(oh + i, _mm512_fmadd_ps(wv, _mm512_loadu_ps(vh + a * D + i), _mm512_loadu_ps(oh + i)));
-            for (; i < D; i++) oh[i] += w * vh[a * D + i];
+        if (D == 64) { /* the common head size: the output row stays in registers */
+            __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+            for (a = 0; a < len; a++) {
+                const __m512 wv = _mm512_set1_ps(scores[a] * inv);
+                const float *va = vh + a * D;
+                o0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va), o0);
+                o1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 16), o1);
+                o2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 32), o2);
+                o3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 48), o3);
+            }
+            _mm512_storeu_ps(oh, o0);
+            _mm512_storeu_ps(oh + 16, o1);
+            _mm512_storeu_ps(oh + 32, o2);
+            _mm512_storeu_ps(oh + 48, o3);
+        } else {
+            for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
+            for (a = 0; a < len; a++) {
+                const float w = scores[a] * inv;
+                const __m512 wv = _mm512_set1_ps(w);
+                int64_t i = 0;
+                for (; i + 16 <= D; i += 16)
+                    _mm512_storeu_ps(oh + i, _mm512_fmadd_ps(wv, _mm512_loadu_ps(vh + a * D + i), _mm512_loadu_ps(oh + i)));
+                for (; i < D; i++) oh[i] += w * vh[a * D + i];
+            }
         }
     }
 }
