@@ -377,21 +377,22 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
         const float *qh = q + (h * T + t) * D;
         const float *kh = k + (h / group) * S * D;
         const float *vh = v + (h / group) * S * D;
-        float scores[len + 4];
+        float scores[len + 8];
         float mx = -INFINITY;
         const int64_t d16 = D - D % 16;
         /* Four keys at a time: four dot-product vectors summed lane-wise by one
          * transpose-add (hsum4) instead of four full horizontal reductions. */
-        for (int64_t a0 = 0; a0 < len; a0 += 4) {
-            __m512 acc[4];
-            for (int j = 0; j < 4; j++) {
-                acc[j] = _mm512_setzero_ps();
-                if (a0 + j < len)
-                    for (int64_t i = 0; i < d16; i += 16)
-                        acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qh + i), _mm512_loadu_ps(kh + (a0 + j) * D + i), acc[j]);
+        for (int64_t a0 = 0; a0 < len; a0 += 8) {
+            __m512 acc[8];
+            for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < d16; i += 16) { /* 8 independent chains, q chunk loaded once */
+                const __m512 qv = _mm512_loadu_ps(qh + i);
+                for (int j = 0; j < 8; j++)
+                    if (a0 + j < len) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kh + (a0 + j) * D + i), acc[j]);
             }
             _mm_storeu_ps(scores + a0, hsum4(acc[0], acc[1], acc[2], acc[3]));
-            for (int j = 0; j < 4 && a0 + j < len; j++) {
+            _mm_storeu_ps(scores + a0 + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
+            for (int j = 0; j < 8 && a0 + j < len; j++) {
                 const int64_t a = a0 + j;
                 float sdot = scores[a];
                 for (int64_t i = d16; i < D; i++) sdot += qh[i] * kh[a * D + i];
@@ -416,9 +417,22 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
         }
         const float inv = 1.0f / _mm512_reduce_add_ps(vtotal);
         float *oh = out + (t * H + h) * D;
-        if (D == 64) { /* the common head size: the output row stays in registers */
-            __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-            for (a = 0; a < len; a++) {
+        if (D == 64) { /* the common head size: the output row stays in registers, */
+            /* even and odd keys in separate accumulators (two independent FMA chains) */
+            __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, e0 = o0, e1 = o0, e2 = o0, e3 = o0;
+            for (a = 0; a + 2 <= len; a += 2) {
+                const __m512 wv = _mm512_set1_ps(scores[a] * inv), wn = _mm512_set1_ps(scores[a + 1] * inv);
+                const float *va = vh + a * D, *vn = va + D;
+                o0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va), o0);
+                o1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 16), o1);
+                o2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 32), o2);
+                o3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 48), o3);
+                e0 = _mm512_fmadd_ps(wn, _mm512_loadu_ps(vn), e0);
+                e1 = _mm512_fmadd_ps(wn, _mm512_loadu_ps(vn + 16), e1);
+                e2 = _mm512_fmadd_ps(wn, _mm512_loadu_ps(vn + 32), e2);
+                e3 = _mm512_fmadd_ps(wn, _mm512_loadu_ps(vn + 48), e3);
+            }
+            if (a < len) {
                 const __m512 wv = _mm512_set1_ps(scores[a] * inv);
                 const float *va = vh + a * D;
                 o0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va), o0);
@@ -426,10 +440,10 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
                 o2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 32), o2);
                 o3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 48), o3);
             }
-            _mm512_storeu_ps(oh, o0);
-            _mm512_storeu_ps(oh + 16, o1);
-            _mm512_storeu_ps(oh + 32, o2);
-            _mm512_storeu_ps(oh + 48, o3);
+            _mm512_storeu_ps(oh, _mm512_add_ps(o0, e0));
+            _mm512_storeu_ps(oh + 16, _mm512_add_ps(o1, e1));
+            _mm512_storeu_ps(oh + 32, _mm512_add_ps(o2, e2));
+            _mm512_storeu_ps(oh + 48, _mm512_add_ps(o3, e3));
         } else {
             for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
             for (a = 0; a < len; a++) {
