@@ -198,6 +198,22 @@ def test_bf16_passes_are_shape_invariant_end_to_end(model_type):
     cache.length = base
     chain = model.forward(new[[0, 3]], positions[:2], cache)
     assert torch.equal(tree[3], chain[1])
+    # a deeper path at scattered slots: nodes 0 -> 2 -> 4 of a 5-node tree (1 and 3 are side branches)
+    cache.length = base
+    parents = [-1, 0, 0, 1, 2]
+    depth = [0, 1, 1, 2, 2]
+    mask = torch.zeros(5, base + 5, dtype=torch.bool)
+    mask[:, :base] = True
+    for node in range(5):
+        a = node
+        while a != -1:
+            mask[node, base + a] = True
+            a = parents[a]
+    tokens = torch.tensor([21, 22, 23, 24, 25])
+    tree = model.forward(tokens, base + torch.tensor(depth), cache, mask=mask)
+    cache.length = base
+    chain = model.forward(tokens[[0, 2, 4]], positions[:3], cache)
+    assert torch.equal(tree[[0, 2, 4]], chain)
 
 
 @needs_kernel

@@ -372,8 +372,21 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
     const int64_t group = H / Hkv;
 #pragma omp parallel for schedule(static)
     for (int64_t ht = 0; ht < H * T; ht++) {
-        const int64_t h = ht / T, t = ht % T, len = mask ? A : A - T + t + 1;
-        const uint8_t *allowed = mask ? mask + t * A : NULL;
+        const int64_t h = ht / T, t = ht % T;
+        /* The attended positions, in slot order: [0, A - T + t] causally, the allowed
+         * ones under a mask. Everything below runs over this compact list, so the sums
+         * are grouped by rank, not by slot: a tree node whose ancestors sit at other
+         * slots than in a chain still sums the same numbers in the same order. */
+        int64_t len = 0;
+        int32_t listed[A];
+        if (mask) {
+            const uint8_t *allowed = mask + t * A;
+            for (int64_t a = 0; a < A; a++)
+                if (allowed[a]) listed[len++] = (int32_t)a;
+        } else {
+            for (; len < A - T + t + 1; len++) listed[len] = (int32_t)len;
+        }
+#define KEY(a) ((int64_t)listed[a])
         const float *qh = q + (h * T + t) * D;
         const float *kh = k + (h / group) * S * D;
         const float *vh = v + (h / group) * S * D;
@@ -388,19 +401,19 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
             for (int64_t i = 0; i < d16; i += 16) { /* 8 independent chains, q chunk loaded once */
                 const __m512 qv = _mm512_loadu_ps(qh + i);
                 for (int j = 0; j < 8; j++)
-                    if (a0 + j < len) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kh + (a0 + j) * D + i), acc[j]);
+                    if (a0 + j < len) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kh + KEY(a0 + j) * D + i), acc[j]);
             }
             _mm_storeu_ps(scores + a0, hsum4(acc[0], acc[1], acc[2], acc[3]));
             _mm_storeu_ps(scores + a0 + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
             for (int j = 0; j < 8 && a0 + j < len; j++) {
                 const int64_t a = a0 + j;
                 float sdot = scores[a];
-                for (int64_t i = d16; i < D; i++) sdot += qh[i] * kh[a * D + i];
-                scores[a] = allowed && !allowed[a] ? -INFINITY : sdot * scale;
+                for (int64_t i = d16; i < D; i++) sdot += qh[i] * kh[KEY(a) * D + i];
+                scores[a] = sdot * scale;
                 mx = scores[a] > mx ? scores[a] : mx;
             }
         }
-        /* exp(s - max), 16 at a time (masked positions hold -inf and give 0) */
+        /* exp(s - max), 16 at a time */
         const __m512 vmx = _mm512_set1_ps(mx);
         __m512 vtotal = _mm512_setzero_ps();
         int64_t a = 0;
@@ -422,7 +435,7 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
             __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, e0 = o0, e1 = o0, e2 = o0, e3 = o0;
             for (a = 0; a + 2 <= len; a += 2) {
                 const __m512 wv = _mm512_set1_ps(scores[a] * inv), wn = _mm512_set1_ps(scores[a + 1] * inv);
-                const float *va = vh + a * D, *vn = va + D;
+                const float *va = vh + KEY(a) * D, *vn = vh + KEY(a + 1) * D;
                 o0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va), o0);
                 o1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 16), o1);
                 o2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 32), o2);
@@ -434,7 +447,7 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
             }
             if (a < len) {
                 const __m512 wv = _mm512_set1_ps(scores[a] * inv);
-                const float *va = vh + a * D;
+                const float *va = vh + KEY(a) * D;
                 o0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va), o0);
                 o1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 16), o1);
                 o2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 32), o2);
@@ -451,10 +464,11 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
                 const __m512 wv = _mm512_set1_ps(w);
                 int64_t i = 0;
                 for (; i + 16 <= D; i += 16)
-                    _mm512_storeu_ps(oh + i, _mm512_fmadd_ps(wv, _mm512_loadu_ps(vh + a * D + i), _mm512_loadu_ps(oh + i)));
-                for (; i < D; i++) oh[i] += w * vh[a * D + i];
+                    _mm512_storeu_ps(oh + i, _mm512_fmadd_ps(wv, _mm512_loadu_ps(vh + KEY(a) * D + i), _mm512_loadu_ps(oh + i)));
+                for (; i < D; i++) oh[i] += w * vh[KEY(a) * D + i];
             }
         }
+#undef KEY
     }
 }
 
