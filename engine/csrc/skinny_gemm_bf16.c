@@ -39,31 +39,44 @@
 
 #define LANES 16 /* outputs per packed block = float32 lanes of a zmm register */
 
-/* One 64-byte line of packed bf16 weights (16 outputs x 2 inputs). */
-static inline __m512i load_w_bf16(const void *wp, int64_t line) {
-    return _mm512_loadu_si512((const void *)((const uint16_t *)wp + (line << 5)));
-}
+/* The two kinds of weights share one tiled loop; they differ in what a 64-byte
+ * slice of the product does:
+ *   bf16: x rows bf16, float32 accumulators, vdpbf16ps on a 64-byte line of W;
+ *   i8:   x rows int16 (quantised per row, scale sx[t]), int32 accumulators,
+ *         vpdpwssd on a 32-byte line of Q sign-extended to int16 (see below). */
+#define ACC_bf16 __m512
+#define ZERO_bf16() _mm512_setzero_ps()
+#define DOT_bf16(acc, xb, wp, line)                                                                             \
+    _mm512_dpbf16_ps(acc, (__m512bh)(xb), (__m512bh)_mm512_loadu_si512((const uint16_t *)(wp) + ((line) << 5)))
+#define TO_FLOAT_bf16(acc, sx, t) (acc)
+#define ACC_i8 __m512i
+#define ZERO_i8() _mm512_setzero_si512()
+#define DOT_i8(acc, xb, wp, line)                                                                               \
+    _mm512_dpwssd_epi32(acc, xb,                                                                                \
+                        _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)((const int8_t *)(wp) + ((line) << 5)))))
+#define TO_FLOAT_i8(acc, sx, t) _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps((sx)[t]))
 
-/* Accumulate x rows [t0, t0 + NT) against output blocks [ob, ob + NB), then store
- * y = acc (* scale) (+ b), rounded to bf16. KIND names the weight loader. */
+/* Accumulate x rows [t0, t0 + NT) (2-byte elements: bf16 or int16) against output
+ * blocks [ob, ob + NB), then store y = acc (* sx[t]) (* scale) (+ b), float32 or
+ * rounded to bf16. A macro stamps one function per (KIND, NB, NT) so that the loops
+ * unroll and the accumulators stay in registers. */
 #define DEFINE_TILE(KIND, NB, NT)                                                                               \
-    static void tile_##KIND##_##NB##x##NT(const uint16_t *x, const void *wp, const float *scale,               \
+    static void tile_##KIND##_##NB##x##NT(const void *x, const float *sx, const void *wp, const float *scale,  \
                                           const uint16_t *b, void *y, int y_f32, int64_t in, int64_t out,      \
-                                          int64_t ob, int64_t t0) {                                                         \
+                                          int64_t ob, int64_t t0) {                                             \
         const int64_t pairs = in / 2;                                                                           \
-        __m512 acc[NB][NT];                                                                                     \
+        ACC_##KIND acc[NB][NT];                                                                                 \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                                   \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) acc[g][j] = _mm512_setzero_ps();               \
-        const int32_t *xr[NT];                                                                                  \
-        _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xr[j] = (const int32_t *)(x + (t0 + j) * in);    \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) acc[g][j] = ZERO_##KIND();                     \
+        const int32_t *xr[NT]; /* one 32-bit load = one input pair */                                          \
+        _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xr[j] =                                           \
+            (const int32_t *)((const uint16_t *)x + (t0 + j) * in);                                             \
         for (int64_t p = 0; p < pairs; p++) {                                                                   \
             __m512i xb[NT];                                                                                     \
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xb[j] = _mm512_set1_epi32(xr[j][p]);         \
-            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                             \
-                __m512i wv = load_w_##KIND(wp, (ob + g) * pairs + p);                                           \
+            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                               \
                 _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) acc[g][j] =                               \
-                    _mm512_dpbf16_ps(acc[g][j], (__m512bh)xb[j], (__m512bh)wv);                                 \
-            }                                                                                                   \
+                    DOT_##KIND(acc[g][j], xb[j], wp, (ob + g) * pairs + p);                                     \
         }                                                                                                       \
         for (int g = 0; g < NB; g++) {                                                                          \
             __m512 bias = b ? _mm512_castsi512_ps(_mm512_slli_epi32(                                           \
@@ -71,8 +84,8 @@ static inline __m512i load_w_bf16(const void *wp, int64_t line) {
                                   16))                                                                          \
                             : _mm512_setzero_ps();                                                              \
             for (int j = 0; j < NT; j++) {                                                                      \
-                __m512 v = scale ? _mm512_mul_ps(acc[g][j], _mm512_loadu_ps(scale + (ob + g) * LANES))          \
-                                 : acc[g][j];                                                                   \
+                __m512 v = TO_FLOAT_##KIND(acc[g][j], sx, t0 + j);                                              \
+                if (scale) v = _mm512_mul_ps(v, _mm512_loadu_ps(scale + (ob + g) * LANES));                     \
                 v = _mm512_add_ps(v, bias);                                                                     \
                 if (y_f32)                                                                                      \
                     _mm512_storeu_ps((float *)y + (t0 + j) * out + (ob + g) * LANES, v);                        \
@@ -84,9 +97,11 @@ static inline __m512i load_w_bf16(const void *wp, int64_t line) {
     }
 
 #define T_TILE 4
+#define TILE_ARGS x, sx, wp, scale, b, y, y_f32, in, out
 
-/* All tiles of output blocks [ob, ob + nb) (nb == 4, or a 1-3 block tail) for every row of x. */
-#define DEFINE_KIND(KIND)                                                                                      \
+/* Every tile of output blocks [ob, ob + nb) (nb == 4, or a 1-3 block tail) for every
+ * row of x, and the threaded driver over all output blocks. */
+#define DEFINE_KIND(KIND)                                                                                       \
     DEFINE_TILE(KIND, 4, 1)                                                                                     \
     DEFINE_TILE(KIND, 4, 2)                                                                                     \
     DEFINE_TILE(KIND, 4, 3)                                                                                     \
@@ -95,43 +110,44 @@ static inline __m512i load_w_bf16(const void *wp, int64_t line) {
     DEFINE_TILE(KIND, 1, 2)                                                                                     \
     DEFINE_TILE(KIND, 1, 3)                                                                                     \
     DEFINE_TILE(KIND, 1, 4)                                                                                     \
-    static void tiles_##KIND(const uint16_t *x, const void *wp, const float *scale, const uint16_t *b, void *y, \
-                             int y_f32, int64_t rows, int64_t in, int64_t out, int64_t ob, int64_t nb) {       \
+    static void tiles_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b, \
+                             void *y, int y_f32, int64_t in, int64_t out, int64_t rows, int64_t ob, int64_t nb) { \
         for (int64_t t0 = 0; t0 < rows; t0 += T_TILE) {                                                         \
             int64_t nt = rows - t0 < T_TILE ? rows - t0 : T_TILE;                                               \
             if (nb == 4) {                                                                                      \
                 switch (nt) {                                                                                   \
-                case 1: tile_##KIND##_4x1(x, wp, scale, b, y, y_f32, in, out, ob, t0); break;                          \
-                case 2: tile_##KIND##_4x2(x, wp, scale, b, y, y_f32, in, out, ob, t0); break;                          \
-                case 3: tile_##KIND##_4x3(x, wp, scale, b, y, y_f32, in, out, ob, t0); break;                          \
-                default: tile_##KIND##_4x4(x, wp, scale, b, y, y_f32, in, out, ob, t0); break;                         \
+                case 1: tile_##KIND##_4x1(TILE_ARGS, ob, t0); break;                                            \
+                case 2: tile_##KIND##_4x2(TILE_ARGS, ob, t0); break;                                            \
+                case 3: tile_##KIND##_4x3(TILE_ARGS, ob, t0); break;                                            \
+                default: tile_##KIND##_4x4(TILE_ARGS, ob, t0); break;                                           \
                 }                                                                                               \
             } else {                                                                                            \
                 for (int64_t g = 0; g < nb; g++) {                                                              \
                     switch (nt) {                                                                               \
-                    case 1: tile_##KIND##_1x1(x, wp, scale, b, y, y_f32, in, out, ob + g, t0); break;                  \
-                    case 2: tile_##KIND##_1x2(x, wp, scale, b, y, y_f32, in, out, ob + g, t0); break;                  \
-                    case 3: tile_##KIND##_1x3(x, wp, scale, b, y, y_f32, in, out, ob + g, t0); break;                  \
-                    default: tile_##KIND##_1x4(x, wp, scale, b, y, y_f32, in, out, ob + g, t0); break;                 \
+                    case 1: tile_##KIND##_1x1(TILE_ARGS, ob + g, t0); break;                                    \
+                    case 2: tile_##KIND##_1x2(TILE_ARGS, ob + g, t0); break;                                    \
+                    case 3: tile_##KIND##_1x3(TILE_ARGS, ob + g, t0); break;                                    \
+                    default: tile_##KIND##_1x4(TILE_ARGS, ob + g, t0); break;                                   \
                     }                                                                                           \
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
     }                                                                                                           \
-    static void run_##KIND(const uint16_t *x, const void *wp, const float *scale, const uint16_t *b, void *y,   \
-                           int y_f32, int64_t rows, int64_t in, int64_t out) {                                  \
+    static void run_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b, \
+                           void *y, int y_f32, int64_t rows, int64_t in, int64_t out) {                         \
         const int64_t blocks = out / LANES;                                                                     \
         _Pragma("omp parallel") {                                                                               \
             /* An even, contiguous share of the output blocks per thread. */                                    \
             int64_t nthreads = omp_get_num_threads(), me = omp_get_thread_num();                                \
             int64_t begin = blocks * me / nthreads, end = blocks * (me + 1) / nthreads;                         \
             int64_t ob = begin;                                                                                 \
-            for (; ob + 4 <= end; ob += 4) tiles_##KIND(x, wp, scale, b, y, y_f32, rows, in, out, ob, 4);             \
-            if (ob < end) tiles_##KIND(x, wp, scale, b, y, y_f32, rows, in, out, ob, end - ob);                       \
+            for (; ob + 4 <= end; ob += 4) tiles_##KIND(TILE_ARGS, rows, ob, 4);                               \
+            if (ob < end) tiles_##KIND(TILE_ARGS, rows, ob, end - ob);                                          \
         }                                                                                                       \
     }
 
 DEFINE_KIND(bf16)
+DEFINE_KIND(i8)
 
 /* RMSNorm of one float32 row into `dst` (float32): dst = x / sqrt(mean(x^2) + eps) * g. */
 static void rms_norm_row(const float *x, const float *g, float eps, int64_t n, float *dst) {
@@ -180,7 +196,7 @@ void skinny_gemm_bf16(const void *x, int x_f32, const uint16_t *wp, const uint16
     uint16_t small[4096];
     uint16_t *tmp = !x_f32 || rows * in <= 4096 ? small : malloc(sizeof(uint16_t) * rows * in);
     if (!tmp) abort();
-    run_bf16(as_bf16(x, x_f32, norm_w, eps, rows, in, tmp), wp, NULL, b, y, y_f32, rows, in, out);
+    run_bf16(as_bf16(x, x_f32, norm_w, eps, rows, in, tmp), NULL, wp, NULL, b, y, y_f32, rows, in, out);
     if (tmp != small) free(tmp);
 }
 
@@ -192,78 +208,6 @@ void skinny_gemm_bf16(const void *x, int x_f32, const uint16_t *wp, const uint16
  * inside int32: xmax * 127 * in < 2^31 (in = 576: 29356, 14.8 bits; in = 1536:
  * 11008, 13.4 bits), far finer than the 8-bit activations that made per-tensor
  * int8 drafts useless. y = sx * sum(xq * q) * scale[o] (+ b). */
-
-#define DEFINE_TILE_I8(NB, NT)                                                                                  \
-    static void tile_i8_##NB##x##NT(const int16_t *xq, const float *sx, const int8_t *qp, const float *scale,  \
-                                    const uint16_t *b, void *y, int y_f32, int64_t in, int64_t out, int64_t ob, \
-                                    int64_t t0) {                                                               \
-        const int64_t pairs = in / 2;                                                                           \
-        __m512i acc[NB][NT];                                                                                    \
-        _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                                   \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) acc[g][j] = _mm512_setzero_si512();            \
-        const int32_t *xr[NT];                                                                                  \
-        _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xr[j] = (const int32_t *)(xq + (t0 + j) * in);   \
-        for (int64_t p = 0; p < pairs; p++) {                                                                   \
-            __m512i xb[NT];                                                                                     \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xb[j] = _mm512_set1_epi32(xr[j][p]);         \
-            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                             \
-                __m512i wv = _mm512_cvtepi8_epi16(                                                              \
-                    _mm256_loadu_si256((const void *)(qp + (((ob + g) * pairs + p) << 5))));                    \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) acc[g][j] =                               \
-                    _mm512_dpwssd_epi32(acc[g][j], xb[j], wv);                                                  \
-            }                                                                                                   \
-        }                                                                                                       \
-        for (int g = 0; g < NB; g++) {                                                                          \
-            __m512 sw = _mm512_loadu_ps(scale + (ob + g) * LANES);                                              \
-            __m512 bias = b ? _mm512_castsi512_ps(_mm512_slli_epi32(                                           \
-                                  _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(b + (ob + g) * LANES))), \
-                                  16))                                                                          \
-                            : _mm512_setzero_ps();                                                              \
-            for (int j = 0; j < NT; j++) {                                                                      \
-                __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[g][j]), _mm512_mul_ps(sw, _mm512_set1_ps(sx[t0 + j]))); \
-                v = _mm512_add_ps(v, bias);                                                                     \
-                if (y_f32)                                                                                      \
-                    _mm512_storeu_ps((float *)y + (t0 + j) * out + (ob + g) * LANES, v);                        \
-                else                                                                                            \
-                    _mm256_storeu_si256((void *)((uint16_t *)y + (t0 + j) * out + (ob + g) * LANES),            \
-                                        (__m256i)_mm512_cvtneps_pbh(v));                                        \
-            }                                                                                                   \
-        }                                                                                                       \
-    }
-
-DEFINE_TILE_I8(4, 1)
-DEFINE_TILE_I8(8, 1)
-DEFINE_TILE_I8(4, 2)
-DEFINE_TILE_I8(4, 3)
-DEFINE_TILE_I8(4, 4)
-DEFINE_TILE_I8(1, 1)
-DEFINE_TILE_I8(1, 2)
-DEFINE_TILE_I8(1, 3)
-DEFINE_TILE_I8(1, 4)
-
-static void tiles_i8(const int16_t *xq, const float *sx, const int8_t *qp, const float *scale, const uint16_t *b,
-                     void *y, int y_f32, int64_t rows, int64_t in, int64_t out, int64_t ob, int64_t nb) {
-    for (int64_t t0 = 0; t0 < rows; t0 += T_TILE) {
-        int64_t nt = rows - t0 < T_TILE ? rows - t0 : T_TILE;
-        if (nb == 4) {
-            switch (nt) {
-            case 1: tile_i8_4x1(xq, sx, qp, scale, b, y, y_f32, in, out, ob, t0); break;
-            case 2: tile_i8_4x2(xq, sx, qp, scale, b, y, y_f32, in, out, ob, t0); break;
-            case 3: tile_i8_4x3(xq, sx, qp, scale, b, y, y_f32, in, out, ob, t0); break;
-            default: tile_i8_4x4(xq, sx, qp, scale, b, y, y_f32, in, out, ob, t0); break;
-            }
-        } else {
-            for (int64_t g = 0; g < nb; g++) {
-                switch (nt) {
-                case 1: tile_i8_1x1(xq, sx, qp, scale, b, y, y_f32, in, out, ob + g, t0); break;
-                case 2: tile_i8_1x2(xq, sx, qp, scale, b, y, y_f32, in, out, ob + g, t0); break;
-                case 3: tile_i8_1x3(xq, sx, qp, scale, b, y, y_f32, in, out, ob + g, t0); break;
-                default: tile_i8_1x4(xq, sx, qp, scale, b, y, y_f32, in, out, ob + g, t0); break;
-                }
-            }
-        }
-    }
-}
 
 static inline float bf16_bits_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -308,17 +252,7 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
             dst[i] = (int16_t)(r > xmax ? xmax : (r < -xmax ? -xmax : r));
         }
     }
-    const int64_t blocks = out / LANES;
-#pragma omp parallel
-    {
-        int64_t nthreads = omp_get_num_threads(), me = omp_get_thread_num();
-        int64_t begin = blocks * me / nthreads, end = blocks * (me + 1) / nthreads;
-        int64_t ob = begin;
-        if (rows == 1) /* one row: 8 blocks per step, more independent weight streams in flight */
-            for (; ob + 8 <= end; ob += 8) tile_i8_8x1(xq, sx, qp, scale, b, y, y_f32, in, out, ob, 0);
-        for (; ob + 4 <= end; ob += 4) tiles_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out, ob, 4);
-        if (ob < end) tiles_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out, ob, end - ob);
-    }
+    run_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out);
     if (xq != small) free(xq);
     if (sx != small_sx) free(sx);
 }
