@@ -84,22 +84,40 @@ def server():
         demo.close()
 
 
-@pytest.fixture
-def target_pass_times(monkeypatch) -> list[float]:
-    """Every target pass run in this process (the in-process app server included) appends its end time."""
+PASS_FLOOR_S = 0.3  # a target pass of a model a few times larger than the default, on this CPU
+
+
+def pace_target_passes(monkeypatch, floor_s: float = PASS_FLOOR_S, stamps: list[float] | None = None) -> None:
+    """Make every target pass in this process (the in-process app server included) last at
+    least floor_s, and append its end time to `stamps`.
+
+    The cancellation tests are about what a user of a real-sized model sees: Stop, a closed
+    tab or a dropped connection ends the run within a pass. The default 135M model's passes
+    (~10-40 ms on a fast CPU) are shorter than Gradio's own round trip to notice a Stop or a
+    vanished client, so without a floor a run may simply finish first, and "within a pass"
+    would be measured in passes far shorter than the detection itself."""
     import time
 
     from engine.decode import SpeculativeEngine
 
-    stamps: list[float] = []
     original = SpeculativeEngine._step
 
-    def recording_step(self, *args, **kwargs):
+    def paced_step(self, *args, **kwargs):
+        started = time.monotonic()
         result = original(self, *args, **kwargs)
-        stamps.append(time.monotonic())
+        time.sleep(max(0.0, floor_s - (time.monotonic() - started)))
+        if stamps is not None:
+            stamps.append(time.monotonic())
         return result
 
-    monkeypatch.setattr(SpeculativeEngine, "_step", recording_step)
+    monkeypatch.setattr(SpeculativeEngine, "_step", paced_step)
+
+
+@pytest.fixture
+def target_pass_times(monkeypatch) -> list[float]:
+    """Every target pass run in this process appends its end time; passes last at least PASS_FLOOR_S."""
+    stamps: list[float] = []
+    pace_target_passes(monkeypatch, PASS_FLOOR_S, stamps)
     return stamps
 
 
@@ -107,8 +125,8 @@ def assert_run_stopped(stamps: list[float], gone_at: float) -> None:
     """After a client left at `gone_at`: at most the pass in flight plus one more ran, then nothing.
 
     Gradio notices a vanished client when it next sends that client an update (one per pass) and
-    then closes the handler at its next yield: with passes of a few hundred ms that is the pass in
-    flight and at most one more. (With 70 ms baseline passes the detection itself can span three.)"""
+    then closes the handler at its next yield: with passes of a few hundred ms (PASS_FLOOR_S) that is
+    the pass in flight and at most one more. (With 70 ms passes the detection itself can span three.)"""
     import time
 
     time.sleep(4.0)

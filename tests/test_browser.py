@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import assert_run_stopped
+from conftest import assert_run_stopped, pace_target_passes
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
@@ -60,7 +60,7 @@ def _set_slider(page, elem_id: str, value: int) -> None:
     box.press("Enter")
 
 
-def test_playground_step_through_and_race(app_url, browser):
+def test_playground_step_through_and_race(app_url, browser, monkeypatch):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     errors: list[str] = []
@@ -99,7 +99,9 @@ def test_playground_step_through_and_race(app_url, browser):
     page.screenshot(path=str(SHOTS / "playground-run.png"), full_page=True)
     page.screenshot(path=str(SHOTS / "playground-run-top.png"))  # the first screen, as a README picture
 
-    # Stop ends a run within a pass and keeps what it produced (a partial trace).
+    # Stop ends a run within a pass and keeps what it produced (a partial trace). Passes are paced
+    # to a larger model's length: a 135M run on a fast CPU can end before the Stop round trip.
+    pace_target_passes(monkeypatch)
     _set_slider(page, "sl-max-new", 200)
     page.locator("#sl-run").click()
     page.wait_for_function(
@@ -117,6 +119,7 @@ def test_playground_step_through_and_race(app_url, browser):
     page.wait_for_timeout(1500)  # nothing more arrives after Stop
     assert page.locator("#sl-output .sl-pass").count() == kept
     assert kept >= 2
+    monkeypatch.undo()
 
     # Step-through follows the last run; Next moves one pass and narrates it.
     page.get_by_role("tab", name="Step-through").click()
@@ -195,7 +198,7 @@ def test_closing_the_tab_ends_the_run_within_a_pass_and_frees_its_slot(app_url, 
     stamps = target_pass_times
     context = browser.new_context()
     page = context.new_page()
-    # A speculative run (the page's int8 tree): passes of a few hundred ms, as users see them.
+    # A speculative run (the page's int8 tree), passes paced to a few hundred ms (target_pass_times).
     _start_run(page, app_url, "Write a long story about a lighthouse keeper.", "int8", 250)
     deadline = time.monotonic() + 180
     while len(stamps) < 5 and time.monotonic() < deadline:
