@@ -194,7 +194,10 @@ class Int8Linear:
             # model's matrices, against ~10 ms for torch's int8 kernel.
             bias_bf16 = bias.to(torch.bfloat16) if bias is not None else None
             self._packed = cpu_kernels.PackedInt8Weight(self.weight_int8, scale, bias_bf16)
-        self._fast = _int8_kernel_works(self.kernel_dtype)
+        self.shape = tuple(self.weight_int8.shape)  # (out, in)
+        if self._packed is not None:
+            self.weight_int8 = None  # the packed copy is the only one kept (half the drafter's memory)
+        self._fast = self._packed is None and _int8_kernel_works(self.kernel_dtype)
 
     def normed(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor | None:
         """RMSNorm(x) W^T fused into one kernel call, or None where not fused here."""
@@ -223,7 +226,7 @@ class Int8Linear:
 
     @property
     def nbytes(self) -> int:
-        return self.weight_int8.numel() + self.scale.numel() * self.scale.element_size()
+        return self.shape[0] * self.shape[1] + self.scale.numel() * self.scale.element_size()
 
 
 _INT8_KERNEL: dict[torch.dtype, bool] = {}
