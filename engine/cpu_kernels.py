@@ -1,21 +1,33 @@
-"""Our CPU kernel for bf16 decoding passes: build it once, call it through ctypes.
+"""Our CPU kernels for decoding passes: built once, called through ctypes.
 
-``skinny_gemm_bf16(x, weight, bias)`` computes y = x W^T (+ b) for the few rows a
-decoding pass has (1 token, or K + 1 when verifying K drafts) on CPUs with
-AVX512-BF16. The C source is ``csrc/skinny_gemm_bf16.c``; it is compiled with the
-system C compiler the first time it is needed, into the SpecLens cache (a few
-hundred milliseconds), and reused while the source is unchanged.
+On CPUs with AVX512-BF16 and AVX512-VNNI the model's forward runs its hot loops
+here (C source: ``csrc/decode_kernels.c``):
 
-Why not torch's own product: a decoding pass is ~120 small matrix products, and
-at these sizes per-call overhead decides. Measured on a 2-core AVX512-BF16 EPYC
-over the default model's matrices, oneDNN's product on pre-packed weights read
-10-18 GB/s for the per-layer matrices (576x576 to 3072x576), this kernel reads
-them near the machine's ~34 GB/s. It is also shape-invariant by construction
-(see the C file), which the greedy parity check needs.
+* ``skinny_gemm_bf16`` / ``run_packed``: y = x W^T (+ b) for the few rows a pass
+  has (1 token, K + 1 when verifying K drafts), W bf16 packed once at load
+  (``PackedWeight``), optionally with the RMSNorm of x fused into the kernel's pass
+  over x; ``skinny_gemm_int8w``: the same with int8 weights (``PackedInt8Weight``,
+  the int8 drafter), x quantised per row to int16 inside the kernel;
+* ``attend_few``: attention of up to ``MAX_ATTENTION_TOKENS`` new tokens over the
+  KV cache, causal or under a draft tree's mask;
+* ``rope_and_store``: rotary embedding of queries and keys plus the KV-cache write.
 
-Where the kernel cannot be used (no AVX512-BF16, no compiler, build failure,
-SPECLENS_CPU_KERNEL=0) ``available()`` is False with ``why_unavailable()``
-saying why, and the model uses torch's products instead.
+The C file is compiled with the system C compiler the first time it is needed,
+into the SpecLens cache (~0.5 s), self-checked against torch, and reused while
+the source is unchanged.
+
+Why not torch's own ops: a decoding pass is ~120 small matrix products and ~30
+small attentions, and at these sizes per-call overhead decides. Measured on a
+2-core AVX512-BF16 EPYC over the default model's matrices, oneDNN's product on
+pre-packed weights read 10-18 GB/s for the per-layer matrices (576x576 to
+3072x576), these kernels ~30 GB/s; torch's SDPA spent 40-55 us per layer on
+setup for a few query tokens. Every kernel computes each token of a pass on its
+own, in the same order whatever the pass width (see the C file), so a K-token
+verification pass gives bit for bit the logits of K one-token passes.
+
+Where the kernels cannot be used (no AVX512-BF16/VNNI, no compiler, build
+failure, SPECLENS_CPU_KERNEL=0) ``available()`` is False with
+``why_unavailable()`` saying why, and the model uses torch's ops instead.
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ __all__ = [
     "skinny_gemm_int8w",
 ]
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "skinny_gemm_bf16.c"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_kernels.c"
 CFLAGS = [
     "-O3",
     "-mavx512f",
@@ -72,7 +84,7 @@ def _build() -> ctypes.CDLL:
     source = SOURCE.read_bytes()
     tag = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
     folder = cache_dir() / "kernels"
-    lib_path = folder / f"skinny_gemm_bf16-{tag}.so"
+    lib_path = folder / f"decode_kernels-{tag}.so"
     if not lib_path.is_file():
         compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         if compiler is None:
@@ -86,6 +98,9 @@ def _build() -> ctypes.CDLL:
             tmp.unlink(missing_ok=True)
             raise RuntimeError(f"compiling {SOURCE.name} failed: {result.stderr.strip()[:500]}")
         os.replace(tmp, lib_path)  # atomic: concurrent builders never load a half-written file
+        for stale in folder.glob("decode_kernels-*.so"):  # builds of earlier sources
+            if stale != lib_path:
+                stale.unlink(missing_ok=True)
     lib = ctypes.CDLL(str(lib_path))
     ptr, flag, size, real = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.skinny_gemm_bf16.restype = None

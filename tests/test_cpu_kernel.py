@@ -1,13 +1,15 @@
-"""Our AVX512-BF16 matrix kernel (engine/cpu_kernels.py, engine/csrc/skinny_gemm_bf16.c).
+"""Our AVX512-BF16 decoding kernels (engine/cpu_kernels.py, engine/csrc/decode_kernels.c).
 
-(a) It matches a float32 reference, odd sizes and bias included.
-(b) It is shape-invariant: each row of a multi-row product equals the one-row
-    product bit for bit (what makes verification see one-token logits).
-(c) The packed layout unpacks to the original weight.
-(d) A bf16 model uses it when it is available, and without it (no AVX512-BF16,
-    no compiler, SPECLENS_CPU_KERNEL=0) the model falls back to torch's products
-    and says why.
-Tests (a)-(c) need a CPU with AVX512-BF16 and skip elsewhere; (d) runs everywhere.
+(a) The products match float32 references: odd sizes, bias, float32 in/out, the
+    fused RMSNorm, int8 weights against outlier activations.
+(b) They are shape-invariant: each row of a multi-row product equals the one-row
+    product bit for bit; the packed layout unpacks to the original weight.
+(c) Attention matches torch's SDPA, causal and under tree masks.
+(d) A whole bf16 pass is shape-invariant: a K-token pass equals K one-token
+    passes, and a tree node equals the chain of its path, bit for bit.
+(e) A bf16 model uses the kernels when they are available, and without them
+    (disabled, a compiler that fails) falls back to torch and says why.
+(a)-(d) need a CPU with AVX512-BF16/VNNI and skip elsewhere; (e) runs everywhere.
 """
 
 from __future__ import annotations

@@ -1,8 +1,13 @@
 /*
- * Skinny matrix products for decoding on CPUs with AVX512-BF16 and AVX512-VNNI.
+ * Decoding kernels for CPUs with AVX512-BF16 and AVX512-VNNI (called from
+ * engine/cpu_kernels.py through ctypes):
  *
  *   skinny_gemm_bf16:  y = x W^T (+ b), W bf16   (the bf16 target)
  *   skinny_gemm_int8w: y = (x Q^T) * scale (+ b), Q int8 per output channel (the int8 drafter)
+ *   attend_few:        attention of a few new tokens over the KV cache (causal or tree mask)
+ *   rope_and_store:    rotary embedding + KV-cache write
+ *
+ * The matrix products:
  *
  *   x:  [T, in]               float32 or bf16, row-major (T = tokens in the pass: 1 for
  *                             plain decoding, K + 1 when verifying K drafts)
