@@ -114,53 +114,48 @@ def _build() -> ctypes.CDLL:
     return lib
 
 
-class PackedWeight:
-    """W [out, in] bf16 in the kernel's layout [out/16, in/2, 16, 2], zero-padded to
-    out % 16 == 0 and in % 2 == 0, with the bias (if any) padded alike."""
+class _Packed:
+    """A matrix M [out, in] in the kernels' layout [out/16, in/2, 16, 2] (one 16-output x
+    2-input line per multiply-add), zero-padded to out % 16 == 0 and in % 2 == 0, with
+    its bias (bf16, padded alike) if any."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        out, n_in = weight.shape
+    def __init__(self, matrix: torch.Tensor, bias: torch.Tensor | None):
+        out, n_in = matrix.shape
         self.out, self.n_in = out, n_in
-        out_p, in_p = -(-out // 16) * 16, -(-n_in // 2) * 2
-        w = torch.zeros(out_p, in_p, dtype=torch.bfloat16)
-        w[:out, :n_in] = weight
-        self.data = w.view(out_p // 16, 16, in_p // 2, 2).permute(0, 2, 1, 3).contiguous()  # [out/16, in/2, 16, 2]
+        self.out_padded, self.in_padded = -(-out // 16) * 16, -(-n_in // 2) * 2
+        padded = torch.zeros(self.out_padded, self.in_padded, dtype=matrix.dtype)
+        padded[:out, :n_in] = matrix
+        self.data = padded.view(self.out_padded // 16, 16, self.in_padded // 2, 2).permute(0, 2, 1, 3).contiguous()
         self.bias = None
         if bias is not None:
-            self.bias = torch.zeros(out_p, dtype=torch.bfloat16)
+            self.bias = torch.zeros(self.out_padded, dtype=torch.bfloat16)
             self.bias[:out] = bias
-        self.out_padded, self.in_padded = out_p, in_p
-        self.args = (self.data.data_ptr(), self.bias.data_ptr() if self.bias is not None else None)
-        self.sizes = (in_p, out_p)
+        self.sizes = (self.in_padded, self.out_padded)
 
     def unpack(self) -> torch.Tensor:
-        """The plain W [out, in]."""
-        d = self.data
-        w = d.permute(0, 2, 1, 3).reshape(self.out_padded, self.in_padded)
-        return w[: self.out, : self.n_in].contiguous()
+        """The plain matrix [out, in]."""
+        plain = self.data.permute(0, 2, 1, 3).reshape(self.out_padded, self.in_padded)
+        return plain[: self.out, : self.n_in].contiguous()
 
 
-class PackedInt8Weight:
-    """W ~= scale[:, None] * Q with Q int8 (symmetric, per output channel), Q in the
-    kernel's layout [out/16, in/2, 16, 2]; scale float32 [out]; padded like PackedWeight."""
+class PackedWeight(_Packed):
+    """W [out, in] bf16 for skinny_gemm_bf16."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__(weight.to(torch.bfloat16), bias)
+        self.args = (self.data.data_ptr(), self.bias.data_ptr() if self.bias is not None else None)
+
+
+class PackedInt8Weight(_Packed):
+    """W ~= scale[:, None] * Q with Q int8 [out, in] (symmetric, per output channel) and
+    scale float32 [out], for skinny_gemm_int8w."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
-        out, n_in = q.shape
-        self.out, self.n_in = out, n_in
-        out_p, in_p = -(-out // 16) * 16, -(-n_in // 2) * 2
-        padded = torch.zeros(out_p, in_p, dtype=torch.int8)
-        padded[:out, :n_in] = q
-        self.data = padded.view(out_p // 16, 16, in_p // 2, 2).permute(0, 2, 1, 3).contiguous()
-        self.scale = torch.zeros(out_p, dtype=torch.float32)
-        self.scale[:out] = scale.float()
-        self.bias = None
-        if bias is not None:
-            self.bias = torch.zeros(out_p, dtype=torch.bfloat16)
-            self.bias[:out] = bias
-        self.out_padded, self.in_padded = out_p, in_p
+        super().__init__(q.to(torch.int8), bias)
+        self.scale = torch.zeros(self.out_padded, dtype=torch.float32)
+        self.scale[: self.out] = scale.float()
         bias_ptr = self.bias.data_ptr() if self.bias is not None else None
         self.args = (self.data.data_ptr(), self.scale.data_ptr(), bias_ptr)
-        self.sizes = (in_p, out_p)
 
 
 def _call(
