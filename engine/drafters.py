@@ -19,7 +19,7 @@ Greedy decoding ranks nodes by cumulative draft probability (EAGLE-2 style).
 Sampling draws the children of a node without replacement from q and decides
 which nodes to keep from their sibling ranks only, never from the drawn values:
 that keeps every sibling list a genuine without-replacement draw from q, which
-the recursive rejection rule in ``sampling.verify_children`` needs to be exact.
+the recursive rejection rule in ``acceptance.verify_children`` needs to be exact.
 """
 
 from __future__ import annotations
@@ -60,10 +60,6 @@ class TreeShape:
             return self.budget
         return self.steps if self.topk == 1 else self.topk * self.steps
 
-    @property
-    def is_chain(self) -> bool:
-        return self.topk == 1
-
 
 @dataclass
 class DraftTree:
@@ -84,6 +80,11 @@ class DraftTree:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        """One child per node (a tree mask would equal plain causal attention)."""
+        return all(parent == i - 1 for i, parent in enumerate(self.parents))
 
     def children(self, node: int) -> list[int]:
         return [i for i, parent in enumerate(self.parents) if parent == node]
@@ -111,13 +112,20 @@ class DraftTree:
 
 
 class Drafter:
-    """Interface. Subclasses override propose (and accept when they keep state)."""
+    """Interface. Subclasses override propose (and accept / the cache hooks when they keep state)."""
 
     name = "none"
     point_mass = False
 
+    def ensure_capacity(self, capacity: int) -> None:
+        """Room for `capacity` tokens of context plus drafts in the drafter's own state."""
+
     def reset(self, prompt_ids: list[int]) -> None:
         """A new sequence starts."""
+
+    def rewind(self, length: int) -> None:
+        """Forget everything after the first `length` committed tokens (the labs
+        roll back to the prompt between samples)."""
 
     def propose(self, context: list[int], shape: TreeShape, params: SamplingParams, gen: torch.Generator) -> DraftTree:
         raise NotImplementedError
@@ -234,6 +242,10 @@ class ModelDrafter(Drafter):
     def ensure_capacity(self, capacity: int) -> None:
         if self.cache is None or self.cache.capacity < capacity:
             self.cache = self.model.new_cache(capacity)
+
+    def rewind(self, length: int) -> None:
+        if self.cache is not None:
+            self.cache.length = min(self.cache.length, length)
 
     def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         return probs_from_logits(logits, params)  # [.., V] float32

@@ -1,18 +1,39 @@
-"""Run metrics computed from step events (plain Python: works on live and recorded traces)."""
+"""Run metrics: the one summary of a run, and the textbook speedup formulas.
+
+Plain Python (no torch): the engine computes the finish event's metrics here,
+and the visuals and the app read every run, live or recorded, complete or
+partial, through ``run_summary``. The formula E = (1 − α^(K+1)) / (1 − α) lives
+here and nowhere else.
+"""
 
 from __future__ import annotations
 
-__all__ = ["expected_tokens_per_pass", "summarize_steps"]
+from .trace import finish_event, start_event, step_events
+
+__all__ = ["expected_tokens_per_pass", "run_summary", "summarize_steps", "wall_clock_speedup"]
+
+ALPHA_ONE = 1.0 - 1e-12  # α this close to 1: the series is K + 1 (avoids 0/0)
 
 
 def expected_tokens_per_pass(alpha: float, k: int) -> float:
-    """(1 - alpha^(K+1)) / (1 - alpha): expected tokens per target pass for a chain
-    of K drafts each accepted independently with probability alpha (bonus included)."""
+    """E = (1 − α^(K+1)) / (1 − α): expected tokens per target pass for a chain of
+    K drafts, each accepted independently with probability α (bonus included)."""
+    alpha, k = float(alpha), int(k)
     if k <= 0 or alpha <= 0.0:
         return 1.0
-    if alpha >= 1.0:
+    if alpha >= ALPHA_ONE:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def wall_clock_speedup(alpha: float, k: int, c: float) -> float:
+    """E / (K·c + 1), with c = cost of one draft token relative to one target pass."""
+    return expected_tokens_per_pass(alpha, k) / (int(k) * float(c) + 1.0)
+
+
+def _mean(values) -> float | None:
+    values = [float(v) for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float = 0.0) -> dict:
@@ -20,8 +41,10 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
 
     target_passes counts verification passes (the prefill is reported apart);
     tokens_per_pass includes the resampled or bonus token of each pass;
-    acceptance_rate = accepted / drafted; acceptance_by_position[i] is the share of
-    steps that drafted a token at depth i+1 whose accepted path reached depth i+1.
+    acceptance_rate α = accepted / drafted; acceptance_by_position[i] is the share of
+    steps that drafted a token at depth i+1 whose accepted path reached depth i+1;
+    draft_cost_ratio c = mean draft time per draft position / mean target pass time
+    (an estimate from this run's timings, for the speedup formula).
     """
     passes = len(steps)
     tokens = sum(len(s["emitted"]) for s in steps)
@@ -36,8 +59,10 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
         for depth in range(s["accepted_len"]):
             accepted_at[depth] += 1
     alpha = accepted / drafted if drafted else 0.0
-    draft_s = sum(s["draft_ms"] for s in steps) / 1000.0
-    verify_s = sum(s["verify_ms"] for s in steps) / 1000.0
+    drafting = [s for s in steps if s.get("drafted")] or steps
+    mean_draft_ms = _mean(s.get("draft_ms") for s in drafting)
+    mean_verify_ms = _mean(s.get("verify_ms") for s in drafting)
+    cost_ratio = mean_draft_ms / (k * mean_verify_ms) if mean_draft_ms is not None and mean_verify_ms and k else None
     return {
         "target_passes": passes,
         "new_tokens": tokens,
@@ -51,9 +76,51 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
         "theoretical_tokens_per_pass": expected_tokens_per_pass(alpha, k) if drafted else 1.0,
         "mean_tree_size": drafted / passes if passes else 0.0,
         "mean_accepted_depth": accepted / passes if passes else 0.0,
-        "draft_s": draft_s,
-        "verify_s": verify_s,
+        "mean_draft_ms": mean_draft_ms,
+        "mean_verify_ms": mean_verify_ms,
+        "draft_cost_ratio": cost_ratio,
+        "draft_s": sum(s["draft_ms"] for s in steps) / 1000.0,
+        "verify_s": sum(s["verify_ms"] for s in steps) / 1000.0,
         "prefill_s": prefill_s,
         "wall_s": wall_s,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
     }
+
+
+def trace_k(start: dict) -> int:
+    """The run's draft depth K (0 for the baseline)."""
+    k = (start.get("tree") or {}).get("steps")
+    if k is None:
+        k = (start.get("settings") or {}).get("k", 0)
+    return 0 if start.get("mode") == "baseline" else int(k or 0)
+
+
+def run_summary(trace) -> dict:
+    """The headline numbers of a run, live or recorded, finished or partial.
+
+    A finished run's numbers are its finish event's metrics (computed by the
+    engine with ``summarize_steps``); a partial run's are ``summarize_steps`` over
+    the steps so far, with the last step's elapsed time as wall time. Either way
+    the same keys, plus what the run was: mode, target, drafter, greedy, prompt,
+    finished, stop_reason, k, tree_topk.
+    """
+    start = start_event(trace)
+    steps = step_events(trace)
+    finish = finish_event(trace)
+    k = trace_k(start)
+    wall_s = float(steps[-1].get("elapsed_s") or 0.0) if steps else 0.0
+    summary = summarize_steps(steps, k, wall_s)
+    if finish is not None:
+        summary.update(finish.get("metrics") or {})  # the engine's numbers win (payload "off" has no steps)
+    summary.update(
+        mode=start.get("mode"),
+        target=start.get("target"),
+        drafter=start.get("drafter"),
+        greedy=bool(start.get("greedy", False)),
+        prompt=start.get("prompt"),
+        finished=finish is not None,
+        stop_reason=(finish or {}).get("stop_reason"),
+        k=k,
+        tree_topk=int((start.get("tree") or {}).get("topk") or 1),
+    )
+    return summary

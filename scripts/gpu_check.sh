@@ -11,7 +11,7 @@
 #      If none has them and there is no .venv, it runs scripts/setup.sh with
 #      SPECLENS_TORCH_SPEC="torch>=2.5,<2.14" (a CUDA build from PyPI, needs the
 #      network), then pip-installs pytest and scipy;
-#   3. runs pytest tests/test_kernels.py (CUDA kernel == reference, chi-square on
+#   3. runs pytest tests/test_batched_verifier.py (CUDA kernel == reference, chi-square on
 #      the GPU, and the CPU-interpreter suite);
 #   4. times the compiled kernel against the torch reference on CUDA;
 #   5. on the GPU (device auto = cuda): `python -m engine parity --dtype bfloat16
@@ -104,12 +104,12 @@ print(f"GPU: {torch.cuda.get_device_name(0)}, capability {torch.cuda.get_device_
 EOF
 
 # 3. The kernel tests: CUDA (c, d) plus the interpreter subprocess (b, d) and the reference (a).
-run_step "pytest tests/test_kernels.py" 240 "$PY" -m pytest tests/test_kernels.py -q -rs -p no:cacheprovider
+run_step "pytest tests/test_batched_verifier.py" 240 "$PY" -m pytest tests/test_batched_verifier.py -q -rs -p no:cacheprovider
 
 # 4. Kernel figures on the GPU: compiled kernel vs the torch reference (same results required).
 run_step "kernel timing" 90 "$PY" - <<'EOF'
 import torch
-from engine.kernels import verify_batch_reference, verify_batch_triton
+from engine.batched_verifier import verify_batch_reference, verify_batch_triton
 
 def bench(fn, *args, reps=50):
     for _ in range(5):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import trace as trace_io
-from engine.decode import GenerationSettings
+from engine.decode import DecodeState, GenerationSettings
 from engine.drafters import NgramDrafter, TreeShape
 from engine.sampling import SamplingParams
 
@@ -175,11 +175,12 @@ def test_cache_rollback_after_rejection_matches_recomputation(tiny_engine):
     model.forward(torch.tensor(PROMPT[:-1]), torch.arange(len(PROMPT) - 1), cache)
     gen = torch.Generator().manual_seed(3)
     context = list(PROMPT)
+    state = DecodeState(context, drafter, shape, params, gen, cache)
     rejections = 0
     for _ in range(30):
-        step = engine._step(context, drafter, shape, params, gen, cache, settings, shape.max_tokens + 1, False)
-        context.extend(i["token_id"] for i in step["emitted"])
-        if any(n["decision"] == "rejected" for n in step["nodes"]):
+        step = engine._step(state)
+        context.extend(i["token_id"] for i in step.verdict.emitted(step.tree))
+        if "rejected" in step.verdict.decisions:
             rejections += 1
             assert cache.length == len(context) - 1
             probe = cache.length
@@ -199,7 +200,7 @@ def test_metrics_theory_column(tiny_engine):
 
 
 def test_batch_tradeoff_measures_and_computes(tiny_engine):
-    from engine.batching import batch_tradeoff
+    from engine.pass_timing import batch_tradeoff
 
     result = batch_tradeoff(tiny_engine.target.model, k=3, alpha=0.7, batch_sizes=(1, 2, 4), prefix_len=8, repeats=1)
     assert len(result["pass_ms_1"]) == len(result["pass_ms_k1"]) == 3
@@ -238,16 +239,16 @@ def test_ngram_never_drafts_special_tokens():
 def test_batched_chain_verification_emits_the_same_events_as_the_walk(tiny_engine, monkeypatch, drafter):
     """The GPU path (one verify_batch call per chain) gives events of the same shape; it is
     chosen for sampled chains only (greedy and trees keep the walk)."""
-    from engine import kernels
+    from engine import verification
 
     calls = []
-    original = kernels.verify_batch
+    original = verification.verify_batch
 
     def counting(*args):
         calls.append(args[0].shape)  # [1, K+1, V]
         return original(*args)
 
-    monkeypatch.setattr(kernels, "verify_batch", counting)
+    monkeypatch.setattr(verification, "verify_batch", counting)
     runs = {}
     for mode in ("walk", "batch"):
         monkeypatch.setattr(tiny_engine, "chain_verifier", mode)

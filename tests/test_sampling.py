@@ -13,15 +13,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from engine.acceptance import residual, verify_chain, verify_children
 from engine.sampling import (
     SamplingParams,
     apply_filters,
     probs_from_logits,
-    residual,
     sample,
     sample_without_replacement,
-    verify_chain,
-    verify_children,
 )
 
 V = 6

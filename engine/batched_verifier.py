@@ -2,11 +2,14 @@
 
 Purpose
 -------
-``engine.sampling.verify_chain`` verifies one chain of drafts at a time with
-small torch ops, which is right for the CPU decode loop and for the labs. On a
-GPU a batch of B chains is better verified by one kernel launch that never
-materialises the residual on the host. This module provides that kernel, a
-pure-torch reference with the same contract, and a dispatcher.
+``engine.acceptance`` walks the drafts one at a time with small torch ops, which
+is right for the CPU decode loop, for trees and for the labs. On a GPU a batch of
+B chains is better verified by one kernel launch that never materialises the
+residual on the host. This module mirrors the acceptance rule for chains: a
+Triton kernel, a pure-torch reference with the same contract, and a dispatcher.
+Both return, beside the decision, the accept probability of every test so that
+the event records the numbers the decision was made from (nothing downstream
+recomputes them).
 
 Vocabulary (vLLM's rejection sampler): for each of the B rows the drafter
 *drafted* K tokens; the verifier *accepts* a prefix of them; at the first
@@ -23,8 +26,8 @@ The maths (p = target, q = drafter), row b, positions i = 0 .. K-1
        draft i is accepted  iff  uniforms[b, i] < accept_prob_i
 
    ``num_accepted`` is the index of the first rejected draft, or K when none
-   is rejected. This is exactly the rule of ``sampling.verify_chain``
-   (including its 1e-30 clamp), so both agree on the same uniforms.
+   is rejected. This is exactly ``acceptance.accept_probability`` (including
+   its Q_FLOOR clamp), so both agree on the same uniforms.
    When ``draft_probs`` is None the drafts are point masses (n-gram drafter):
    q_i = onehot(x_i), so accept_prob_i = p_i(x_i).
 
@@ -34,7 +37,7 @@ The maths (p = target, q = drafter), row b, positions i = 0 .. K-1
                                            or p_i if that is zero everywhere
        all K accepted:                     dist = p_K                  (the bonus)
 
-   ``sampling.verify_chain`` returns ``dist / sum(dist)``. Exactness (the
+   ``acceptance.verify_chain`` returns ``dist / sum(dist)``. Exactness (the
    emitted token is distributed as p): P(keep x) = min(p(x), q(x)) and
    P(reject, then y) = sum_x max(0, p - q) * r(y) = max(0, p(y) - q(y)), which
    sum to p(y). The "residual is zero" fallback only triggers when p <= q
@@ -77,12 +80,12 @@ first index whose CDF exceeds t and the last index with mass (the fallback).
 Nothing of size V is written anywhere; memory traffic is ~4 row reads.
 Draft point masses (``draft_probs=None``) are a constexpr flag: q is then
 built in registers as ``offs == x_i``. Greedy decoding does not need the
-kernel (it is an argmax; see ``sampling.verify_chain``).
+kernel (it is an argmax; see ``acceptance.verify_children``).
 
 Tree verification
 -----------------
 Trees (topk > 1) are NOT verified by this kernel: the decode loop uses the
-sequential reference walk ``sampling.verify_children``. Sibling-by-sibling
+sequential walk ``acceptance.verify_children``. Sibling-by-sibling
 recursive rejection sampling updates the residual after every rejected child
 (p_{j+1} = norm(max(0, p_j - q_j)), with q_j renormalised without the earlier
 siblings), so the siblings at a node are inherently sequential, and the trees
@@ -120,6 +123,8 @@ import sys
 
 import torch
 
+from .acceptance import Q_FLOOR
+
 __all__ = [
     "HAS_TRITON",
     "extra_distribution",
@@ -143,8 +148,6 @@ except Exception:  # pragma: no cover - depends on the install
     triton = None
     tl = None
     HAS_TRITON = False
-
-_Q_FLOOR = 1e-30  # same clamp as sampling.verify_chain
 
 
 # --------------------------------------------------------------- validation
@@ -187,22 +190,23 @@ def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.where(hit.any(dim=-1), first, last_pos).long()
 
 
-def _accept_counts(target_probs, draft_probs, draft_ids, uniforms) -> torch.Tensor:
-    """[B] int64 num_accepted (step 1 of the module docstring)."""
+def _accept_counts(target_probs, draft_probs, draft_ids, uniforms) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] int64 num_accepted, [B, K] float32 accept_prob): step 1 of the module docstring."""
     b, k1, _ = target_probs.shape
     k = k1 - 1
     if k == 0:
-        return torch.zeros(b, dtype=torch.int64, device=target_probs.device)
+        zeros = torch.zeros(b, 0, dtype=torch.float32, device=target_probs.device)
+        return torch.zeros(b, dtype=torch.int64, device=target_probs.device), zeros
     ids = draft_ids.long().unsqueeze(-1)  # [B, K, 1]
     p_draft = target_probs[:, :k].float().gather(-1, ids).squeeze(-1)  # [B, K]
     if draft_probs is None:
         q_draft = torch.ones_like(p_draft)  # point masses: q_i(x_i) = 1
     else:
         q_draft = draft_probs.float().gather(-1, ids).squeeze(-1)  # [B, K]
-    accept_prob = torch.clamp(p_draft / q_draft.clamp_min(_Q_FLOOR), max=1.0)  # [B, K]
+    accept_prob = torch.clamp(p_draft / q_draft.clamp_min(Q_FLOOR), max=1.0)  # [B, K]
     rejected = uniforms.float() >= accept_prob  # [B, K]
     first = rejected.int().argmax(dim=-1)  # [B]
-    return torch.where(rejected.any(dim=-1), first, torch.full_like(first, k)).long()
+    return torch.where(rejected.any(dim=-1), first, torch.full_like(first, k)).long(), accept_prob
 
 
 def extra_distribution(
@@ -244,7 +248,7 @@ def verify_batch_reference(
     draft_ids: torch.Tensor,
     uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact rejection sampling over a batch of draft chains, in pure torch.
 
     target_probs:    [B, K+1, V] float32  target p at the K drafted positions plus the bonus position
@@ -253,13 +257,16 @@ def verify_batch_reference(
     draft_ids:       [B, K]      int64    drafted token ids
     uniforms:        [B, K]      float32  in [0, 1), one accept test per draft
     sample_uniforms: [B]         float32  in [0, 1), one inverse-CDF draw per row
-    Returns (num_accepted [B] int64, next_token [B] int64): the number of
-    accepted drafts and the resampled (or bonus) token that follows them.
+    Returns (num_accepted [B] int64, next_token [B] int64, accept_prob [B, K]
+    float32): the number of accepted drafts, the resampled (or bonus) token that
+    follows them, and min(1, p_i(x_i)/q_i(x_i)) of every draft (the number each
+    test compared its uniform with; positions past the first rejection were
+    computed but not tested).
     """
     _check(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
-    num_accepted = _accept_counts(target_probs, draft_probs, draft_ids, uniforms)  # [B]
+    num_accepted, accept_prob = _accept_counts(target_probs, draft_probs, draft_ids, uniforms)  # [B], [B, K]
     dist = extra_distribution(target_probs, draft_probs, draft_ids, num_accepted)  # [B, V]
-    return num_accepted, inverse_cdf(dist, sample_uniforms)
+    return num_accepted, inverse_cdf(dist, sample_uniforms), accept_prob
 
 
 # ------------------------------------------------------------------- triton
@@ -271,6 +278,7 @@ def _verify_kernel(
     su_ptr,  # [B]        float32 sample uniforms
     num_acc_ptr,  # [B]   int64 out: number of accepted drafts
     token_ptr,  # [B]     int64 out: resampled / bonus token
+    acc_prob_ptr,  # [B, K] float32 out: min(1, p_i(x_i) / q_i(x_i)) of every draft
     K,
     V,
     stride_pb,
@@ -298,7 +306,8 @@ def _verify_kernel(
         q_x = tl.load(q_ptr + row * stride_qb + koffs * stride_qk + x, mask=kin, other=1.0)  # [BLOCK_K] q_i(x_i)
     else:
         q_x = tl.full((BLOCK_K,), 1.0, tl.float32)  # point masses
-    accept_prob = tl.minimum(tl.math.div_rn(p_x, tl.maximum(q_x, 1e-30)), 1.0)  # [BLOCK_K]
+    accept_prob = tl.minimum(tl.math.div_rn(p_x, tl.maximum(q_x, 1e-30)), 1.0)  # [BLOCK_K]; 1e-30 == Q_FLOOR
+    tl.store(acc_prob_ptr + row * K + koffs, accept_prob, mask=kin)
     u = tl.load(u_base + koffs, mask=kin, other=0.0)  # [BLOCK_K]
     rejected = (u >= accept_prob) & kin  # [BLOCK_K]
     num_acc = tl.min(tl.where(rejected, koffs, K), axis=0)  # int32 scalar
@@ -403,7 +412,7 @@ def verify_batch_triton(
     *,
     interpret: bool | None = None,
     block_v: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same contract as ``verify_batch_reference``, computed by the Triton kernel.
 
     target_probs:    [B, K+1, V] float32
@@ -418,7 +427,8 @@ def verify_batch_triton(
                tensors on any device (it copies them to the host).
     block_v:   the V block size, a power of two (default min(next_pow2(V), 1024));
                results do not depend on it beyond float32 rounding of the CDF.
-    Returns (num_accepted [B] int64, next_token [B] int64) on the input device.
+    Returns (num_accepted [B] int64, next_token [B] int64, accept_prob [B, K]
+    float32) on the input device.
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed: use verify_batch_reference (or verify_batch)")
@@ -441,8 +451,9 @@ def verify_batch_triton(
     su = sample_uniforms.to(device=device, dtype=torch.float32).contiguous()
     num_accepted = torch.empty(b, dtype=torch.int64, device=device)
     next_token = torch.empty(b, dtype=torch.int64, device=device)
+    accept_prob = torch.empty(b, k, dtype=torch.float32, device=device)
     if b == 0:
-        return num_accepted, next_token
+        return num_accepted, next_token, accept_prob
     kernel[(b,)](
         p,
         q,
@@ -451,6 +462,7 @@ def verify_batch_triton(
         su,
         num_accepted,
         next_token,
+        accept_prob,
         k,
         v,
         p.stride(0),
@@ -463,7 +475,7 @@ def verify_batch_triton(
         BLOCK_K=triton.next_power_of_2(max(k, 1)),
         BLOCK_V=block_v,
     )
-    return num_accepted, next_token
+    return num_accepted, next_token, accept_prob
 
 
 _warned = False
@@ -475,10 +487,10 @@ def verify_batch(
     draft_ids: torch.Tensor,
     uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Dispatch: the Triton kernel on CUDA tensors (or under the interpreter
     env vars) when triton imports, else the torch reference. Shapes as in
-    ``verify_batch_reference``; returns (num_accepted [B], next_token [B])."""
+    ``verify_batch_reference``; returns (num_accepted [B], next_token [B], accept_prob [B, K])."""
     global _warned
     args = (target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
     if HAS_TRITON:

@@ -1,6 +1,6 @@
-"""Batched chain verification (engine/kernels.py): reference, Triton kernel, exactness.
+"""Batched chain verification (engine/batched_verifier.py): reference, Triton kernel, exactness.
 
-(a) The torch reference agrees with ``sampling.verify_chain`` (same uniforms: same
+(a) The torch reference agrees with ``acceptance.verify_chain`` (same uniforms: same
     number of accepted drafts, same extra-token distribution, and the drawn token
     is the module's inverse-CDF draw on that distribution).
 (b) The Triton kernel equals the reference exactly (counts and token ids) on CPU,
@@ -16,7 +16,7 @@ import transformers, which imports triton, so setting the variable at the top of
 this module is not reliable (and would leak into every later test). The test
 ``test_triton_kernel_on_cpu`` therefore reruns the ``test_interp_*`` tests of this
 file in a fresh ``python -m pytest`` with TRITON_INTERPRET=1; in this process
-they are skipped. Running ``TRITON_INTERPRET=1 pytest tests/test_kernels.py``
+they are skipped. Running ``TRITON_INTERPRET=1 pytest tests/test_batched_verifier.py``
 directly runs them in-process instead.
 
 Token ids can only differ between implementations when the inverse-CDF target
@@ -36,9 +36,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine import kernels
-from engine.kernels import extra_distribution, inverse_cdf, verify_batch, verify_batch_reference
-from engine.sampling import verify_chain
+from engine import batched_verifier as kernels
+from engine.acceptance import verify_chain
+from engine.batched_verifier import extra_distribution, inverse_cdf, verify_batch, verify_batch_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 MARGIN = 1e-4  # relative distance kept between a uniform and any decision boundary
@@ -119,7 +119,7 @@ def make_case(seed: int, b: int, k: int, v: int, with_q: bool, zeros: float = 0.
     p_draft = p[:, :k].gather(-1, ids).squeeze(-1)
     q_draft = q.gather(-1, ids).squeeze(-1) if with_q else torch.ones_like(p_draft)
     uniforms = _safe_accept_uniforms(p_draft, q_draft, gen)
-    num_accepted, _ = verify_batch_reference(p, draft_probs, draft_ids, uniforms, torch.zeros(b))
+    num_accepted, _, _ = verify_batch_reference(p, draft_probs, draft_ids, uniforms, torch.zeros(b))
     dist = extra_distribution(p, draft_probs, draft_ids, num_accepted)
     sample_uniforms = _safe_sample_uniforms(dist, gen)
     return p, draft_probs, draft_ids, uniforms, sample_uniforms
@@ -135,7 +135,7 @@ def _onehot_q(draft_ids: torch.Tensor, v: int) -> torch.Tensor:
 @pytest.mark.parametrize(("b", "k", "v"), [(8, 1, 7), (8, 4, 50), (4, 3, 1000)])
 def test_reference_matches_verify_chain(b, k, v, with_q, zeros):
     p, q, ids, u, su = make_case(100 + b * k + v, b, k, v, with_q, zeros)
-    num_accepted, token = verify_batch_reference(p, q, ids, u, su)
+    num_accepted, token, _ = verify_batch_reference(p, q, ids, u, su)
     dist_ref = extra_distribution(p, q, ids, num_accepted)
     saw = set()
     for row in range(b):
@@ -151,21 +151,21 @@ def test_reference_matches_verify_chain(b, k, v, with_q, zeros):
 
 def test_reference_covers_accepts_rejects_and_bonus():
     p, q, ids, u, su = make_case(7, 64, 4, 50, True)
-    num_accepted, _ = verify_batch_reference(p, q, ids, u, su)
+    num_accepted, _, _ = verify_batch_reference(p, q, ids, u, su)
     counts = torch.bincount(num_accepted, minlength=5)
     assert int(counts[0]) > 0 and int(counts[4]) > 0 and int(counts[1:4].sum()) > 0, counts
 
 
 def test_reference_residual_zero_falls_back_to_p():
     # p <= q everywhere (p unnormalised): rejections happen, the residual is all zero,
-    # and the extra token must come from p itself (what sampling.residual returns).
+    # and the extra token must come from p itself (what acceptance.residual returns).
     gen = torch.Generator().manual_seed(3)
     q = torch.softmax(torch.randn(16, 2, 7, generator=gen), -1)
     p = torch.cat([0.5 * q, torch.softmax(torch.randn(16, 1, 7, generator=gen), -1)], dim=1)
     p[:, :2, 0] = 0.0  # and p has zeros
     ids = torch.multinomial(q.reshape(-1, 7), 1, generator=gen).reshape(16, 2)
     u = torch.rand(16, 2, generator=gen)
-    num_accepted, token = verify_batch_reference(p, q, ids, u, torch.rand(16, generator=gen))
+    num_accepted, token, _ = verify_batch_reference(p, q, ids, u, torch.rand(16, generator=gen))
     rejected = num_accepted < 2
     assert bool(rejected.any())
     for row in torch.nonzero(rejected).flatten().tolist():
@@ -220,13 +220,13 @@ def test_dispatcher_warns_when_interpreter_requested_too_late(monkeypatch):
 def test_module_imports_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
-        "from engine import kernels\n"
+        "from engine import batched_verifier as kernels\n"
         "assert not kernels.HAS_TRITON\n"
         "import torch\n"
         "p = torch.softmax(torch.randn(2, 3, 5), -1)\n"
         "ids = torch.zeros(2, 2, dtype=torch.long)\n"
-        "n, t = kernels.verify_batch(p, None, ids, torch.rand(2, 2), torch.rand(2))\n"
-        "assert n.shape == (2,) and t.shape == (2,)\n"
+        "n, t, a = kernels.verify_batch(p, None, ids, torch.rand(2, 2), torch.rand(2))\n"
+        "assert n.shape == (2,) and t.shape == (2,) and a.shape == (2, 2)\n"
         "print('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -249,10 +249,11 @@ def test_triton_kernel_on_cpu():
 
 
 def _assert_same(got, ref, label=""):
-    n_got, t_got = (x.cpu() for x in got)
-    n_ref, t_ref = ref
+    n_got, t_got, a_got = (x.cpu() for x in got)
+    n_ref, t_ref, a_ref = ref
     assert torch.equal(n_got, n_ref), f"{label} num_accepted {n_got.tolist()} != {n_ref.tolist()}"
     assert torch.equal(t_got, t_ref), f"{label} next_token {t_got.tolist()} != {t_ref.tolist()}"
+    assert torch.equal(a_got, a_ref), f"{label} accept_prob {a_got.tolist()} != {a_ref.tolist()}"
 
 
 @needs_interpreter
@@ -290,17 +291,17 @@ def test_interp_kernel_edge_cases():
     u = torch.zeros(4, 1)
     su = torch.tensor([0.0, 0.3, 0.9, float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))])
     for q in (None, torch.full((4, 1, 7), 1.0 / 7)):
-        n, t = kernels.verify_batch_triton(p, q, ids, u, su)
+        n, t, _ = kernels.verify_batch_triton(p, q, ids, u, su)
         assert n.tolist() == [0] * 4 and t.tolist() == [1, 3, 4, 4]
     # K = 0: bonus only.
     p0 = dist.expand(2, 1, 7).contiguous()
     empty = torch.zeros(2, 0)
-    n, t = kernels.verify_batch_triton(p0, None, empty.long(), empty, torch.tensor([0.1, 0.6]))
+    n, t, _ = kernels.verify_batch_triton(p0, None, empty.long(), empty, torch.tensor([0.1, 0.6]))
     assert n.tolist() == [0, 0] and t.tolist() == [1, 4]
     # A q that was actually used must be read at the rejected position only (not at the bonus).
     case = make_case(12, 8, 4, 50, True)
     q_bad = case[1].clone()
-    n_ref, _ = verify_batch_reference(*case)
+    n_ref, _, _ = verify_batch_reference(*case)
     for row in torch.nonzero(n_ref == 4).flatten().tolist():
         q_bad[row] = float("nan")  # all drafts accepted: q was only needed at the drafted ids
         q_bad[row, torch.arange(4), case[2][row]] = case[1][row, torch.arange(4), case[2][row]]
@@ -355,7 +356,7 @@ def _emitted_counts(verify, rows: int, seed: int, lie_about_q: bool = False, dev
     su = torch.rand(rows, generator=gen)
     reported_q = p[:, :STAT_K].contiguous() if lie_about_q else q
     args = (p, reported_q, ids, u, su)
-    n, token = verify(*(a.to(device) for a in args))
+    n, token, _ = verify(*(a.to(device) for a in args))
     n, token = n.cpu(), token.cpu()
     keep = torch.arange(STAT_K)[None, :] < n[:, None]  # [rows, K] accepted drafts
     emitted = torch.cat([ids[keep], token])

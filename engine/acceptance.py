@@ -1,0 +1,146 @@
+"""The acceptance rule: the one place where a draft is accepted or rejected.
+
+Notation everywhere in SpecLens: ``p`` is the target model's distribution, ``q``
+the drafter's. Every function here is pure and deterministic given its inputs
+(the uniforms ``u`` are passed in), so the decode loop, the tests and the labs
+replay a decision exactly. The batched verifier (``engine.batched_verifier``,
+torch reference and Triton kernel) mirrors ``accept_probability`` and the
+residual for chains and is tested equal to this walk.
+
+Why the output is exactly p (Leviathan et al. 2023; Chen et al. 2023)
+----------------------------------------------------------------------
+A draft x ~ q is kept with probability min(1, p(x)/q(x)), so
+P(keep x) = q(x) min(1, p(x)/q(x)) = min(q(x), p(x)). On a rejection the extra
+token is drawn from the residual r = norm(max(0, p − q)), and
+P(reject) = 1 − Σ_x min(p, q) = Σ_x max(0, p − q). Hence
+P(emit y) = min(p(y), q(y)) + max(0, p(y) − q(y)) = p(y).
+
+Several children at one tree node (recursive rejection sampling, SpecInfer /
+EAGLE): the children were drawn from q *without replacement*, in order. Child j
+is tested against p_j and q_j, where q_j is q with the earlier siblings removed
+and renormalised (the law of the j-th draw given the first j − 1) and
+p_j = norm(max(0, p_{j−1} − q_{j−1})) is the residual after the rejections so
+far. Each round is an ordinary speculative step whose output law is p_j, so by
+induction the node emits exactly p. A test that used p_j, q_j rather than p, q
+is *adjusted* (j > 0 in sampling mode); the event records it as such.
+
+Point-mass drafts (n-gram): child j is its own distribution q_j = onehot(c_j),
+so it is kept with probability p_j(c_j) and a rejection removes c_j from p_j.
+
+Greedy (temperature 0): a draft is accepted iff it is the target's argmax; the
+extra token is the argmax at the stop. No uniforms are drawn.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["Q_FLOOR", "accept_probability", "residual", "verify_chain", "verify_children"]
+
+# q(x) is floored at this before dividing: a drafted token always has q(x) > 0, so
+# the floor only keeps the division defined (the batched verifier uses the same).
+Q_FLOOR = 1e-30
+
+
+def accept_probability(p_x: float, q_x: float) -> float:
+    """min(1, p(x) / q(x)): the probability of keeping a draft x."""
+    return min(1.0, p_x / max(q_x, Q_FLOOR))
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p − q)) on the last axis.
+
+    p, q: [..., V] float32. If p ≤ q everywhere (only possible when p == q, in
+    which case a rejection has probability zero) the residual is undefined; we
+    return p so that callers never divide by zero.
+    """
+    r = torch.clamp(p - q, min=0.0)
+    total = r.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, r / total.clamp_min(Q_FLOOR), p)
+
+
+def verify_children(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    child_ids: list[int],
+    u: list[float],
+    greedy: bool,
+    point_mass: bool = False,
+    drop_q: bool = False,
+) -> tuple[int | None, torch.Tensor, list[dict]]:
+    """Verify the children of one tree node (a chain is a tree of single children).
+
+    p:          [V] target probabilities at the node
+    q:          [V] drafter distribution the children were drawn from, without
+                replacement and in the given order (ignored when point_mass)
+    child_ids:  the children's token ids, in the order they were drawn
+    u:          one uniform in [0, 1) per child (unused when greedy)
+    point_mass: the children are deterministic proposals (n-gram), see the module docstring
+    drop_q:     NEGATIVE CONTROL ONLY (the labs and tests show what a lossy shortcut
+                looks like): accept with min(1, p(c)) and fall back to p itself,
+                ignoring q. The output is then NOT distributed as p.
+    Returns (index of the accepted child or None, the distribution the extra token
+    is drawn from after all rejections, one record per child tried). A record holds
+    the numbers the test compared: ``p_eff``, ``q_eff``, ``accept_prob``, ``u`` (None
+    when greedy) and ``adjusted`` (p_eff/q_eff are the residual p′ and the
+    renormalised q′ left by earlier rejected siblings).
+    """
+    records: list[dict] = []
+    if greedy:
+        best = int(p.argmax().item())
+        for j, c in enumerate(child_ids):
+            ok = c == best
+            q_c = 1.0 if point_mass else float(q[c])
+            records.append({"p_eff": float(p[c]), "q_eff": q_c, "accept_prob": float(ok), "u": None, "adjusted": False})
+            if ok:
+                return j, p, records
+        dist = torch.zeros_like(p)
+        dist[best] = 1.0
+        return None, dist, records
+    p_j = p
+    q_j = q
+    for j, c in enumerate(child_ids):
+        if point_mass:
+            q_j = torch.zeros_like(p)
+            q_j[c] = 1.0
+        p_c, q_c = float(p_j[c]), float(q_j[c])
+        accept_prob = min(1.0, p_c) if drop_q else accept_probability(p_c, q_c)
+        records.append(
+            {"p_eff": p_c, "q_eff": q_c, "accept_prob": accept_prob, "u": float(u[j]), "adjusted": j > 0 and not drop_q}
+        )
+        if u[j] < accept_prob:
+            return j, p_j, records
+        if drop_q:
+            continue
+        p_j = residual(p_j, q_j)
+        if point_mass:
+            continue
+        q_next = q_j.clone()
+        q_next[c] = 0.0
+        total = float(q_next.sum())
+        q_j = q_next / total if total > 0 else q_next
+    return None, p_j, records
+
+
+def verify_chain(
+    p: torch.Tensor, q: torch.Tensor, draft_ids: torch.Tensor, u: torch.Tensor, greedy: bool
+) -> tuple[int, torch.Tensor]:
+    """A chain of K drafts walked with ``verify_children`` (one child per node).
+
+    p:         [K+1, V] target probabilities at the K draft positions plus the bonus position
+    q:         [K, V]   drafter distributions the drafts were sampled from
+    draft_ids: [K]      drafted token ids
+    u:         [K]      uniforms in [0, 1)
+    Returns (num_accepted, dist [V]): dist is the residual at the first rejection,
+    p_K (the bonus) when all K were accepted; greedy: a one-hot of the argmax.
+    """
+    k = int(draft_ids.shape[0])
+    for i in range(k):
+        chosen, dist, _ = verify_children(p[i], q[i], [int(draft_ids[i])], [float(u[i])], greedy)
+        if chosen is None:
+            return i, dist
+    if greedy:
+        dist = torch.zeros_like(p[k])
+        dist[int(p[k].argmax())] = 1.0
+        return k, dist
+    return k, p[k]

@@ -1,0 +1,146 @@
+"""The events a run yields (schema: docs/events.md): start, one step per target pass, finish.
+
+Each event is built once, from decisions already made (a ``verification.Verdict``)
+and the loop's bookkeeping, and is not edited afterwards. Numbers are rounded to
+``PROB_DIGITS`` decimals; full payloads add token texts and the top ``TOP_N``
+entries of p, q and the residual, which is what the app draws.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+import torch
+
+from .drafters import DraftTree
+from .trace import EVENT_VERSION
+from .verification import Verdict
+
+__all__ = ["PROB_DIGITS", "TOP_N", "finish_event", "start_event", "step_event", "top_list"]
+
+TOP_N = 10  # entries of p, q and the residual kept per position in full payloads
+PROB_DIGITS = 6
+PROMPT_TAIL = 8  # prompt tokens shown as "what the first pass continues from"
+
+TokenText = Callable[[int], str]
+
+
+def top_list(probs: torch.Tensor, token_text: TokenText) -> list[list]:
+    """[V] probabilities -> [[token_id, text, prob], ...] for the TOP_N largest positive entries."""
+    values, ids = torch.topk(probs, min(TOP_N, probs.shape[-1]))
+    return [[int(i), token_text(int(i)), round(float(v), PROB_DIGITS)] for v, i in zip(values, ids) if v > 0]
+
+
+def start_event(run: dict, prompt, prompt_ids: list[int], token_text: TokenText) -> dict:
+    """run: what the engine resolved (mode, target, drafter, dtype, device, settings,
+    sampling, greedy, tree, eos_ids, max_new_tokens)."""
+    return {
+        "type": "start",
+        "version": EVENT_VERSION,
+        **run,
+        "prompt": prompt if isinstance(prompt, str) else None,
+        "prompt_ids": list(prompt_ids),
+        "prompt_tokens": len(prompt_ids),
+        "prompt_tail": [token_text(t) for t in prompt_ids[-PROMPT_TAIL:]],
+        "run_id": uuid.uuid4().hex,
+        "started_at": time.time(),
+    }
+
+
+def _node(tree: DraftTree, verdict: Verdict, i: int, dropped: bool, token_text: TokenText | None) -> dict:
+    parent = tree.parents[i]
+    p_parent = verdict.p_rows.get(parent)
+    item = {
+        "id": i,
+        "parent": parent,
+        "depth": tree.depths[i],
+        "token_id": tree.tokens[i],
+        "q": round(tree.q_token[i], PROB_DIGITS),
+        "p": round(float(p_parent[tree.tokens[i]]), PROB_DIGITS) if p_parent is not None else None,
+        "decision": verdict.decisions[i],
+    }
+    rec = verdict.records[i]
+    if rec is not None:
+        item.update(
+            accept_prob=round(rec["accept_prob"], PROB_DIGITS),
+            u=None if rec["u"] is None else round(rec["u"], PROB_DIGITS),
+            p_eff=round(rec["p_eff"], PROB_DIGITS),
+            q_eff=round(rec["q_eff"], PROB_DIGITS),
+            adjusted=rec["adjusted"],
+        )
+    if dropped:
+        item["dropped"] = True
+    if token_text is not None:
+        item["text"] = token_text(tree.tokens[i])
+    return item
+
+
+def _dists(tree: DraftTree, verdict: Verdict, token_text: TokenText) -> list[dict]:
+    """p (and q) at every visited position: the root, then each accepted node."""
+    out = []
+    for node in [-1, *verdict.path]:
+        q = tree.q_dists.get(node)
+        out.append(
+            {
+                "node": node,
+                "p_top": top_list(verdict.p_rows[node], token_text),
+                "q_top": top_list(q, token_text) if q is not None else None,
+            }
+        )
+    return out
+
+
+def step_event(
+    tree: DraftTree,
+    verdict: Verdict,
+    *,
+    kept: int,
+    number: int,
+    tokens_total: int,
+    elapsed_s: float,
+    draft_ms: float,
+    verify_ms: float,
+    payload: str,
+    token_text: TokenText,
+) -> dict:
+    """One target pass. kept: how many of the pass's emitted tokens the run keeps
+    (fewer than all when EOS or max_new_tokens cut it); accepted nodes past the cut
+    are marked ``dropped``. payload "off" leaves out the per-node records."""
+    full = payload == "full"
+    emitted = verdict.emitted(tree)
+    dropped = {item["node"] for item in emitted[kept:] if item["node"] is not None}
+    texts = token_text if full else None
+    nodes = [_node(tree, verdict, i, i in dropped, texts) for i in range(len(tree))] if payload != "off" else []
+    kept_items = emitted[:kept]
+    for item in kept_items:
+        if "p" in item:
+            item["p"] = round(item["p"], PROB_DIGITS)
+        if full:
+            item["text"] = token_text(item["token_id"])
+    if full and kept == len(emitted) and verdict.extra["kind"] == "resampled" and not verdict.greedy:
+        kept_items[-1]["residual_top"] = top_list(verdict.extra_dist, token_text)
+    event = {
+        "type": "step",
+        "step": number,
+        "nodes": nodes,
+        "point_mass": tree.point_mass,
+        "dists": _dists(tree, verdict, token_text) if full else [],
+        "emitted": kept_items,
+        "drafted": len(tree),
+        "draft_depth": max(tree.depths, default=0),
+        "accepted_len": len(verdict.path),
+        "draft_ms": round(draft_ms, 3),
+        "verify_ms": round(verify_ms, 3),
+        "target_passes": number,
+        "tokens_total": tokens_total,
+        "elapsed_s": elapsed_s,
+    }
+    if kept < len(emitted):
+        event["truncated"] = True
+    return event
+
+
+def finish_event(stop_reason: str, text: str, token_ids: list[int], metrics: dict) -> dict:
+    return {"type": "finish", "stop_reason": stop_reason, "text": text, "token_ids": token_ids, "metrics": metrics}
