@@ -90,15 +90,6 @@ class LoadedModel:
     def context_window(self) -> int:
         return int(self.model.cfg.max_position_embeddings)
 
-    def describe(self) -> dict:
-        return {
-            "name": self.name,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "int8": self.model.int8,
-            "source": self.source,
-            "weight_bytes": self.model.weight_bytes,
-        }
-
 
 def cache_dir() -> Path:
     """Per-user model cache; override with SPECLENS_CACHE."""

@@ -282,14 +282,6 @@ class KVCache:
             dst += 1
         self.length = dst
 
-    def clone_empty(self) -> KVCache:
-        new = KVCache.__new__(KVCache)
-        new.k = torch.zeros_like(self.k)
-        new.v = torch.zeros_like(self.v)
-        new.capacity = self.capacity
-        new.length = 0
-        return new
-
 
 class _Layer:
     __slots__ = ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down")
