@@ -481,13 +481,12 @@ def verify_batch_triton(
 _warned = False
 
 
+Tensor = torch.Tensor
+
+
 def verify_batch(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    draft_ids: torch.Tensor,
-    uniforms: torch.Tensor,
-    sample_uniforms: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    target_probs: Tensor, draft_probs: Tensor | None, draft_ids: Tensor, uniforms: Tensor, sample_uniforms: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """Dispatch: the Triton kernel on CUDA tensors (or under the interpreter
     env vars) when triton imports, else the torch reference. Shapes as in
     ``verify_batch_reference``; returns (num_accepted [B], next_token [B], accept_prob [B, K])."""
