@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-import visuals
 from visuals import (
     LABELS,
     PALETTE,
@@ -589,9 +588,6 @@ def test_all_figures(name):
     (e_chosen,) = [tr for tr in by_role(figs["speedup"], "chosen_k") if tr.xaxis in (None, "x")]
     assert e_chosen.y[0] == pytest.approx(e_formula(s["acceptance_rate"], max(1, s["k"])))
     assert "estimated" in figs["speedup"].layout.title.subtitle.text
-    for fig in figs.values():
-        visuals.use_dark_theme(fig)
-        assert fig.layout.paper_bgcolor != "#FFFFFF"
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))

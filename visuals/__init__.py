@@ -29,7 +29,7 @@ from .figures import (
     tokens_per_pass_figure,
     tree_figure,
 )
-from .style import LABELS, MARKS, PALETTE, SYMBOLS, show_token, use_dark_theme
+from .style import LABELS, MARKS, PALETTE, SYMBOLS, show_token
 
 __all__ = [
     "PALETTE",
@@ -49,7 +49,6 @@ __all__ = [
     "expected_tokens_per_pass",
     "wall_clock_speedup",
     "show_token",
-    "use_dark_theme",
     "tree_figure",
     "pq_figure",
     "timeline_figure",

@@ -6,6 +6,7 @@ text mark (✓ ✗ ↻ + ·) and a marker symbol, and legends spell the decision
 
 from __future__ import annotations
 
+import html
 import unicodedata
 
 import plotly.graph_objects as go
@@ -16,13 +17,16 @@ __all__ = [
     "SYMBOLS",
     "LABELS",
     "SERIES",
-    "decision_label",
     "show_token",
     "fmt_prob",
     "fmt_speedup",
     "apply_layout",
     "message_figure",
-    "use_dark_theme",
+    "TEXT_ON",
+    "visible_len",
+    "paper_note",
+    "text_on",
+    "value_bars",
 ]
 
 PALETTE: dict[str, str] = {
@@ -73,16 +77,37 @@ SERIES: dict[str, str] = {
     "context": "#7F7F7F",
 }
 
-LIGHT = {"paper": "#FFFFFF", "plot": "#FFFFFF", "font": "#222222", "grid": "#E6E6E6", "line": "#BBBBBB"}
-DARK = {"paper": "#111418", "plot": "#111418", "font": "#E8E8E8", "grid": "#30343A", "line": "#5A5F66"}
+# Text colour that reads on a filled box of each decision colour (the bonus blue is dark, the rest light).
+TEXT_ON: dict[str, str] = {
+    "accepted": "#000000",
+    "rejected": "#000000",
+    "resampled": "#000000",
+    "bonus": "#FFFFFF",
+    "not_reached": "#000000",
+    "drafted": "#000000",
+}
 
+# The card every figure sits on: light and opaque, so that it reads inside light and dark pages alike.
+LIGHT = {"paper": "#FFFFFF", "plot": "#FFFFFF", "font": "#222222", "grid": "#E6E6E6", "line": "#BBBBBB"}
+HOVER_LABEL = {"bgcolor": "#FFFFFF", "bordercolor": "#444444", "font": {"color": "#111111", "size": 12}}
 LABEL_BG = "rgba(255,255,255,0.85)"  # boxed labels over lines
 FONT_FAMILY = "Inter, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif"
+FONT_SIZE = 13
+TITLE_SIZE = 16
+SUBTITLE_SIZE = 12
+NOTE_SIZE = 12  # annotations and labels inside the plot
+MESSAGE_SIZE = 14  # the one line of a message figure
 
-
-def decision_label(decision: str) -> str:
-    """'✓ accepted' etc.; unknown decisions are shown as they are."""
-    return LABELS.get(decision, str(decision))
+# Figure heights and margins, in pixels.
+DEFAULT_HEIGHT = 450
+MESSAGE_HEIGHT = 320
+TOP_MARGIN = 60  # room for the title
+TOP_MARGIN_SUBTITLE = 95  # title plus a subtitle line
+SIDE_MARGINS = {"l": 70, "r": 30}
+BOTTOM_MARGIN = 60  # room for the x-axis title
+BOTTOM_MARGIN_LEGEND = 130  # x-axis title plus a legend below it
+LEGEND_BELOW_AXIS = 62  # the legend's top edge this far under the plot area (below the x-axis title)
+MIN_PLOT_HEIGHT = 120
 
 
 _CONTROL_NAMES = {"\n": "⏎", "\r": "␍", "\t": "⇥", " ": "␣"}
@@ -132,6 +157,11 @@ def fmt_speedup(x: float | None) -> str:
     return "—" if x is None else f"{float(x):.2f}×"
 
 
+def visible_len(text: str | None) -> int:
+    """How many characters `show_token(text)` puts on screen (its HTML escapes count as one)."""
+    return len(html.unescape(show_token(text)))
+
+
 def _template(c: dict) -> go.layout.Template:
     """A small template (plotly_white-like); the full plotly_white is slow to copy into every figure."""
     axis = {
@@ -157,7 +187,6 @@ def _template(c: dict) -> go.layout.Template:
 
 
 _LIGHT_TEMPLATE = _template(LIGHT)
-_DARK_TEMPLATE = _template(DARK)
 
 
 def apply_layout(
@@ -170,72 +199,56 @@ def apply_layout(
 ) -> go.Figure:
     """The common look: opaque light card (readable inside light and dark pages), explicit font colours."""
     c = LIGHT
-    height = int(height) if height is not None else 450
-    top = 95 if subtitle else 60
-    bottom = 130 if legend_bottom else 60
+    height = int(height) if height is not None else DEFAULT_HEIGHT
+    top = TOP_MARGIN_SUBTITLE if subtitle else TOP_MARGIN
+    bottom = BOTTOM_MARGIN_LEGEND if legend_bottom else BOTTOM_MARGIN
     layout = {
         "template": _LIGHT_TEMPLATE,
         "title": {
             "text": title,
-            "subtitle": {"text": subtitle, "font": {"size": 12, "color": c["font"]}},
+            "subtitle": {"text": subtitle, "font": {"size": SUBTITLE_SIZE, "color": c["font"]}},
             "x": 0.01,
             "xanchor": "left",
-            "font": {"size": 16, "color": c["font"]},
+            "font": {"size": TITLE_SIZE, "color": c["font"]},
         },
-        "font": {"family": FONT_FAMILY, "size": 13, "color": c["font"]},
+        "font": {"family": FONT_FAMILY, "size": FONT_SIZE, "color": c["font"]},
         "paper_bgcolor": c["paper"],
         "plot_bgcolor": c["plot"],
         "height": height,
-        "margin": {"l": 70, "r": 30, "t": top, "b": bottom},
-        "hoverlabel": {"bgcolor": "#FFFFFF", "bordercolor": "#444444", "font": {"color": "#111111", "size": 12}},
+        "margin": {**SIDE_MARGINS, "t": top, "b": bottom},
+        "hoverlabel": HOVER_LABEL,
         "legend": {"font": {"color": c["font"]}, "bgcolor": "rgba(0,0,0,0)"},
     }
     if legend_bottom:
-        # Below the x-axis title: a fixed number of pixels under the plot area.
-        plot_h = max(120, height - top - bottom)
-        layout["legend"].update({"orientation": "h", "yanchor": "top", "y": -62 / plot_h, "xanchor": "left", "x": 0})
+        # Legend y is in plot-area fractions; convert the fixed pixel offset under the plot into one.
+        plot_h = max(MIN_PLOT_HEIGHT, height - top - bottom)
+        layout["legend"].update(
+            {"orientation": "h", "yanchor": "top", "y": -LEGEND_BELOW_AXIS / plot_h, "xanchor": "left", "x": 0}
+        )
     fig.update_layout(layout)
     return fig
+
+
+def value_bars(x: list, y: list, name: str, colour: str, values: list[str], **more) -> go.Bar:
+    """Vertical bars with each bar's value written above it; `more` are further go.Bar settings."""
+    return go.Bar(x=x, y=y, name=name, marker={"color": colour}, text=values, textposition="outside", **more)
+
+
+def text_on(kind: str) -> dict:
+    """The font for text written on a box filled with `kind`'s decision colour."""
+    return {"color": TEXT_ON.get(kind, "#000000"), "size": NOTE_SIZE}
+
+
+def paper_note(fig: go.Figure, text: str, x: float, y: float, size: int, **anchors) -> None:
+    """A plain text note at (x, y) in paper coordinates (0..1 of the plot area), no arrow;
+    `anchors` are plotly's xanchor / yanchor."""
+    fig.add_annotation(text=text, xref="paper", yref="paper", x=x, y=y, showarrow=False, font={"size": size}, **anchors)
 
 
 def message_figure(title: str, message: str) -> go.Figure:
     """An empty figure that says why there is nothing to draw (e.g. no target pass yet)."""
     fig = go.Figure()
-    fig.add_annotation(
-        text=message,
-        x=0.5,
-        y=0.5,
-        xref="paper",
-        yref="paper",
-        showarrow=False,
-        font={"size": 14},
-    )
+    paper_note(fig, message, 0.5, 0.5, MESSAGE_SIZE)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    return apply_layout(fig, title, height=320)
-
-
-def use_dark_theme(fig: go.Figure) -> go.Figure:
-    """Restyle a figure made here for a dark page (decision colours stay; neutral text and grids flip)."""
-    c = DARK
-    fig.update_layout(
-        template=_DARK_TEMPLATE,
-        paper_bgcolor=c["paper"],
-        plot_bgcolor=c["plot"],
-        font={"color": c["font"]},
-        title={"font": {"color": c["font"]}, "subtitle": {"font": {"color": c["font"]}}},
-        legend={"font": {"color": c["font"]}},
-        hoverlabel={"bgcolor": "#1E2227", "bordercolor": "#AAAAAA", "font": {"color": "#F0F0F0"}},
-    )
-    fig.update_xaxes(gridcolor=c["grid"], zerolinecolor=c["line"], linecolor=c["line"], color=c["font"])
-    fig.update_yaxes(gridcolor=c["grid"], zerolinecolor=c["line"], linecolor=c["line"], color=c["font"])
-    for ann in fig.layout.annotations or ():
-        if ann.font is None or ann.font.color in (None, LIGHT["font"]):
-            ann.font.color = c["font"]
-        if ann.bgcolor == LABEL_BG:
-            ann.bgcolor = "rgba(17,20,24,0.85)"
-    for trace in fig.data:
-        tf = getattr(trace, "textfont", None)
-        if tf is not None and tf.color == LIGHT["font"]:
-            trace.textfont.color = c["font"]
-    return fig
+    return apply_layout(fig, title, height=MESSAGE_HEIGHT)
