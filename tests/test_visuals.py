@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+import visuals
 from visuals import (
     LABELS,
     PALETTE,
+    TraceError,
     acceptance_figure,
     all_figures,
     batch_figure,
@@ -27,13 +29,15 @@ from visuals import (
     timeline_figure,
     tokens_per_pass_figure,
     tree_figure,
+    validate_events,
 )
-from visuals.data import TraceError, default_position, extra_token, validate_events
+from visuals.steps import default_position, extra_token
 from visuals.style import fmt_prob, show_token
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES_DIR = ROOT / "assets" / "traces"
-RECORDED = {p.stem: json.loads(p.read_text(encoding="utf-8"))["events"] for p in sorted(TRACES_DIR.glob("*.json"))}
+# Loaded through the engine's trace model, as the app and the CLI do (it fills in fields older traces lack).
+RECORDED = {p.stem: visuals.load_trace(p) for p in sorted(TRACES_DIR.glob("*.json"))}
 CHAT = "chat-int8-tree-sampling"
 BASELINE = "code-edit-baseline-greedy"
 NGRAM_GREEDY = "code-edit-ngram-greedy"
@@ -120,12 +124,21 @@ def test_recorded_traces_present():
 
 
 def test_layering_no_model_or_ui_imports():
-    pattern = re.compile(r"^\s*(import|from)\s+(torch|transformers|gradio|engine)\b", re.M)
+    # visuals reads traces through the engine's plain-Python trace model (engine.trace, engine.metrics) and
+    # nothing else of the engine: no model code, no UI code.
+    pattern = re.compile(r"^\s*(import|from)\s+(torch|transformers|gradio)\b", re.M)
+    engine_import = re.compile(r"^\s*(?:import|from)\s+(engine\S*)", re.M)
     for path in (ROOT / "visuals").glob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert not pattern.search(text), path
         assert not re.search(r"import torch|transformers|gradio", text), path
-    code = "import sys, visuals; bad = {'torch', 'transformers', 'gradio', 'engine'} & set(sys.modules); print(bad)"
+        assert set(engine_import.findall(text)) <= {"engine.trace", "engine.metrics"}, path
+    code = (
+        "import sys, visuals; mods = set(sys.modules); "
+        "bad = {'torch', 'transformers', 'gradio'} & mods; "
+        "bad |= {m for m in mods if m.startswith('engine') and m not in ('engine', 'engine.trace', 'engine.metrics')}; "
+        "print(bad)"
+    )
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "set()"
@@ -176,9 +189,10 @@ def test_run_summary(name):
     events = ALL[name]
     steps = step_events(events)
     s = run_summary(events)
-    assert s["passes"] == len(steps)
-    assert s["tokens"] == sum(len(st["emitted"]) for st in steps)
-    assert s["k"] == events[0]["tree"]["steps"]
+    assert s["target_passes"] == len(steps)
+    assert s["new_tokens"] == sum(len(st["emitted"]) for st in steps)
+    # K is the run's draft depth: 0 for a baseline, which drafts nothing (its start event still lists a tree).
+    assert s["k"] == (0 if events[0]["mode"] == "baseline" else events[0]["tree"]["steps"])
     finish = events[-1] if events[-1]["type"] == "finish" else None
     drafted = sum(st["drafted"] for st in steps)
     accepted = sum(st["accepted_len"] for st in steps)
@@ -192,8 +206,8 @@ def test_run_summary(name):
         assert not s["finished"]
         assert s["acceptance_rate"] == pytest.approx(accepted / drafted if drafted else 0.0)
         assert s["wall_s"] == pytest.approx(steps[-1]["elapsed_s"])
-        assert s["tokens_per_s"] == pytest.approx(s["tokens"] / steps[-1]["elapsed_s"])
-        assert s["tokens_per_pass"] == pytest.approx(s["tokens"] / len(steps))
+        assert s["tokens_per_s"] == pytest.approx(s["new_tokens"] / steps[-1]["elapsed_s"])
+        assert s["tokens_per_pass"] == pytest.approx(s["new_tokens"] / len(steps))
 
 
 # -------------------------------------------------------------------------------------------- tree

@@ -1,35 +1,27 @@
 """SpecLens visuals: pure functions from a trace (list of event dicts, see docs/events.md) to plotly figures.
 
-Only plotly and the standard library: no model code, no UI code.
+Only plotly, the standard library and the engine's plain-Python trace model (engine.trace, engine.metrics):
+no model code, no UI code. The trace names below are the engine's own functions, re-exported.
+
+Modules: style (colours, marks, layout), steps (reading one pass), tree (the draft tree), distributions
+(p vs q), run_charts (timeline, tokens per pass, acceptance by position), speedup (speedup calculator,
+batch figure), report (all figures of a run).
 """
 
 from __future__ import annotations
 
-from .data import (
-    TraceError,
-    acceptance_stats,
-    expected_tokens_per_pass,
-    extra_token,
-    finish_event,
-    interesting_step_index,
-    load_trace,
-    run_summary,
-    start_event,
-    step_events,
-    validate_events,
-    wall_clock_speedup,
-)
-from .figures import (
-    acceptance_figure,
-    all_figures,
-    batch_figure,
-    pq_figure,
-    speedup_figure,
-    timeline_figure,
-    tokens_per_pass_figure,
-    tree_figure,
-)
+from engine.metrics import expected_tokens_per_pass, run_summary, wall_clock_speedup
+from engine.trace import TraceError, finish_event, start_event, step_events
+from engine.trace import load as load_trace
+from engine.trace import validate as validate_events
+
+from .distributions import pq_figure
+from .report import all_figures
+from .run_charts import acceptance_figure, timeline_figure, tokens_per_pass_figure
+from .speedup import batch_figure, speedup_figure
+from .steps import extra_token, interesting_step_index
 from .style import LABELS, MARKS, PALETTE, SYMBOLS, show_token
+from .tree import tree_figure
 
 __all__ = [
     "PALETTE",
@@ -44,7 +36,6 @@ __all__ = [
     "step_events",
     "extra_token",
     "run_summary",
-    "acceptance_stats",
     "interesting_step_index",
     "expected_tokens_per_pass",
     "wall_clock_speedup",

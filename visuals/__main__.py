@@ -10,8 +10,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from .data import TraceError, load_trace
-from .figures import all_figures
+from engine.trace import TraceError
+from engine.trace import load as load_trace
+
+from .report import all_figures
 
 
 def _fail(message: str) -> int:

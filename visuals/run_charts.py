@@ -1,0 +1,342 @@
+"""Charts of a whole run: the output timeline, tokens per target pass, acceptance by draft position.
+
+Their numbers come from engine.metrics.run_summary (the finish metrics of a finished run, the same
+aggregation over the steps so far for a partial one), so a chart and the engine's report never disagree.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from engine.metrics import run_summary
+from engine.trace import events_of, start_event, step_events
+
+from .steps import mode_words
+from .style import (
+    LABELS,
+    MARKS,
+    NOTE_SIZE,
+    PALETTE,
+    SERIES,
+    apply_layout,
+    fmt_prob,
+    fmt_speedup,
+    message_figure,
+    paper_note,
+    show_token,
+    text_on,
+    value_bars,
+    visible_len,
+)
+
+__all__ = ["timeline_figure", "tokens_per_pass_figure", "acceptance_figure"]
+
+NO_PASS = "No target pass yet."
+
+# Timeline: one row per pass, token boxes in output order, widths in characters of text.
+TOKEN_KINDS = ("accepted", "resampled", "bonus")
+TOKEN_NAMES = {
+    "accepted": f"{LABELS['accepted']} (drafted, kept)",
+    "resampled": f"{LABELS['resampled']} (target's pick after a rejection)",
+    "bonus": f"{LABELS['bonus']} (target's extra token)",
+}
+MIN_BOX = 2.0  # characters
+MARK_ROOM = 2.0  # extra width of a box that carries a mark (↻, +)
+PAD = 1.0  # extra width of a plain box
+BOX_GAP = 0.5
+BOX_THICKNESS = 0.78  # of a row
+BOX_TEXT_LEN = 24
+MIN_ROW_CHARS = 40.0  # the x axis is at least this wide, so that short runs do not stretch
+EDGE_ROOM = 0.3  # characters of room at either end of the rows
+TIMELINE_MIN_HEIGHT = 340
+TIMELINE_BASE_HEIGHT = 250
+ROW_HEIGHT = 26
+TIMELINE_LEFT_MARGIN = 120  # room for "pass N: K tok"
+
+TPP_HEIGHT = 540
+ACCEPTANCE_HEIGHT = 520
+RATE_AXIS_TOP = 1.12  # room above a share of 1 for its text label
+
+
+# ---------------------------------------------------------------------------------------- timeline
+
+
+def _token_hover(tok: dict, pass_no: int, out_pos: int) -> str:
+    kind = tok.get("kind")
+    lines = [
+        f"<b>{LABELS.get(kind, kind)}</b> '{show_token(tok.get('text'))}' (token id {tok.get('token_id')})",
+        f"pass {pass_no} (step {pass_no}) · output token #{out_pos}",
+    ]
+    if tok.get("p") is not None:
+        lines.append(f"p (target) = {fmt_prob(tok['p'])}")
+    return "<br>".join(lines)
+
+
+def _token_boxes(steps: list[dict]) -> tuple[dict, list[float]]:
+    """The boxes of every emitted token, grouped by kind ("other" for unknown kinds), and each row's end.
+    A box is as wide as its visible text (plus its mark), so a row's length shows how much text a pass made."""
+    boxes = {
+        kind: {"x": [], "base": [], "y": [], "text": [], "hover": [], "pos": []} for kind in (*TOKEN_KINDS, "other")
+    }
+    row_ends = []
+    out_pos = 0
+    for i, step in enumerate(steps):
+        x = 0.0
+        for tok in step.get("emitted") or []:
+            out_pos += 1
+            kind = tok.get("kind")
+            box = boxes[kind if kind in TOKEN_KINDS else "other"]
+            width = max(MIN_BOX, visible_len(tok.get("text")) + (PAD if kind == "accepted" else MARK_ROOM))
+            mark = "" if kind == "accepted" else f"{MARKS.get(kind, '')} "
+            box["x"].append(width)
+            box["base"].append(x)
+            box["y"].append(i)
+            box["text"].append(mark + show_token(tok.get("text"), BOX_TEXT_LEN))
+            box["hover"].append(_token_hover(tok, step.get("step", i + 1), out_pos))
+            box["pos"].append(out_pos)
+            x += width + BOX_GAP
+        row_ends.append(x)
+    return boxes, row_ends
+
+
+def _token_bar(box: dict, kind: str) -> go.Bar:
+    colour = kind if kind in TOKEN_KINDS else "drafted"
+    return go.Bar(
+        x=box["x"],
+        base=box["base"],
+        y=box["y"],
+        orientation="h",
+        marker={"color": PALETTE[colour], "line": {"color": "#FFFFFF", "width": 1}},
+        text=box["text"],
+        textposition="inside",
+        insidetextanchor="middle",
+        textfont=text_on(colour),
+        constraintext="none",
+        hovertext=box["hover"],
+        hovertemplate="%{hovertext}<extra></extra>",
+        name=TOKEN_NAMES.get(kind, "other"),
+        width=BOX_THICKNESS,
+        meta={"role": "tokens", "kind": kind, "output_positions": box["pos"]},
+    )
+
+
+def _row_label(i: int, step: dict) -> str:
+    cut = " ✂" if step.get("truncated") else ""
+    return f"pass {step.get('step', i + 1)}: {len(step.get('emitted') or [])} tok{cut}"
+
+
+def timeline_figure(trace) -> go.Figure:
+    """The generated text, one row per target pass, each token a box coloured by kind."""
+    events = events_of(trace)
+    steps = step_events(events)
+    if not steps:
+        return message_figure("Output by target pass", NO_PASS)
+    boxes, row_ends = _token_boxes(steps)
+    fig = go.Figure()
+    for kind, box in boxes.items():
+        if box["x"]:
+            fig.add_trace(_token_bar(box, kind))
+    s = run_summary(events)
+    partial = "" if s["finished"] else " (run not finished)"
+    title = (
+        f"Output by target pass: {s['new_tokens']} tokens in {s['target_passes']} passes "
+        f"= {s['tokens_per_pass']:.2f} per pass{partial}"
+    )
+    subtitle = (
+        f"{mode_words(start_event(events))} · one row per target pass, longer row = more tokens from that pass · "
+        "↻ and + are tokens the target picked itself; hover for details"
+    )
+    fig.update_layout(barmode="overlay")
+    fig.update_xaxes(
+        showticklabels=False,
+        showgrid=False,
+        zeroline=False,
+        range=[-EDGE_ROOM, max(row_ends + [MIN_ROW_CHARS]) + EDGE_ROOM],
+        title_text="tokens in output order (box width follows the text length)",
+    )
+    fig.update_yaxes(
+        tickmode="array",
+        tickvals=list(range(len(steps))),
+        ticktext=[_row_label(i, step) for i, step in enumerate(steps)],
+        autorange="reversed",
+        showgrid=False,
+        zeroline=False,
+    )
+    apply_layout(fig, title, subtitle, height=max(TIMELINE_MIN_HEIGHT, TIMELINE_BASE_HEIGHT + ROW_HEIGHT * len(steps)))
+    fig.update_layout(margin={"l": TIMELINE_LEFT_MARGIN})
+    return fig
+
+
+# -------------------------------------------------------------------------------- tokens per pass
+
+
+def _running_mean(values: list[int]) -> list[float]:
+    out, total = [], 0
+    for i, n in enumerate(values, start=1):
+        total += n
+        out.append(total / i)
+    return out
+
+
+def _level(passes: list, value: float, name: str, colour: str, dash: str, hover: str, meta: dict) -> go.Scatter:
+    """A horizontal reference line across every pass."""
+    return go.Scatter(
+        x=[passes[0], passes[-1]],
+        y=[value, value],
+        mode="lines",
+        name=name,
+        line={"color": colour, "width": 2, "dash": dash},
+        hovertemplate=f"{hover}<extra></extra>",
+        meta=meta,
+    )
+
+
+def _add_tpp_traces(fig: go.Figure, steps: list[dict], s: dict) -> list[float]:
+    """Per-pass bars, the running mean, the baseline's 1 and the theory; returns the running mean."""
+    passes = [st.get("step", i + 1) for i, st in enumerate(steps)]
+    per_pass = [len(st.get("emitted") or []) for st in steps]
+    running = _running_mean(per_pass)
+    alpha, k, theory = s["acceptance_rate"], s["k"], s["theoretical_tokens_per_pass"]
+    fig.add_trace(
+        go.Bar(
+            x=passes,
+            y=per_pass,
+            name="tokens from each pass (measured)",
+            marker={"color": SERIES["baseline"], "opacity": 0.3},
+            hovertemplate="pass %{x}: %{y} tokens<extra></extra>",
+            meta={"role": "per_pass"},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=passes,
+            y=running,
+            mode="lines+markers",
+            name=f"measured: running mean ({running[-1]:.2f} after {len(running)} passes)",
+            line={"color": SERIES["measured"], "width": 3},
+            marker={"size": 6},
+            hovertemplate="after pass %{x}: %{y:.2f} tokens per pass<extra>measured</extra>",
+            meta={"role": "measured"},
+        )
+    )
+    base = "baseline: 1 token per pass"
+    fig.add_trace(_level(passes, 1.0, base, SERIES["baseline"], "dot", base, {"role": "baseline"}))
+    fig.add_trace(
+        _level(
+            passes,
+            theory,
+            f"theory: (1 − α^(K+1)) / (1 − α) = {theory:.2f} (α = {alpha:.3f}, K = {k})",
+            SERIES["theory"],
+            "dash",
+            f"theory: {theory:.2f} tokens per pass",
+            {"role": "theory", "alpha": alpha, "k": k, "value": theory},
+        )
+    )
+    return running
+
+
+def _vs_baseline(fig: go.Figure, s: dict, b: dict) -> str:
+    """The measured wall-clock speedup over a baseline run, as a title suffix and a note ('' without timings)."""
+    if not (s["wall_s"] and b["wall_s"]):
+        return ""
+    speed = b["wall_s"] / s["wall_s"]
+    suffix = f" · measured wall-clock speedup vs baseline {fmt_speedup(speed)}"
+    caveats = []
+    if b["prompt"] != s["prompt"]:
+        caveats.append("different prompts")
+    if b["new_tokens"] != s["new_tokens"]:
+        caveats.append(f"{b['new_tokens']} vs {s['new_tokens']} tokens")
+    if caveats:
+        suffix += f" ({', '.join(caveats)})"
+    note = f"measured: baseline {b['wall_s']:.2f} s ÷ this run {s['wall_s']:.2f} s = {fmt_speedup(speed)}"
+    paper_note(fig, note, 1, 1.02, NOTE_SIZE, xanchor="right", yanchor="bottom")
+    return suffix
+
+
+def tokens_per_pass_figure(trace, baseline_trace=None) -> go.Figure:
+    """Running mean of tokens per target pass, vs the baseline's 1.0 and the theory (1 − α^(K+1))/(1 − α)."""
+    events = events_of(trace)
+    start = start_event(events)
+    steps = step_events(events)
+    if not steps:
+        return message_figure("Tokens per target pass", NO_PASS)
+    s = run_summary(events)
+    fig = go.Figure()
+    running = _add_tpp_traces(fig, steps, s)
+    if start.get("mode") == "baseline":
+        title = f"Tokens per target pass: baseline, measured {running[-1]:.2f}"
+    else:
+        title = f"Tokens per target pass: measured {running[-1]:.2f} vs theory {s['theoretical_tokens_per_pass']:.2f}"
+    if baseline_trace is not None:
+        title += _vs_baseline(fig, s, run_summary(baseline_trace))
+    subtitle = f"{mode_words(start)} · more tokens per pass = fewer slow target passes for the same text"
+    if s["tree_topk"] > 1 and s["drafted"]:
+        subtitle += " · tree: α counts side branches too, so the chain theory underestimates"
+    if not s["finished"]:
+        subtitle += " · run not finished"
+    fig.update_xaxes(title_text="target pass", rangemode="tozero")
+    fig.update_yaxes(title_text="tokens per target pass", rangemode="tozero")
+    apply_layout(fig, title, subtitle, height=TPP_HEIGHT)
+    fig.update_layout(bargap=0.4)
+    return fig
+
+
+# ------------------------------------------------------------------------------------- acceptance
+
+
+def _nothing_drafted(events: list[dict]) -> str:
+    if start_event(events).get("mode") == "baseline":
+        return "Nothing was drafted (baseline run): every token comes from the target."
+    if step_events(events):
+        return "Nothing drafted yet: every token so far came from the target."
+    return NO_PASS
+
+
+def acceptance_figure(trace) -> go.Figure:
+    """Measured share of passes whose accepted path reached draft position i (1..K) vs α^i."""
+    events = events_of(trace)
+    s = run_summary(events)
+    title = "How deep do drafts survive?"
+    rates = [None if r is None else float(r) for r in s["acceptance_by_position"]]
+    reached, drafted = s["accepted_per_position"], s["drafted_per_position"]
+    if not rates or not any(drafted):
+        return message_figure(title, _nothing_drafted(events))
+    source = "finish metrics" if s["finished"] else "step events"
+    alpha = s["acceptance_rate"]
+    pos = list(range(1, len(rates) + 1))
+    fig = go.Figure()
+    fig.add_trace(
+        value_bars(
+            pos,
+            rates,
+            "measured: share of passes reaching position i",
+            PALETTE["accepted"],
+            [fmt_prob(r) if r is not None else "" for r in rates],
+            customdata=[[r, d] for r, d in zip(reached, drafted)],
+            hovertemplate=(
+                "position %{x}: accepted path reached it in %{customdata[0]} of %{customdata[1]} passes "
+                "that drafted this deep<br>share = %{y:.3f}<extra>measured</extra>"
+            ),
+            meta={"role": "measured", "source": source},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=pos,
+            y=[alpha**i for i in pos],
+            mode="lines+markers",
+            name=f"theory: α^i with α = {alpha:.3f} (each draft kept independently)",
+            line={"color": SERIES["theory"], "dash": "dash", "width": 2},
+            marker={"symbol": "diamond", "size": 8},
+            hovertemplate="α^%{x} = %{y:.3f}<extra>theory</extra>",
+            meta={"role": "theory", "alpha": alpha},
+        )
+    )
+    subtitle = f"{mode_words(start_event(events))} · α = accepted ÷ drafted = {alpha:.3f} · source: {source}"
+    if s["tree_topk"] > 1:
+        subtitle += " · tree: α counts side branches, so α^i understates how deep the best branch gets"
+    fig.update_xaxes(title_text="draft position i (1 = first drafted token)", tickmode="array", tickvals=pos)
+    fig.update_yaxes(title_text="share of passes (0 to 1)", range=[0, RATE_AXIS_TOP])
+    apply_layout(fig, f"{title} Measured acceptance by draft position vs α^i", subtitle, height=ACCEPTANCE_HEIGHT)
+    fig.update_layout(bargap=0.45)
+    return fig
