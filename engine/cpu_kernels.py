@@ -54,8 +54,13 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_kernels.c"
+# -ffp-contract=off: GCC's default fuses a multiply and an add it sees into one FMA
+# wherever it likes, and it liked to in some tiles and not in others (the int8
+# epilogue acc * sx * scale + bias), which broke row invariance; only our explicit
+# FMAs fuse now.
 CFLAGS = [
     "-O3",
+    "-ffp-contract=off",
     "-mavx512f",
     "-mavx512bw",
     "-mavx512vl",

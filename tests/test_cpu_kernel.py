@@ -104,6 +104,22 @@ def test_rows_are_shape_invariant():
 
 
 @needs_kernel
+def test_int8_rows_with_bias_are_shape_invariant():
+    """GCC's default FMA contraction fused the int8 epilogue's multiply and add
+    (acc * sx * scale + bias) in some tiles only: 4 rows of this 16-row product (200
+    outputs: tail tiles on each thread) differed from their one-row products in the
+    last bit (fixed with -ffp-contract=off)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 576, generator=gen)
+    q = torch.randint(-127, 128, (200, 576), generator=gen, dtype=torch.int8)
+    scale, bias = torch.rand(200, generator=gen) / 64, torch.randn(200, generator=gen).to(torch.bfloat16)
+    packed = cpu_kernels.PackedInt8Weight(q, scale, bias)
+    full = cpu_kernels.skinny_gemm_int8w(x, packed)
+    for r in range(16):
+        assert torch.equal(cpu_kernels.skinny_gemm_int8w(x[r : r + 1], packed), full[r : r + 1]), r
+
+
+@needs_kernel
 def test_packed_weight_unpacks_to_the_original():
     w = _bf16(50, 37, seed=7)  # both dimensions padded
     assert torch.equal(cpu_kernels.PackedWeight(w).unpack(), w)
