@@ -1,0 +1,108 @@
+"""Checking exactness by sampling: the statistics and the toy sampler behind the app's labs.
+
+Speculative sampling claims that every emitted token is distributed exactly as the target's p
+(p is the target, q the drafter; the argument is in ``engine.acceptance``). The labs test that
+claim empirically, and this module holds the parts that are mathematics rather than display:
+
+* ``toy_sampling``: exact speculative sampling of one token from a small hand-made p and q,
+  n times, with the engine's own acceptance rule (``verify_children``), split into accepted
+  drafts and tokens resampled from the residual.
+* ``overlap``: Σ min(p, q), the probability that a single draft x ~ q is accepted.
+* ``as_distribution``: a [V] probability tensor as {token: probability} over its support.
+* ``chi_square_test``: goodness of fit of sampled counts against an exact p, with the total
+  variation distance; ``TEST_LEVEL`` is the one significance level the labs use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .acceptance import verify_children
+from .sampling import sample
+
+__all__ = ["MIN_EXPECTED", "TEST_LEVEL", "as_distribution", "chi_square_test", "overlap", "toy_sampling"]
+
+# Below this p-value a histogram is called different from p. 1e-3 keeps false alarms of the
+# exact samplers to one run in a thousand while the lossy shortcut still shows at a few hundred samples.
+TEST_LEVEL = 1e-3
+# The chi-square approximation needs about this many expected samples per cell; smaller cells are pooled.
+MIN_EXPECTED = 5
+
+
+def overlap(p: list[float], q: list[float]) -> float:
+    """Σ min(p, q): the acceptance probability of one draft x ~ q under the exact rule."""
+    return sum(min(a, b) for a, b in zip(p, q))
+
+
+def toy_sampling(p: list[float], q: list[float], n: int = 1000, seed: int = 0) -> dict:
+    """Exact speculative sampling of one token, n times, with the engine's acceptance rule.
+
+    Returns {"accepted": [count per token], "resampled": [count per token], "n": n}: draw x ~ q, verify it
+    with `verify_children` (accept with min(1, p/q)), and on rejection draw from the distribution it returns
+    (the residual norm(max(0, p − q))).
+    """
+    pt = torch.tensor(p, dtype=torch.float32)
+    qt = torch.tensor(q, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(int(seed))
+    accepted = [0] * len(p)
+    resampled = [0] * len(p)
+    for _ in range(int(n)):
+        x = sample(qt, gen)
+        u = float(torch.rand((), generator=gen, dtype=torch.float64))
+        chosen, dist, _ = verify_children(pt, qt, [x], [u], greedy=False)
+        if chosen is not None:
+            accepted[x] += 1
+        else:
+            resampled[sample(dist, gen)] += 1
+    return {"accepted": accepted, "resampled": resampled, "n": int(n)}
+
+
+def as_distribution(probs: torch.Tensor) -> dict[int, float]:
+    """A [V] probability tensor as {token id: probability} over the tokens with p > 0, renormalised
+    (the float32 softmax sums to 1 only up to rounding; the test compares against exact proportions)."""
+    support = [int(t) for t in (probs > 0).nonzero().flatten().tolist()]
+    p = {t: float(probs[t]) for t in support}
+    total = sum(p.values())
+    return {t: v / total for t, v in p.items()}
+
+
+def _pooled_cells(counts: dict[int, int], p: dict[int, float], n: int) -> list[list[float]]:
+    """[expected, observed] per cell, cells with fewer than MIN_EXPECTED expected samples pooled
+    (the smallest together; a pooled cell still under MIN_EXPECTED joins the smallest big cell)."""
+    cells = sorted(((pt * n, counts.get(t, 0)) for t, pt in p.items()), reverse=True)
+    big = [[e, o] for e, o in cells if e >= MIN_EXPECTED]
+    small = [(e, o) for e, o in cells if e < MIN_EXPECTED]
+    if small:
+        pooled = [sum(e for e, _ in small), sum(o for _, o in small)]
+        if pooled[0] >= MIN_EXPECTED or not big:
+            big.append(pooled)
+        else:
+            big[-1][0] += pooled[0]
+            big[-1][1] += pooled[1]
+    return big
+
+
+def chi_square_test(counts: dict[int, int], p: dict[int, float], n: int) -> dict:
+    """Chi-square goodness of fit of `counts` (token -> count, n in total) against `p` (token -> prob > 0).
+
+    Small cells are pooled (``_pooled_cells``). Samples outside the support of p make the p-value 0.
+    Returns statistic, df, pvalue (None when fewer than two cells remain), tv (total variation
+    distance), outside (samples off support) and cells (how many were tested).
+    """
+    from scipy.stats import chisquare
+
+    outside = sum(c for t, c in counts.items() if t not in p)
+    tv = 0.5 * (sum(abs(counts.get(t, 0) / n - pt) for t, pt in p.items()) + outside / n)
+    cells = _pooled_cells(counts, p, n)
+    result = {"tv": tv, "outside": outside, "cells": len(cells), "df": max(0, len(cells) - 1)}
+    if outside:
+        return {**result, "statistic": math.inf, "pvalue": 0.0}
+    if len(cells) < 2:
+        return {**result, "statistic": None, "pvalue": None}
+    expected = [e for e, _ in cells]
+    observed = [o for _, o in cells]
+    scale = sum(observed) / sum(expected)  # equal totals up to float rounding, as scipy requires
+    test = chisquare(observed, [e * scale for e in expected])
+    return {**result, "statistic": float(test.statistic), "pvalue": float(test.pvalue)}

@@ -1,0 +1,247 @@
+"""Figures of the app's Race tab and labs: the race chart, the toy example, the lossless histograms.
+
+Plotly only, like the rest of visuals: each function takes plain numbers or a trace and returns a
+figure in the common style (style.apply_layout). The numbers themselves (sample counts, test
+results, pass times) are computed elsewhere (engine.exactness, engine.pass_timing) and only
+drawn here.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from engine.trace import step_events
+
+from .speedup import batch_figure
+from .style import PALETTE, SERIES, apply_layout, message_figure, show_token
+
+__all__ = [
+    "batch_lab_figure",
+    "fmt_pvalue",
+    "lossless_figure",
+    "message_figure",
+    "race_figure",
+    "toy_figure",
+]
+
+RACE_HEIGHT = 380
+TOY_HEIGHT = 440
+LOSSLESS_HEIGHT = 500
+TOY_LABEL_LEN = 14  # characters of a toy token shown on the axis
+LOSSLESS_LABEL_LEN = 10  # characters of a sampled token shown on the axis
+# y axes: probabilities, so at most a little above 1, and room above the highest bar for the labels on it.
+TOY_Y_CEILING, TOY_HEADROOM = 1.08, 1.18
+LOSSLESS_Y_CEILING, LOSSLESS_HEADROOM = 1.05, 1.12
+SMALL_PVALUE = 1e-3  # below this a p-value is written in scientific notation
+
+# The lossless lab's samplers, by the kind the lab gives them: the reference, the exact rule, the lossy shortcut.
+SAMPLER_COLOURS = {"plain": SERIES["baseline"], "exact": PALETTE["accepted"], "broken": PALETTE["rejected"]}
+
+
+def fmt_pvalue(value: float | None) -> str:
+    """A p-value as the labs print it: 3 significant digits, scientific notation when tiny, — for none."""
+    if value is None:
+        return "—"
+    if value == 0:
+        return "0"
+    return f"{value:.3g}" if value >= SMALL_PVALUE else f"{value:.2e}"
+
+
+# ------------------------------------------------------------------------------------------ race
+def _tokens_over_time(trace: list[dict]) -> tuple[list[float], list[int]]:
+    xs, ys = [0.0], [0]
+    for step in step_events(trace):
+        xs.append(float(step.get("elapsed_s") or 0.0))
+        ys.append(int(step.get("tokens_total") or 0))
+    return xs, ys
+
+
+def race_figure(baseline: list[dict] | None, speculative: list[dict] | None, drafter: str = "") -> go.Figure:
+    """Tokens produced vs measured time for both runs, on one time axis (a step plot: one step per target pass)."""
+    fig = go.Figure()
+    runs = [
+        ("Baseline (no drafter)", baseline, SERIES["baseline"], "circle"),
+        (f"Speculative ({drafter or 'drafter'})", speculative, PALETTE["accepted"], "diamond"),
+    ]
+    for name, trace, colour, symbol in runs:
+        if not trace:
+            continue
+        xs, ys = _tokens_over_time(trace)
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines+markers",
+                line={"shape": "hv", "color": colour, "width": 2.5},
+                marker={"size": 5, "symbol": symbol, "color": colour},
+                name=name,
+                hovertemplate="%{y} tokens after %{x:.2f} s<extra>" + name + "</extra>",
+            )
+        )
+    subtitle = "each marker is one target pass; steeper = faster. Both runs are real, one after the other."
+    apply_layout(fig, "Tokens over measured time", subtitle, height=RACE_HEIGHT)
+    fig.update_xaxes(title_text="elapsed time (s)", rangemode="tozero")
+    fig.update_yaxes(title_text="tokens generated", rangemode="tozero")
+    if not fig.data:
+        fig.add_annotation(text="Press Race to run both", x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False)
+    return fig
+
+
+# ------------------------------------------------------------------------------------- toy example
+def _bars(xs: list[int], ys: list[float], name: str, marker: dict, group: str, hover: str, **more) -> go.Bar:
+    """One series of the toy figure: bars in their offset group (p, q or the sampled output)."""
+    return go.Bar(x=xs, y=ys, name=name, marker=marker, offsetgroup=group, hovertemplate=hover, **more)
+
+
+def _toy_output_bars(fig: go.Figure, xs: list[int], labels: list[str], counts: dict) -> list[float]:
+    """The sampled output as accepted + resampled stacked bars; returns the output frequencies."""
+    n = max(1, counts["n"])
+    acc = [a / n for a in counts["accepted"]]
+    res = [r / n for r in counts["resampled"]]
+    freq = [(a + r) / n for a, r in zip(counts["accepted"], counts["resampled"])]
+    hover = "%{customdata[0]}: %{customdata[1]} {kind} = %{y:.3f}<extra></extra>"
+    accepted = _bars(
+        xs,
+        acc,
+        "✓ accepted drafts (sampled)",
+        {"color": PALETTE["accepted"]},
+        "out",
+        hover.replace("{kind}", "accepted"),
+        customdata=[list(c) for c in zip(labels, counts["accepted"])],
+    )
+    resampled_marker = {"color": PALETTE["resampled"], "pattern": {"shape": "/"}}
+    resampled = _bars(
+        xs,
+        res,
+        "↻ resampled from the residual (sampled)",
+        resampled_marker,
+        "out",
+        hover.replace("{kind}", "resampled"),
+        customdata=[list(c) for c in zip(labels, counts["resampled"])],
+        base=acc,
+        text=[f"{a + r:.3f}" for a, r in zip(acc, res)],
+        textposition="outside",
+    )
+    fig.add_trace(accepted)
+    fig.add_trace(resampled)
+    return freq
+
+
+def toy_figure(tokens: list[str], p: list[float], q: list[float], counts: dict | None) -> go.Figure:
+    """The toy p and q as bars, and when sampled (counts from engine.exactness.toy_sampling) what came out."""
+    labels = [show_token(t, TOY_LABEL_LEN) for t in tokens]
+    xs = list(range(len(tokens)))
+    fig = go.Figure()
+    p_hover = "%{customdata}: p = %{y:.3f}<extra>target p</extra>"
+    fig.add_trace(
+        _bars(
+            xs,
+            p,
+            "p, target (exact)",
+            {"color": SERIES["target"]},
+            "p",
+            p_hover,
+            text=[f"{v:.3f}" for v in p],
+            textposition="outside",
+            customdata=labels,
+        )
+    )
+    output = _toy_output_bars(fig, xs, labels, counts) if counts else []
+    q_hover = "%{customdata}: q = %{y:.3f}<extra>drafter q</extra>"
+    q_marker = {"color": SERIES["drafter"], "opacity": 0.55}
+    fig.add_trace(_bars(xs, q, "q, drafter (what is proposed)", q_marker, "q", q_hover, customdata=labels))
+    subtitle = (
+        f"{counts['n']} samples: output frequency = accepted + resampled (stacked), next to the exact p"
+        if counts
+        else "press Sample 1000 times to draw real samples"
+    )
+    apply_layout(fig, "Toy example: p, q and what speculative sampling emits", subtitle, height=TOY_HEIGHT)
+    top = max(p + q + output)
+    fig.update_layout(barmode="group", bargap=0.25, bargroupgap=0.05)
+    fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=labels, title_text="token")
+    fig.update_yaxes(title_text="probability / frequency", range=[0, min(TOY_Y_CEILING, top * TOY_HEADROOM + 0.02)])
+    return fig
+
+
+# ------------------------------------------------------------------------------------ lossless lab
+def _lossless_titles(samplers: dict[str, str], results: dict) -> list[str]:
+    titles = []
+    for kind, name in samplers.items():
+        res = results.get(kind)
+        if res is None:
+            titles.append(f"{name}<br><i>not run</i>")
+        else:
+            test = res["test"]
+            titles.append(f"{name}<br>p-value {fmt_pvalue(test['pvalue'])} · TV {test['tv']:.3f}")
+    return titles
+
+
+def _exact_p_marks(order: list[int], p: dict[int, float], ticks: list[str], first: bool) -> go.Scatter:
+    return go.Scatter(
+        x=list(range(len(order))),
+        y=[p[t] for t in order],
+        mode="markers",
+        name="exact p (computed from the target's logits)",
+        marker={"symbol": "line-ew", "size": 26, "line": {"width": 3, "color": SERIES["target"]}},
+        legendgroup="p",
+        showlegend=first,
+        customdata=ticks,
+        hovertemplate="%{customdata}: exact p = %{y:.3f}<extra></extra>",
+        meta={"role": "p"},
+    )
+
+
+def lossless_figure(
+    p: dict[int, float], labels: dict[int, str], results: dict, n: int, samplers: dict[str, str]
+) -> go.Figure:
+    """One histogram per sampler (samplers: kind -> name, in panel order) against the exact p.
+
+    results: kind -> {"counts": {token: count}, "test": engine.exactness.chi_square_test(...)}, for
+    the samplers that ran; labels: token id -> text.
+    """
+    order = sorted(p, key=lambda t: -p[t])
+    xs = list(range(len(order)))
+    ticks = [show_token(labels.get(t, str(t)), LOSSLESS_LABEL_LEN) for t in order]
+    titles = _lossless_titles(samplers, results)
+    fig = make_subplots(rows=1, cols=len(samplers), shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.04)
+    top = max(p.values()) if p else 1.0
+    for col, kind in enumerate(samplers, start=1):
+        res = results.get(kind)
+        if res is not None:
+            freq = [res["counts"].get(t, 0) / n for t in order]
+            top = max(top, *freq)
+            fig.add_trace(
+                go.Bar(
+                    x=xs,
+                    y=freq,
+                    name=samplers[kind] + " (sampled)",
+                    marker={"color": SAMPLER_COLOURS[kind]},
+                    customdata=[[tick, res["counts"].get(t, 0), p[t]] for tick, t in zip(ticks, order)],
+                    hovertemplate="%{customdata[0]}: %{customdata[1]} of " + str(n) + " = %{y:.3f}"
+                    "<br>exact p = %{customdata[2]:.3f}<extra></extra>",
+                    meta={"role": kind},
+                ),
+                row=1,
+                col=col,
+            )
+        fig.add_trace(_exact_p_marks(order, p, ticks, col == 1), row=1, col=col)
+        fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=ticks, tickangle=-45, row=1, col=col)
+    subtitle = f"bars: frequencies of {n} real samples each · dashes: the exact p"
+    apply_layout(fig, "Next-token histograms against the target's exact p", subtitle, height=LOSSLESS_HEIGHT)
+    fig.update_layout(margin={"t": 130})
+    fig.update_yaxes(title_text="probability / frequency", row=1, col=1)
+    fig.update_yaxes(range=[0, min(LOSSLESS_Y_CEILING, top * LOSSLESS_HEADROOM + 0.01)])
+    for ann in fig.layout.annotations or ():
+        ann.font.size = 12
+    return fig
+
+
+# --------------------------------------------------------------------------------------- batch lab
+def batch_lab_figure(measurements: dict) -> go.Figure:
+    """batch_figure for the Batch lab's narrow column: its subtitle on two lines instead of one."""
+    fig = batch_figure(measurements)
+    subtitle = fig.layout.title.subtitle.text if fig.layout.title and fig.layout.title.subtitle else None
+    if subtitle and " · labels:" in subtitle:
+        fig.update_layout(title_subtitle_text=subtitle.replace(" · labels:", "<br>labels:"), margin={"t": 115})
+    return fig
