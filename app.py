@@ -1,19 +1,17 @@
-"""Entry point: `python app.py` serves SpecLens (also what a Hugging Face Space runs)."""
-
-import os
+"""Entry point: `python app.py` serves SpecLens (also what a Hugging Face Space runs); settings in app/config.py."""
 
 from app import build_demo
+from app.config import MAX_CONCURRENT_RUNS, PRELOAD, SERVER_NAME, SERVER_PORT
 
 if __name__ == "__main__":
-    if os.environ.get("SPECLENS_PRELOAD", "1") == "1":
+    if PRELOAD:
         # Load the default model and the drafter of the page's initial settings while the page
         # loads (measured: cold start to first token 25 s -> see README), unless turned off.
-        from app import handlers
-        from app.state import preload
+        from app.model_registry import preload
+        from app.traces import DEFAULT_TRACE, load_recorded
 
-        initial = handlers.load_recorded(handlers.DEFAULT_TRACE)[0]
+        initial = load_recorded(DEFAULT_TRACE)[0]
         preload("default", "auto", (initial.get("drafter") or "none",))
-    build_demo().queue(default_concurrency_limit=int(os.environ.get("SPECLENS_MAX_CONCURRENT_RUNS", "2"))).launch(
-        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-        server_port=int(os.environ.get("GRADIO_SERVER_PORT", 7860)),
+    build_demo().queue(default_concurrency_limit=MAX_CONCURRENT_RUNS).launch(
+        server_name=SERVER_NAME, server_port=SERVER_PORT
     )

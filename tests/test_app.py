@@ -17,9 +17,9 @@ def client(server):
 
 # ------------------------------------------------------------------------- no model needed
 def test_recorded_trace_renders_every_playground_output():
-    from app import handlers
+    from app.tabs import playground
 
-    values = handlers.initial_playground()
+    values = playground.initial_playground()
     for key in ("tree", "pq", "tpp", "acceptance"):
         fig = values[key]
         assert len(fig.data) > 0, f"{key} figure is empty"
@@ -35,28 +35,31 @@ def test_recorded_trace_renders_every_playground_output():
 
 @pytest.mark.parametrize("name", ["chat-int8-tree-sampling.json", "code-edit-baseline-greedy.json"])
 def test_every_step_of_recorded_traces_narrates(name):
-    from app import handlers, render
+    from app.narration import narrate_step
+    from app.tabs import step_through
+    from app.traces import load_recorded
 
-    trace = handlers.load_recorded(name)
+    trace = load_recorded(name)
     steps = [e for e in trace if e["type"] == "step"]
     for index in range(len(steps)):
-        text = render.narrate_step(trace, index)
+        text = narrate_step(trace, index)
         assert f"Pass {index + 1} of {len(steps)}" in text
         assert "Result:" in text
-    values = handlers.step_view(trace, len(steps) + 5)  # clamped, never an IndexError
+    values = step_through.step_view(trace, len(steps) + 5)  # clamped, never an IndexError
     assert len(values["st_tree"].data) > 0
 
 
 def test_narration_explains_sampled_rejection_and_greedy():
-    from app import handlers, render
+    from app.narration import narrate_step
+    from app.traces import load_recorded
 
-    sampled = handlers.load_recorded("chat-int8-tree-sampling.json")
-    text = "\n".join(render.narrate_step(sampled, i) for i in range(11))
+    sampled = load_recorded("chat-int8-tree-sampling.json")
+    text = "\n".join(narrate_step(sampled, i) for i in range(11))
     assert "min(1, p/q)" in text and "drew u =" in text
     assert "rejected" in text and "residual norm(max(0, p − q))" in text
     assert "bonus" in text
-    greedy = handlers.load_recorded("code-edit-ngram-greedy.json")
-    text = "\n".join(render.narrate_step(greedy, i) for i in range(3))
+    greedy = load_recorded("code-edit-ngram-greedy.json")
+    text = "\n".join(narrate_step(greedy, i) for i in range(3))
     assert "target's top token" in text
     assert "drew u" not in text
 
@@ -64,39 +67,41 @@ def test_narration_explains_sampled_rejection_and_greedy():
 def test_bad_uploads_give_clear_errors(tmp_path):
     import gradio as gr
 
-    from app import handlers
+    from app.config import TRACES_DIR
+    from app.tabs import step_through
+    from app.traces import DEFAULT_TRACE
 
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(gr.Error, match="not valid JSON"):
-        handlers.load_step_source("Upload", None, str(bad), None)
+        step_through.load_step_source("Upload", None, str(bad), None)
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"events": [{"type": "step"}]}))
     with pytest.raises(gr.Error, match="start"):
-        handlers.load_step_source("Upload", None, str(wrong), None)
+        step_through.load_step_source("Upload", None, str(wrong), None)
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as fh:
         fh.truncate(21 * 1024 * 1024)
     with pytest.raises(gr.Error, match="larger than"):
-        handlers.load_step_source("Upload", None, str(huge), None)
+        step_through.load_step_source("Upload", None, str(huge), None)
     good = tmp_path / "good.json"
-    good.write_text((handlers.TRACES_DIR / handlers.DEFAULT_TRACE).read_text())
-    out = handlers.load_step_source("Upload", None, str(good), None)
+    good.write_text((TRACES_DIR / DEFAULT_TRACE).read_text())
+    out = step_through.load_step_source("Upload", None, str(good), None)
     assert out[0][0]["type"] == "start"
 
 
 def test_settings_validation_uses_engine_messages():
     import gradio as gr
 
-    from app import handlers
+    from app.engine_access import make_settings
 
     with pytest.raises(gr.Error, match="temperature"):
-        handlers.make_settings(4, 1, 0, math.nan, 1.0, 0, 0, 8)
+        make_settings(4, 1, 0, math.nan, 1.0, 0, 0, 8)
     with pytest.raises(gr.Error, match="between 1 and 32"):
-        handlers.make_settings(0, 1, 0, 0.0, 1.0, 0, 0, 8)
+        make_settings(0, 1, 0, 0.0, 1.0, 0, 0, 8)
     with pytest.raises(gr.Error, match="max_new_tokens"):
-        handlers.make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 100000)
-    settings = handlers.make_settings(4.0, 1, 0, 0.5, 0.9, 40, -1, 8)
+        make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 100000)
+    settings = make_settings(4.0, 1, 0, 0.5, 0.9, 40, -1, 8)
     assert settings.seed is None and settings.k == 4 and settings.num_draft_tokens is None
 
 
@@ -162,16 +167,17 @@ def _play_args(**overrides):
 
 @pytest.mark.slow
 def test_playground_stop_keeps_a_partial_trace():
-    from app import handlers
+    from app.stopping import new_run_id, request_stop
+    from app.tabs import playground
 
-    run_id = handlers.new_run_id()
+    run_id = new_run_id()
     updates = []
-    for update in handlers.run_playground(**_play_args(run_id=run_id), request=None, progress=None):
-        values = dict(zip(handlers.PLAY_KEYS, update))
+    for update in playground.run_playground(**_play_args(run_id=run_id), request=None, progress=None):
+        values = dict(zip(playground.PLAY_KEYS, update))
         updates.append(values)
         trace = values.get("trace")
         if isinstance(trace, list) and sum(e["type"] == "step" for e in trace) >= 2:
-            handlers.request_stop(run_id)
+            request_stop(run_id)
     final = updates[-1]
     trace = final["trace"]
     passes = sum(e["type"] == "step" for e in trace)
@@ -190,30 +196,30 @@ def test_concurrent_int8_runs_do_not_share_drafter_state():
     """Two sessions drafting with int8 at once must each get the output of a run alone (greedy)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from app import handlers
+    from app.tabs.api import api_generate
 
     prompts = ["Name three colours.", "Write one sentence about cats."]
-    alone = [list(handlers.api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10))[-1]["text"] for p in prompts]
+    alone = [list(api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10))[-1]["text"] for p in prompts]
     with ThreadPoolExecutor(2) as pool:
-        together = list(
-            pool.map(lambda p: list(handlers.api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10))[-1]["text"], prompts)
-        )
+        together = list(pool.map(lambda p: list(api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10))[-1]["text"], prompts))
     assert together == alone
 
 
 @pytest.mark.slow
 def test_parity_note_reports_a_verdict():
-    from app import handlers
+    from app.engine_access import make_settings
+    from app.model_registry import REGISTRY
+    from app.tabs import race
 
-    engine = handlers.REGISTRY.get("default", "auto")
-    settings = handlers.make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 8)
-    note = handlers._parity_note(engine, "Say hello.", "ngram", settings)
+    engine = REGISTRY.get("default", "auto")
+    settings = make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 8)
+    note = race.parity_note(engine, "Say hello.", "ngram", settings)
     assert "parity check" in note.lower()
 
 
 @pytest.mark.slow
 def test_preload_loads_in_the_background_and_survives_a_bad_model(caplog):
-    from app.state import REGISTRY, preload
+    from app.model_registry import REGISTRY, preload
 
     preload("default", "auto", ("ngram",)).join(timeout=300)
     assert REGISTRY.is_loaded("default", "auto")

@@ -220,15 +220,16 @@ def test_closing_the_tab_ends_the_run_within_a_pass_and_frees_its_slot(app_url, 
 
 def test_eight_browser_sessions_each_get_their_own_run(app_url, browser):
     """8 tabs run at once (2 at a time, the rest wait in the queue): each shows exactly its own output."""
-    from app import handlers
-    from app.state import REGISTRY
+    from app.engine_access import make_settings
+    from app.model_registry import REGISTRY
+    from app.traces import DEFAULT_TRACE, load_recorded
 
     prompts = [f"Name one animal that starts with the letter {letter}." for letter in "BCDFGLMP"]
     # The page starts with the settings of the recorded trace it shows; each tab changes only the
     # prompt, the drafter and the length, so the same settings run alone give the expected output.
-    s = handlers.load_recorded(handlers.DEFAULT_TRACE)[0]["settings"]
+    s = load_recorded(DEFAULT_TRACE)[0]["settings"]
     budget = s.get("num_draft_tokens", 0) if s.get("topk", 1) > 1 else 0
-    settings = handlers.make_settings(s["k"], s["topk"], budget, s["temperature"], s["top_p"], s["top_k"], s["seed"], 8)
+    settings = make_settings(s["k"], s["topk"], budget, s["temperature"], s["top_p"], s["top_k"], s["seed"], 8)
     engine = REGISTRY.get("default", "auto")
     expected = []
     for prompt in prompts:

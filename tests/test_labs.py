@@ -1,4 +1,4 @@
-"""The labs tabs (app/labs.py): the calculator and toy sampler without a model, each lab's handler end to end
+"""The labs tabs (app/labs/): the calculator and toy sampler without a model, each lab's handler end to end
 on the real default model with small settings, and bad input answered with a clear message."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ def _is_skip(value) -> bool:
 # ------------------------------------------------------------------------------- no model needed
 @pytest.mark.parametrize("alpha, k, c", [(0.7, 4, 0.1), (0.95, 12, 0.0), (0.0, 1, 1.0), (0.5, 3, 0.3)])
 def test_calculator_figure_shows_the_formula(alpha, k, c):
-    from app import labs
+    from app.labs import explain
 
-    fig, note = labs.calculator(alpha, k, c, None)
+    fig, note = explain.calculator(alpha, k, c, None)
     chosen = [t for t in fig.data if (t.meta or {}).get("role") == "chosen_k"]
     assert chosen, "no chosen-K marker in the calculator figure"
     expected = (1 - alpha ** (k + 1)) / (1 - alpha)
@@ -36,37 +36,39 @@ def test_calculator_figure_shows_the_formula(alpha, k, c):
 
 
 def test_calculator_uses_the_last_playground_run_but_not_a_recorded_one():
-    from app import handlers, labs
+    from app.labs import batch, explain
+    from app.traces import DEFAULT_TRACE, load_recorded
 
-    recorded = handlers.load_recorded(handlers.DEFAULT_TRACE)
-    fig, note = labs.calculator(0.7, 4, 0.1, recorded)
+    recorded = load_recorded(DEFAULT_TRACE)
+    fig, note = explain.calculator(0.7, 4, 0.1, recorded)
     assert not [t for t in fig.data if (t.meta or {}).get("role") == "measured"]
     assert "No Playground run" in note
     mine = [dict(e) for e in recorded]
     mine[0] = {**mine[0], "started_at": 1.0, "run_id": "mine"}
-    fig, note = labs.calculator(0.7, 4, 0.1, mine)
+    fig, note = explain.calculator(0.7, 4, 0.1, mine)
     measured = [t for t in fig.data if (t.meta or {}).get("role") == "measured"]
     assert measured and "measured" in note
-    alpha, k, c, fig2, note2, seen = labs.explain_refresh(mine, "", 0.5, 2, 0.0)
+    alpha, k, c, fig2, note2, seen = explain.explain_refresh(mine, "", 0.5, 2, 0.0)
     assert seen == "mine" and 1 <= k <= 12 and 0 <= alpha <= 0.99
-    assert all(_is_skip(v) for v in labs.explain_refresh(mine, "mine", 0.5, 2, 0.0))
-    k, alpha, draft_ms, note, seen = labs.batch_refresh(mine, "", 4, 0.7, 0)
+    assert all(_is_skip(v) for v in explain.explain_refresh(mine, "mine", 0.5, 2, 0.0))
+    k, alpha, draft_ms, note, seen = batch.batch_refresh(mine, "", 4, 0.7, 0)
     assert seen == "mine" and draft_ms >= 0 and "last Playground run" in note
 
 
 def test_calculator_bad_input_warns_and_changes_nothing():
-    from app import labs
+    from app.labs import explain
 
     with pytest.warns(UserWarning, match="between"):
-        out = labs.calculator(1.5, 4, 0.1, None)
+        out = explain.calculator(1.5, 4, 0.1, None)
     assert all(_is_skip(v) for v in out)
 
 
 def test_toy_sampler_converges_to_p_and_counts_add_up():
-    from app import labs
+    from app.labs import explain
+    from engine.exactness import toy_sampling
 
-    tokens, p, q = labs._toy_table(labs.TOY_DEFAULT)
-    counts = labs.toy_sampling(p, q, n=1000, seed=1)
+    tokens, p, q = explain.parse_toy_table(explain.TOY_DEFAULT)
+    counts = toy_sampling(p, q, n=1000, seed=1)
     assert sum(counts["accepted"]) + sum(counts["resampled"]) == 1000
     for pv, a, r in zip(p, counts["accepted"], counts["resampled"]):
         assert abs((a + r) / 1000 - pv) < 0.05
@@ -75,7 +77,7 @@ def test_toy_sampler_converges_to_p_and_counts_add_up():
         if pv <= qv:
             assert r == 0
     assert abs(sum(counts["accepted"]) / 1000 - sum(min(a, b) for a, b in zip(p, q))) < 0.05
-    fig, text = labs.run_toy(labs.TOY_DEFAULT, 1)
+    fig, text = explain.run_toy(explain.TOY_DEFAULT, 1)
     names = [t.name for t in fig.data]
     assert any("accepted" in n for n in names) and any("resampled" in n for n in names)
     assert "1000 samples" in text and "= 1000" in text
@@ -91,47 +93,49 @@ def test_toy_sampler_converges_to_p_and_counts_add_up():
     ],
 )
 def test_toy_sampler_rejects_bad_tables_with_a_warning(table, message):
-    from app import labs
+    from app.labs import explain
 
     with pytest.warns(UserWarning, match=message):
-        fig, text = labs.run_toy(table, 0)
+        fig, text = explain.run_toy(table, 0)
     assert _is_skip(fig) and message in text
 
 
 def test_chi_square_pools_small_cells_and_flags_samples_off_support():
-    from app import labs
+    from engine.exactness import chi_square_test
 
     p = {1: 0.5, 2: 0.3, 3: 0.15, 4: 0.03, 5: 0.02}
-    exact = labs.chi_square_test({1: 50, 2: 30, 3: 15, 4: 3, 5: 2}, p, 100)
+    exact = chi_square_test({1: 50, 2: 30, 3: 15, 4: 3, 5: 2}, p, 100)
     assert exact["pvalue"] > 0.99 and exact["tv"] < 1e-9 and exact["cells"] == 4  # 4 and 5 pooled (5 expected)
-    off = labs.chi_square_test({1: 50, 2: 30, 3: 15, 9: 5}, p, 100)
+    off = chi_square_test({1: 50, 2: 30, 3: 15, 9: 5}, p, 100)
     assert off["pvalue"] == 0.0 and off["outside"] == 5
-    single = labs.chi_square_test({1: 10}, {1: 0.99, 2: 0.01}, 10)
+    single = chi_square_test({1: 10}, {1: 0.99, 2: 0.01}, 10)
     assert single["pvalue"] is None
 
 
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda L: L.run_lossless("", 1.0, 8, "int8", 1, 2, 300, 0), "prompt"),
-        (lambda L: L.run_lossless("Hi!", 0, 8, "int8", 1, 2, 300, 0), "Temperature"),
-        (lambda L: L.run_lossless("Hi!", 1.0, 8, "int8", 1, 2, 10**6, 0), "Samples"),
-        (lambda L: L.run_lossless("Hi!", 1.0, 8, "model:x", 1, 2, 300, 0), "int8 or the ngram"),
-        (lambda L: L.run_lossless("Hi!", 1.0, 8, "int8", 1, 2, 300, 0, []), "at least one sampler"),
-        (lambda L: L.run_parity("", "ngram", "float32", 8, 4, False), "at least one prompt"),
-        (lambda L: L.run_parity("a\n" * 30, "ngram", "float32", 8, 4, False), "At most"),
-        (lambda L: L.run_parity("Hi", "ngram", "float16", 8, 4, False), "dtype"),
-        (lambda L: L.run_parity("Hi", "none", "float32", 8, 4, False), "Choose a drafter"),
-        (lambda L: L.run_batch(4, 0.7, [], 0, 1), "at least one batch size"),
-        (lambda L: L.run_batch(4, 1.5, [1], 0, 1), "α"),
-        (lambda L: L.run_batch(4, 0.7, [1, 100], 0, 1), "between 1 and 64"),
+        (lambda L: L.lossless.run_lossless("", 1.0, 8, "int8", 1, 2, 300, 0), "prompt"),
+        (lambda L: L.lossless.run_lossless("Hi!", 0, 8, "int8", 1, 2, 300, 0), "Temperature"),
+        (lambda L: L.lossless.run_lossless("Hi!", 1.0, 8, "int8", 1, 2, 10**6, 0), "Samples"),
+        (lambda L: L.lossless.run_lossless("Hi!", 1.0, 8, "model:x", 1, 2, 300, 0), "int8 or the ngram"),
+        (lambda L: L.lossless.run_lossless("Hi!", 1.0, 8, "int8", 1, 2, 300, 0, []), "at least one sampler"),
+        (lambda L: L.parity.run_parity("", "ngram", "float32", 8, 4, False), "at least one prompt"),
+        (lambda L: L.parity.run_parity("a\n" * 30, "ngram", "float32", 8, 4, False), "At most"),
+        (lambda L: L.parity.run_parity("Hi", "ngram", "float16", 8, 4, False), "dtype"),
+        (lambda L: L.parity.run_parity("Hi", "none", "float32", 8, 4, False), "Choose a drafter"),
+        (lambda L: L.batch.run_batch(4, 0.7, [], 0, 1), "at least one batch size"),
+        (lambda L: L.batch.run_batch(4, 1.5, [1], 0, 1), "α"),
+        (lambda L: L.batch.run_batch(4, 0.7, [1, 100], 0, 1), "between 1 and 64"),
     ],
 )
 def test_bad_lab_input_fails_fast_with_a_clear_error(call, message):
-    from app import labs
+    import app.labs.batch
+    import app.labs.lossless
+    import app.labs.parity
 
     with pytest.raises(gr.Error, match=message):
-        next(iter(call(labs)))
+        next(iter(call(app.labs)))
 
 
 # ------------------------------------------------------------------------------ the real model
@@ -139,31 +143,31 @@ def test_bad_lab_input_fails_fast_with_a_clear_error(call, message):
 def test_lossless_lab_passes_the_exact_sampler_and_catches_the_broken_one():
     """N = 300 real samples per sampler with the tab's defaults (int8, K = 1, two drafts per guess). Plain
     sampling is left out to save a minute: it is the engine's baseline, tested in test_real_model.py."""
-    from app import labs
+    from app.labs import lossless
 
-    d = labs.LOSSLESS_DEFAULTS
-    run = labs.run_lossless(
+    d = lossless.LOSSLESS_DEFAULTS
+    run = lossless.run_lossless(
         d["prompt"], d["temperature"], d["top_k"], "int8", d["k"], d["topk"], 300, 0, ["exact", "broken"]
     )
     (status, fig, rows), outputs = _last(run)
     final_fig = [o[1] for o in outputs if not _is_skip(o[1])][-1]
     table = {row[0].split(" [")[0]: row for row in [o[2] for o in outputs if not _is_skip(o[2])][-1]}
-    exact, broken = table[labs.SAMPLERS["exact"]], table[labs.SAMPLERS["broken"]]
+    exact, broken = table[lossless.SAMPLERS["exact"]], table[lossless.SAMPLERS["broken"]]
     assert float(exact[4]) > 1e-3, table
     assert float(broken[4]) < 1e-3, table
     assert exact[6] == "consistent with p" and "the shortcut is lossy" in broken[6]
-    assert table[labs.SAMPLERS["plain"]][6] == "not run"
-    bars = [t for t in final_fig.data if (t.meta or {}).get("role") in labs.SAMPLERS]
+    assert table[lossless.SAMPLERS["plain"]][6] == "not run"
+    bars = [t for t in final_fig.data if (t.meta or {}).get("role") in lossless.SAMPLERS]
     assert len(bars) == 2 and all(abs(sum(b.y) - 1.0) < 1e-9 for b in bars)
     assert "Done" in status and "Measured" in status
 
 
 @pytest.mark.slow
 def test_parity_lab_streams_identical_rows_in_float32():
-    from app import labs
+    from app.labs import parity
 
-    prompts = labs.default_parity_prompts(2)
-    (status, rows), outputs = _last(labs.run_parity(prompts, "ngram", "float32", 8, 4, False))
+    prompts = parity.default_parity_prompts(2)
+    (status, rows), outputs = _last(parity.run_parity(prompts, "ngram", "float32", 8, 4, False))
     assert len(rows) == 2
     assert all(row[-1] == "✓ identical" for row in rows), rows
     assert "2 identical" in status and "0 real mismatches" in status
@@ -173,9 +177,9 @@ def test_parity_lab_streams_identical_rows_in_float32():
 
 @pytest.mark.slow
 def test_batch_lab_measures_pass_times_and_computes_throughput():
-    from app import labs
+    from app.labs import batch
 
-    (status, fig, rows), _ = _last(labs.run_batch(3, 0.7, [2, 1], 0.5, 1))
+    (status, fig, rows), _ = _last(batch.run_batch(3, 0.7, [2, 1], 0.5, 1))
     assert [row[0] for row in rows] == [1, 2]
     assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
     assert len(fig.data) >= 2 and all(len(t.y) == 2 for t in fig.data)

@@ -124,19 +124,20 @@ def test_memory_stays_flat_across_many_runs(real_engine):
 def test_limits_refuse_disallowed_models_and_long_prompts(monkeypatch):
     import gradio as gr
 
-    from app import handlers, limits
+    from app import config
+    from app.tabs.api import api_generate
 
     with pytest.raises(ValueError, match="not allowed"):
-        limits.check_model_allowed("someone/huge-model")
-    limits.check_model_allowed("Qwen/Qwen2.5-1.5B-Instruct")  # a preset is allowed
+        config.check_model_allowed("someone/huge-model")
+    config.check_model_allowed("Qwen/Qwen2.5-1.5B-Instruct")  # a preset is allowed
     monkeypatch.setenv("SPECLENS_ALLOW_ANY_MODEL", "1")
-    limits.check_model_allowed("someone/huge-model")
+    config.check_model_allowed("someone/huge-model")
     monkeypatch.delenv("SPECLENS_ALLOW_ANY_MODEL")
     with pytest.raises(gr.Error, match="not allowed"):
-        next(handlers.api_generate("hi", drafter="model:someone/huge-model"))
+        next(api_generate("hi", drafter="model:someone/huge-model"))
     with pytest.raises(gr.Error, match="limit is"):
-        next(handlers.api_generate("word " * (limits.MAX_PROMPT_TOKENS + 10), max_new_tokens=2))
-    assert not math.isnan(limits.MAX_NEW_TOKENS)
+        next(api_generate("word " * (config.MAX_PROMPT_TOKENS + 10), max_new_tokens=2))
+    assert not math.isnan(config.MAX_NEW_TOKENS)
 
 
 def test_dropped_api_connection_ends_the_run_within_a_pass(server, target_pass_times):

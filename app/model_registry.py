@@ -1,13 +1,13 @@
-"""Process-wide model registry: each (target, dtype) engine is loaded once and shared read-only.
+"""The process-wide model registry: each (target, dtype) engine is loaded once and shared read-only.
 
 Everything per session (the run's trace, the step being inspected) lives in gr.State as plain
 data; the only thing shared between sessions is what is loaded here.
 
 Drafters that keep per-run state (the int8 self-drafter and model drafters own a KV cache)
-must not be shared by two runs at once, so ``engine_for_run`` hands each run a light view of
-the shared engine whose stateful drafter is a fresh wrapper around the shared, read-only
-drafter weights. Building the drafter weights (int8 quantisation, loading a model drafter)
-happens once, under the registry lock.
+must not be shared by two runs at once. The engine already gives every run a fresh drafter
+around shared, read-only drafter weights, so a loaded engine is safe to use from concurrent
+runs; ``prepare_drafter`` only builds those weights (int8 quantisation, loading a draft model)
+ahead of the run, so that a bad drafter spec fails before anything runs.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from .limits import trust_remote_code
+from .config import trust_remote_code
 
-__all__ = ["ModelRegistry", "REGISTRY", "preload", "resolve_dtype_name"]
+__all__ = ["ModelRegistry", "REGISTRY", "preload", "prepare_drafter", "resolve_dtype_name"]
 
 
 def _models():
@@ -33,7 +33,7 @@ def resolve_dtype_name(dtype: str) -> str:
 
 
 class ModelRegistry:
-    """Engines keyed by (target, dtype); drafter weights keyed by (target, dtype, drafter spec)."""
+    """Engines keyed by (target, dtype); each engine keeps the weights of the drafters built for it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # guards the lock tables only
@@ -72,15 +72,13 @@ class ModelRegistry:
                 self._engines[key] = engine
         return engine
 
-    def engine_for_run(self, engine, drafter: str):
-        """Validate `drafter` and build its shared weights once (int8 copy, draft model).
 
-        The engine gives every run its own drafter state (KV cache), so the shared
-        engine is safe to use from concurrent runs. Raises ValueError / ModelLoadError
-        for a bad drafter spec, before anything runs.
-        """
-        engine.drafter(drafter)
-        return engine
+def prepare_drafter(engine, drafter: str) -> None:
+    """Validate `drafter` and build its shared weights once (int8 copy, draft model).
+
+    Raises ValueError / ModelLoadError for a bad drafter spec, before anything runs.
+    """
+    engine.drafter(drafter)
 
 
 REGISTRY = ModelRegistry()
@@ -96,7 +94,7 @@ def preload(target: str = "default", dtype: str = "auto", drafters: tuple[str, .
         try:
             engine = REGISTRY.get(target, dtype)
             for spec in drafters:
-                engine.drafter(spec)
+                prepare_drafter(engine, spec)
         except Exception:  # the page still works; the first Run shows the error
             logging.getLogger("speclens.app").exception("preloading %s failed", target)
 

@@ -1,30 +1,53 @@
-"""Limits that protect a public deployment, each set by an environment variable.
+"""Everything the app takes from its environment, read here and nowhere else.
 
 | variable | default | meaning |
 |---|---|---|
 | SPECLENS_MAX_PROMPT_TOKENS | 1024 | longer prompts are refused with a message (never silently cut) |
 | SPECLENS_MAX_NEW_TOKENS | 256 | upper bound of "max new tokens" in the UI and the API |
-| SPECLENS_MAX_LAB_SAMPLES | 2000 | upper bound of samples in the lossless lab |
+| SPECLENS_MAX_LAB_SAMPLES | 2000 | upper bound of samples in the lossless lab (at least 100, its slider's start) |
 | SPECLENS_MAX_CONCURRENT_RUNS | 2 | runs served at once; the rest wait in the queue (position shown) |
 | SPECLENS_MODEL_ALLOWLIST | the presets | comma-separated model ids / preset names that may be loaded |
 | SPECLENS_ALLOW_ANY_MODEL | 0 | 1 = any Hub id or local folder may be loaded |
 | SPECLENS_TRUST_REMOTE_CODE | 0 | 1 = pass trust_remote_code=True to transformers (only with any-model) |
+| SPECLENS_PRELOAD | 1 | `python app.py` loads the default model in the background at start (0 = on first Run) |
+| GRADIO_SERVER_NAME | 127.0.0.1 | address `python app.py` serves on |
+| GRADIO_SERVER_PORT | 7860 | port `python app.py` serves on |
+
+The numbers are read once, at import. The model permissions are read when a model is about to
+load, so that an operator's change (or a test's) applies to the next load without a restart.
+A malformed number falls back to its default rather than keeping the server from starting.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from engine.models import DEFAULT_MODEL, PRESETS
 
 __all__ = [
-    "MAX_PROMPT_TOKENS",
-    "MAX_NEW_TOKENS",
-    "MAX_LAB_SAMPLES",
+    "ASSETS",
+    "CSS_PATH",
     "MAX_CONCURRENT_RUNS",
+    "MAX_LAB_SAMPLES",
+    "MAX_NEW_TOKENS",
+    "MAX_PROMPT_TOKENS",
+    "PRELOAD",
+    "SERVER_NAME",
+    "SERVER_PORT",
+    "TRACES_DIR",
     "allowed_models",
+    "any_model_allowed",
     "check_model_allowed",
+    "trust_remote_code",
 ]
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "assets"
+TRACES_DIR = ASSETS / "traces"
+CSS_PATH = ASSETS / "style.css"
+
+LAB_SAMPLES_FLOOR = 100  # the lossless lab's N slider starts here
 
 
 def _int_env(name: str, default: int, low: int = 1) -> int:
@@ -36,10 +59,17 @@ def _int_env(name: str, default: int, low: int = 1) -> int:
     return max(low, value)
 
 
+def _flag_env(name: str, default: str = "0") -> bool:
+    return os.environ.get(name, default) == "1"
+
+
 MAX_PROMPT_TOKENS = _int_env("SPECLENS_MAX_PROMPT_TOKENS", 1024)
 MAX_NEW_TOKENS = _int_env("SPECLENS_MAX_NEW_TOKENS", 256)
-MAX_LAB_SAMPLES = _int_env("SPECLENS_MAX_LAB_SAMPLES", 2000)
+MAX_LAB_SAMPLES = _int_env("SPECLENS_MAX_LAB_SAMPLES", 2000, low=LAB_SAMPLES_FLOOR)
 MAX_CONCURRENT_RUNS = _int_env("SPECLENS_MAX_CONCURRENT_RUNS", 2)
+PRELOAD = _flag_env("SPECLENS_PRELOAD", "1")
+SERVER_NAME = os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")
+SERVER_PORT = _int_env("GRADIO_SERVER_PORT", 7860)
 
 
 def allowed_models() -> set[str]:
@@ -54,11 +84,11 @@ def allowed_models() -> set[str]:
 
 
 def any_model_allowed() -> bool:
-    return os.environ.get("SPECLENS_ALLOW_ANY_MODEL", "0") == "1"
+    return _flag_env("SPECLENS_ALLOW_ANY_MODEL")
 
 
 def trust_remote_code() -> bool:
-    return any_model_allowed() and os.environ.get("SPECLENS_TRUST_REMOTE_CODE", "0") == "1"
+    return any_model_allowed() and _flag_env("SPECLENS_TRUST_REMOTE_CODE")
 
 
 def check_model_allowed(name: str) -> None:

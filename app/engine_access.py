@@ -1,0 +1,128 @@
+"""How every tab and lab reaches the engine: loading, drafters, settings and generation, errors as gr.Error.
+
+The engine raises ValueError (ModelLoadError is one) for anything the user can fix: a model the
+deployment does not allow, an unknown drafter, a bad setting, a prompt over the limit; and
+OutOfMemory with advice on smaller settings. Here each becomes a gr.Error carrying the engine's
+own message, so the page shows it and keeps serving. Loaded engines are shared between sessions
+through `model_registry.REGISTRY`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gradio as gr
+
+from engine.decode import OutOfMemory
+
+from .config import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, check_model_allowed
+from .inputs import as_int
+from .model_registry import REGISTRY, prepare_drafter
+from .stopping import show_progress
+
+__all__ = [
+    "Generation",
+    "builds_on_first_use",
+    "get_engine",
+    "is_loaded",
+    "make_settings",
+    "start_generation",
+    "use_drafter",
+]
+
+MODEL_PREFIX = "model:"  # a drafter spec naming a separate draft model
+
+
+def is_loaded(target: str = "default", dtype: str = "auto") -> bool:
+    return REGISTRY.is_loaded(target, dtype)
+
+
+def get_engine(target: str = "default", dtype: str = "auto", progress=None):
+    """The shared engine for (target, dtype), loaded on first use; loading messages go to `progress`."""
+    try:
+        check_model_allowed(target or "default")
+        return REGISTRY.get(
+            target or "default", dtype or "auto", progress=lambda message: show_progress(progress, None, message)
+        )
+    except ValueError as exc:  # ModelLoadError is a ValueError
+        raise gr.Error(str(exc)) from None
+
+
+def builds_on_first_use(drafter) -> bool:
+    """Whether the drafter's weights are built on first use (the int8 copy, a draft model): worth a message."""
+    spec = drafter.strip() if isinstance(drafter, str) else ""
+    return spec == "int8" or spec.startswith(MODEL_PREFIX)
+
+
+def use_drafter(engine, drafter: str) -> None:
+    """Check the drafter (a draft model against the allowlist too) and build its shared weights once."""
+    try:
+        if isinstance(drafter, str) and drafter.strip().startswith(MODEL_PREFIX):
+            check_model_allowed(drafter.strip()[len(MODEL_PREFIX) :])
+        prepare_drafter(engine, drafter)
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+
+
+def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens):
+    """UI / API values -> a validated GenerationSettings (raises gr.Error with the engine's message)."""
+    from engine import GenerationSettings
+
+    if seed is None or (isinstance(seed, str) and not seed.strip()):
+        seed_value = None
+    else:
+        seed_value = as_int(seed, "seed")
+        if seed_value < 0:
+            seed_value = None  # -1 = random; the seed actually used is in the trace
+    max_new = as_int(max_new_tokens, "max_new_tokens")
+    if not 1 <= max_new <= MAX_NEW_TOKENS:
+        raise gr.Error(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS} in this app, got {max_new}")
+    budget_value = None if budget in (None, "") else as_int(budget, "tree budget")
+    try:
+        settings = GenerationSettings(
+            max_new_tokens=max_new,
+            k=as_int(k, "K"),
+            topk=as_int(topk, "tree topk"),
+            num_draft_tokens=budget_value or None,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed_value,
+            max_prompt_tokens=MAX_PROMPT_TOKENS,
+        )
+        settings.validate()
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    return settings
+
+
+class Generation:
+    """The event stream of one run. Iterate it for the events (OutOfMemory arrives as gr.Error);
+    use it as a context manager, or call close(), to stop the engine, also when the handler is
+    closed mid-run (Stop, or Gradio closing the generator of a client that went away)."""
+
+    def __init__(self, events) -> None:
+        self._events = events
+
+    def __iter__(self) -> Iterator[dict]:
+        try:
+            yield from self._events
+        except OutOfMemory as exc:  # the engine suggests smaller settings; the app keeps serving
+            raise gr.Error(str(exc)) from None
+
+    def close(self) -> None:
+        self._events.close()
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def start_generation(engine, prompt, drafter: str, settings) -> Generation:
+    """Start a run: the prompt, drafter and settings are checked now, before anything runs."""
+    try:
+        return Generation(engine.generate(prompt, drafter, settings))
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None

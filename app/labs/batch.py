@@ -1,0 +1,222 @@
+"""The Batch lab: when does speculation stop paying? Pass times measured now, throughputs computed from them.
+
+engine.pass_timing.batch_tradeoff times one target pass for B sequences with 1 and with K + 1 tokens
+each, and computes the throughputs with and without speculation from those times and α. SpecLens
+decodes one sequence at a time, so batched speculative decoding is computed here, not run.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from visuals.lab_figures import batch_lab_figure
+
+from ..engine_access import get_engine, is_loaded
+from ..figure_guard import guarded
+from ..inputs import number
+from ..stopping import ProgressReporter, Stopped
+from ..wiring import PRIVATE, run_stop_buttons
+from .last_run import last_run
+from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
+
+__all__ = ["build_tab", "batch_refresh", "run_batch"]
+
+# The run"s inputs (controls, in the order the run takes them) and outputs (results).
+INPUTS = ["k", "alpha", "sizes", "draft_ms", "repeats"]
+OUTPUTS = ["status", "plot", "table"]
+
+MAX_K = 8
+MAX_ALPHA = 0.99
+MAX_BATCH = 64
+MAX_REPEATS = 10
+MAX_DRAFT_MS = 10_000
+BATCH_SIZES = [1, 2, 4, 8, 16]
+START = {"k": 4, "alpha": 0.7, "draft_ms": 0, "repeats": 3}  # what the tab shows before the session has a run
+BATCH_HEADERS = [
+    "batch B",
+    "pass, 1 token per row (ms, measured)",
+    "pass, K+1 tokens per row (ms, measured)",
+    "without speculation (tok/s, computed)",
+    "with speculation (tok/s, computed)",
+    "speedup (computed)",
+]
+
+BATCH_TEXT = """
+**When does speculation stop paying?** A speculative pass verifies K + 1 tokens per sequence. Decoding one
+sequence on this machine, a pass over K + 1 tokens costs little more than a pass over one (the weights are read
+once either way); when many sequences share a pass, the extra tokens cost real compute. This lab **measures**,
+now and on this machine, how long one target pass takes for B sequences with 1 token each and with K + 1 tokens
+each (B independent prefixes of 64 tokens in one forward, median of a few repeats), then **computes** throughput:
+without speculation B ÷ pass time; with speculation B × E ÷ (pass time with K + 1 tokens + K × draft time), where
+E = (1 − α^(K+1)) / (1 − α) comes from α. SpecLens decodes one sequence at a time, so batched speculative
+decoding itself is **computed from these measurements, not run**. Other runs on the server at the same time slow
+the measurement.
+"""
+
+
+def batch_refresh(trace, seen: str, k, alpha, draft_ms):
+    """Entering the Batch lab: when a new Playground run exists, take its K, α and draft time per token."""
+    summary, note = last_run(trace)
+    if summary is None or summary["run_id"] == seen:
+        note = f"{note} Until then α and the draft time are whatever you set here."
+        return gr.skip(), gr.skip(), gr.skip(), note if summary is None else gr.skip(), seen
+    k = int(min(MAX_K, max(1, summary["k"])))
+    alpha = round(min(MAX_ALPHA, max(0.0, summary["acceptance_rate"])), 2)
+    per_token = (summary.get("mean_draft_ms") or 0.0) / max(1, summary["k"])
+    return (
+        k,
+        alpha,
+        round(per_token, 2),
+        f"K, α and the draft time are set from it. {note} Drafting took {per_token:.2f} ms per draft token "
+        "(measured)."
+        + (" This lab models a chain of K drafts; your run drafted a tree." if summary.get("tree_topk", 1) > 1 else ""),
+        summary["run_id"],
+    )
+
+
+def _batch_table(result: dict) -> list[list]:
+    rows = []
+    for b, t1, tk, plain, spec in zip(
+        result["batch_sizes"],
+        result["pass_ms_1"],
+        result["pass_ms_k1"],
+        result["throughput_plain"],
+        result["throughput_speculative"],
+    ):
+        rows.append([b, f"{t1:.1f}", f"{tk:.1f}", f"{plain:.1f}", f"{spec:.1f}", f"{spec / plain:.2f}×"])
+    return rows
+
+
+def _status(engine, result: dict, seconds: float) -> str:
+    """What was measured, what computed, and where speculation pays."""
+    sizes, k, alpha = result["batch_sizes"], result["k"], result["alpha"]
+    ratio = [s / p for s, p in zip(result["throughput_speculative"], result["throughput_plain"])]
+    pays = [b for b, r in zip(sizes, ratio) if r > 1.0]
+    cost = result["pass_ms_k1"][0] / result["pass_ms_1"][0]
+    if pays and len(pays) < len(sizes):
+        where = f"pays at B = {', '.join(map(str, pays))} and not beyond."
+    else:
+        where = "pays at every batch size measured." if pays else "does not pay at any batch size measured."
+    return (
+        f"**Pass times are measured on this machine now ({seconds:.0f} s, "
+        f"{engine.target.name}, {str(engine.target.model.dtype).removeprefix('torch.')}); throughputs are computed "
+        f"from them and α.** At B = {sizes[0]} a pass over K + 1 = {k + 1} tokens per row costs {cost:.2f}× a pass "
+        f"over one token; with E = {result['expected_tokens_per_pass']:.2f} tokens per pass (α = {alpha:.2f}, "
+        f"K = {k}) speculation {where}"
+        " The engine decodes one sequence at a time: batched speculative decoding is computed here, not run."
+    )
+
+
+def _checked(k, alpha, batch_sizes, draft_ms, repeats) -> dict:
+    lab = {
+        "k": number(k, "K", 1, MAX_K, integer=True),
+        "alpha": number(alpha, "α", 0.0, MAX_ALPHA),
+        "draft_ms": number(0 if draft_ms in (None, "") else draft_ms, "Draft time per token (ms)", 0, MAX_DRAFT_MS),
+        "repeats": number(repeats, "Repeats", 1, MAX_REPEATS, integer=True),
+    }
+    try:
+        lab["sizes"] = sorted({int(b) for b in (batch_sizes or [])})
+    except (TypeError, ValueError):
+        raise gr.Error(f"Batch sizes must be whole numbers, got {batch_sizes!r}.") from None
+    if not lab["sizes"]:
+        raise gr.Error("Pick at least one batch size.")
+    if any(not 1 <= b <= MAX_BATCH for b in lab["sizes"]):
+        raise gr.Error(f"Batch sizes must be between 1 and {MAX_BATCH}.")
+    return lab
+
+
+def run_batch(
+    k,
+    alpha,
+    batch_sizes,
+    draft_ms,
+    repeats=START["repeats"],
+    run_id: str = "",
+    progress=gr.Progress(),  # noqa: B008
+):
+    """Generator: measure pass times per batch size, then compute throughputs; yields (status, figure, rows)."""
+    from engine.pass_timing import batch_tradeoff
+
+    lab = _checked(k, alpha, batch_sizes, draft_ms, repeats)
+    if not is_loaded("default", "auto"):
+        yield "Loading the model (once per server)…", gr.skip(), gr.skip()
+    engine = get_engine("default", "auto", progress)
+    yield f"Measuring pass times for B = {', '.join(map(str, lab['sizes']))}…", gr.skip(), gr.skip()
+    tracker = ProgressReporter(progress, "batch sizes measured", run_id, interval=0.0)
+    started = time.perf_counter()
+    try:
+        result = batch_tradeoff(
+            engine.target.model,
+            lab["k"],
+            lab["alpha"],
+            lab["sizes"],
+            lab["draft_ms"],
+            repeats=lab["repeats"],
+            progress=tracker,
+        )
+    except Stopped:
+        yield "■ Stopped. Nothing is computed from an unfinished measurement.", gr.skip(), gr.skip()
+        return
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    fig = guarded("Batch measurements", batch_lab_figure, result)
+    yield _status(engine, result, time.perf_counter() - started), fig, _batch_table(result)
+
+
+def _controls() -> dict:
+    c = {}
+    c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Measure", "bl-run", "bl-stop")
+    c["k"] = gr.Slider(1, MAX_K, START["k"], step=1, label="K (draft depth)", elem_id="bl-k")
+    c["alpha"] = gr.Slider(
+        0,
+        MAX_ALPHA,
+        START["alpha"],
+        step=0.01,
+        label="α (acceptance rate)",
+        info="Taken from your last Playground run when there is one.",
+        elem_id="bl-alpha",
+    )
+    c["sizes"] = gr.CheckboxGroup(BATCH_SIZES, value=BATCH_SIZES, label="Batch sizes B", elem_id="bl-sizes")
+    c["draft_ms"] = gr.Number(
+        START["draft_ms"],
+        label="Draft time per draft token (ms)",
+        info="Measured by your last Playground run when there is one; 0 = free drafting (n-gram).",
+        minimum=0,
+        elem_id="bl-draft",
+    )
+    c["repeats"] = gr.Slider(1, 5, START["repeats"], step=1, label="Repeats per measurement (median)")
+    c["note"] = gr.Markdown(
+        "No Playground run in this session yet: α = 0.7 and free drafting are assumed.", elem_id="bl-note"
+    )
+    return c
+
+
+def _results() -> dict:
+    status = status_box(
+        "*Press **Measure** to time real target passes (about half a minute with all batch sizes).*", "bl-status"
+    )
+    plot = results_plot("Throughput vs batch size", "Press Measure to time real target passes", "bl-plot")
+    widths = ["10%", "18%", "18%", "18%", "18%", "18%"]
+    table = results_table([["—"] * 5 + ["not run"]], BATCH_HEADERS, "Measured and computed", widths, "bl-table")
+    return {"status": status, "plot": plot, "table": table}
+
+
+def build_tab(trace_state: gr.State) -> gr.Tab:
+    """The Batch lab; `trace_state` is the Playground's per-session trace (its K, α and draft time)."""
+
+    def wire(c: dict, out: dict) -> None:
+        seen = gr.State("")  # the run whose K, α and draft time were last taken
+        wire_lab_run(c, out, run_batch, INPUTS, OUTPUTS)
+        refreshed = [c["k"], c["alpha"], c["draft_ms"]]
+        c["tab"].select(
+            batch_refresh,
+            [trace_state, seen, *refreshed],
+            [*refreshed, c["note"], seen],
+            show_progress="hidden",
+            concurrency_limit=None,
+            **PRIVATE,
+        )
+
+    return lab_tab("Batch lab", "batch", BATCH_TEXT, _controls, _results, wire)

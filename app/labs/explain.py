@@ -1,0 +1,281 @@
+"""The Explain lab: the algorithm with rendered formulas, a speedup calculator and a toy example sampled for real.
+
+The calculator's curves are computed from the formulas (engine.metrics); its measured point is the
+session's last Playground run. The toy example runs exact speculative sampling on a hand-made p and q
+with the engine's own acceptance rule (engine.exactness.toy_sampling).
+"""
+
+from __future__ import annotations
+
+import math
+
+import gradio as gr
+
+from engine.exactness import overlap, toy_sampling
+from engine.metrics import expected_tokens_per_pass, wall_clock_speedup
+from visuals import speedup_figure
+from visuals.lab_figures import toy_figure
+
+from ..config import MAX_CONCURRENT_RUNS
+from ..figure_guard import guarded
+from ..inputs import number, seed_or_random
+from ..wiring import PRIVATE
+from .last_run import last_run
+
+__all__ = ["TOY_DEFAULT", "build_tab", "calculator", "explain_refresh", "parse_toy_table", "run_toy"]
+
+LATEX = [
+    {"left": "$$", "right": "$$", "display": True},
+    {"left": "$", "right": "$", "display": False},
+]
+MAX_ALPHA = 0.99  # the calculator's α stops short of 1, where E is K + 1 and every draft is kept
+MAX_K = 12
+MAX_TOY_TOKENS = 12
+TOY_SAMPLES = 1000
+CALCULATOR_START = (0.7, 4, 0.1)  # α, K, c shown before the session has a run of its own
+
+EXPLAIN_TEXT = r"""
+### The algorithm in three steps
+A cheap **drafter** proposes a token $x$ drawn from its distribution $q$. The **target** computes its own
+distribution $p$ at the same position, in the same pass that checks the draft. Then:
+
+1. **Accept** the draft with probability $\min\left(1, \dfrac{p(x)}{q(x)}\right)$.
+2. **Otherwise** reject it and draw a replacement from the **residual**
+   $r = \operatorname{norm}\big(\max(0,\ p - q)\big)$, that is
+   $r(y) = \dfrac{\max(0,\ p(y) - q(y))}{\sum_z \max(0,\ p(z) - q(z))}$.
+3. After the last accepted draft the pass adds one more token drawn from $p$ (the **bonus**), so a pass
+   always emits at least one token.
+
+### Why the output follows $p$ exactly
+A token $x$ comes out either as an accepted draft or as a resampled token:
+
+$$P(\text{emit } x) \;=\; \underbrace{q(x)\,\min\!\left(1, \tfrac{p(x)}{q(x)}\right)}_{=\ \min(p(x),\ q(x))} \;+\; P(\text{reject})\; r(x),
+\qquad P(\text{reject}) = 1 - \sum_y \min(p(y), q(y)) = \sum_y \max(0,\ p(y) - q(y)).$$
+
+The normaliser of $r$ is exactly $P(\text{reject})$, so they cancel:
+
+$$P(\text{emit } x) \;=\; \min(p(x), q(x)) + \max(0,\ p(x) - q(x)) \;=\; p(x).$$
+
+Nothing is approximated: however bad the drafter, every emitted token is distributed as the target's own
+sample. A bad drafter only costs speed (more rejections).
+
+### How many tokens per target pass
+If each of the $K$ drafts in a chain is accepted with probability $\alpha$ (independently), a pass emits the
+accepted prefix plus one more token:
+
+$$E[\text{tokens per pass}] \;=\; 1 + \alpha + \alpha^2 + \dots + \alpha^K \;=\; \frac{1 - \alpha^{K+1}}{1 - \alpha}.$$
+
+If one draft token costs $c$ target passes, a pass with $K$ drafts costs $K c + 1$, so the wall-clock speedup
+is $E / (K c + 1)$. This assumes a target pass over $K + 1$ tokens costs as much as a pass over one token;
+the **Batch lab** measures when that stops being true.
+"""
+
+CALC_TEXT = (
+    "### Speedup calculator\n"
+    "Move the sliders: the curves are **computed** from the formulas above (theory). The star is **measured**: "
+    "your last Playground run in this session (its α, K and tokens per target pass)."
+)
+
+TOY_TEXT = (
+    "### A toy example, sampled for real\n"
+    "Five made-up tokens with a target distribution **p** and a drafter distribution **q** (edit them: any "
+    "non-negative numbers; each column is normalised to sum to 1). **Sample 1000 times** runs exact speculative "
+    "sampling with the engine's own functions (`engine.acceptance`): draw x from q, accept with min(1, p/q) "
+    "(`verify_children`), otherwise draw from the residual. The bars split what came out into accepted drafts "
+    "and resampled tokens: together they land on p, even where q is far from p."
+)
+
+TOY_DEFAULT = [
+    ["cat", 0.40, 0.15],
+    ["dog", 0.25, 0.45],
+    ["fish", 0.20, 0.10],
+    ["bird", 0.10, 0.25],
+    ["frog", 0.05, 0.05],
+]
+
+
+# ------------------------------------------------------------------------------------ calculator
+def _clamp(value: float, lo: float, hi: float) -> float:
+    return min(hi, max(lo, value))
+
+
+def calculator(alpha, k, c, trace=None) -> tuple:
+    """(speedup_figure for the sliders with the session's last run as the measured point, a note)."""
+    try:
+        alpha = number(alpha, "α", 0.0, MAX_ALPHA)
+        k = number(k, "K", 1, MAX_K, integer=True)
+        c = number(c, "c", 0.0, 1.0)
+    except gr.Error as exc:
+        gr.Warning(str(exc))
+        return gr.skip(), gr.skip()
+    summary, note = last_run(trace)
+    measured = None
+    if summary is not None:
+        measured = {
+            "alpha": summary["acceptance_rate"],
+            "k": max(1, int(summary["k"])),
+            "tokens_per_pass": summary["tokens_per_pass"],
+        }
+    fig = guarded("Expected speedup", speedup_figure, alpha, k, c, measured)
+    e = expected_tokens_per_pass(alpha, k)
+    text = (
+        f"**Computed** for α = {alpha:.2f}, K = {k}, c = {c:.2f}: E = (1 − α^(K+1)) / (1 − α) = **{e:.3f}** tokens "
+        f"per target pass, speedup E / (K·c + 1) = **{wall_clock_speedup(alpha, k, c):.2f}×**.  \n"
+        f"**Measured:** {note}"
+    )
+    if summary is not None and summary.get("tree_topk", 1) > 1:
+        text += " (A tree run: its tokens per pass can beat the chain formula, which counts one branch.)"
+    return fig, text
+
+
+def explain_refresh(trace, seen: str, alpha, k, c):
+    """Entering the Explain tab: when a new Playground run exists, set the sliders to its α, K and c."""
+    summary, _ = last_run(trace)
+    if summary is None or summary["run_id"] == seen:
+        return (gr.skip(),) * 6  # nothing new: keep what the user set
+    alpha = round(_clamp(summary["acceptance_rate"], 0.0, MAX_ALPHA), 2)
+    k = int(_clamp(summary["k"], 1, MAX_K))
+    if summary.get("draft_cost_ratio") is not None:
+        c = round(_clamp(summary["draft_cost_ratio"], 0.0, 1.0), 2)
+    gr.Info("Calculator set to your last Playground run: its α, K and c (c estimated from its timings).")
+    fig, text = calculator(alpha, k, c, trace)
+    return alpha, k, c, fig, text, summary["run_id"]
+
+
+# ------------------------------------------------------------------------------------------- toy
+def _table_rows(table) -> list:
+    """The rows of a gr.Dataframe value (a pandas frame, a {"data": rows} dict or a plain list)."""
+    if isinstance(table, dict):
+        return table.get("data") or []
+    return table.values.tolist() if hasattr(table, "values") else table
+
+
+def _toy_row(i: int, row) -> tuple[str, float, float]:
+    row = list(row) + [None] * (3 - len(row))
+    name = str(row[0]).strip() if row[0] is not None and str(row[0]).strip() not in ("", "nan") else f"t{i + 1}"
+    values = []
+    for column, value in (("p", row[1]), ("q", row[2])):
+        try:
+            number_ = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"Row {i + 1} ({name}): {column} must be a number, got {value!r}.") from None
+        if not math.isfinite(number_):
+            raise ValueError(f"Row {i + 1} ({name}): {column} must be a finite number, got {value!r}.")
+        if number_ < 0:
+            raise ValueError(f"Row {i + 1} ({name}): {column} must not be negative, got {number_:g}.")
+        values.append(number_)
+    return name, values[0], values[1]
+
+
+def parse_toy_table(table) -> tuple[list[str], list[float], list[float]]:
+    """Parse and validate the toy table (rows: token, p, q), each column normalised; raises ValueError
+    with a plain message."""
+    rows = _table_rows(table)
+    if not rows or len(rows) < 2:
+        raise ValueError("The table needs at least two tokens.")
+    if len(rows) > MAX_TOY_TOKENS:
+        raise ValueError(f"Keep the toy example small: at most {MAX_TOY_TOKENS} tokens.")
+    tokens, ps, qs = (list(column) for column in zip(*(_toy_row(i, row) for i, row in enumerate(rows))))
+    if len(set(tokens)) != len(tokens):
+        raise ValueError("Token names must be different from each other.")
+    for column, values in (("p", ps), ("q", qs)):
+        if sum(values) <= 0:
+            raise ValueError(f"Column {column} is all zero: give at least one token a positive value.")
+    return tokens, [v / sum(ps) for v in ps], [v / sum(qs) for v in qs]
+
+
+def run_toy(table, seed=0, n: int = TOY_SAMPLES):
+    """'Sample 1000 times' -> (figure, counts text). Bad tables get a gr.Warning and change nothing."""
+    try:
+        tokens, p, q = parse_toy_table(table)
+        seed = seed_or_random(seed)
+    except (ValueError, gr.Error) as exc:
+        gr.Warning(str(exc))
+        return gr.skip(), f"⚠ {exc}"
+    counts = toy_sampling(p, q, n, seed)
+    acc, res = sum(counts["accepted"]), sum(counts["resampled"])
+    freq = [(a + r) / n for a, r in zip(counts["accepted"], counts["resampled"])]
+    dev = max(abs(f - pv) for f, pv in zip(freq, p))
+    rows = "\n".join(
+        f"| {tok} | {pv:.3f} | {qv:.3f} | {a} | {r} | {a + r} | {f:.3f} |"
+        for tok, pv, qv, a, r, f in zip(tokens, p, q, counts["accepted"], counts["resampled"], freq)
+    )
+    text = (
+        f"**{n} samples (seed {seed}):** {acc} accepted drafts + {res} resampled tokens = {acc + res}. "
+        f"Acceptance rate {acc / n:.3f} (theory Σ min(p, q) = {overlap(p, q):.3f}). Largest gap between output "
+        f"frequency and p: {dev:.3f} (sampling noise shrinks like 1/√n).\n\n"
+        "| token | p | q | accepted | resampled | total | frequency |\n|---|---|---|---|---|---|---|\n" + rows
+    )
+    return toy_figure(tokens, p, q, counts), text
+
+
+# ---------------------------------------------------------------------------------------- layout
+def _calculator_controls(start_fig, start_note) -> dict:
+    alpha0, k0, c0 = CALCULATOR_START
+    with gr.Row():
+        alpha = gr.Slider(0, MAX_ALPHA, alpha0, step=0.01, label="α (acceptance rate)", elem_id="ex-alpha")
+        k = gr.Slider(1, MAX_K, k0, step=1, label="K (drafts per target pass)", elem_id="ex-k")
+        c = gr.Slider(0, 1, c0, step=0.01, label="c (cost of one draft token ÷ one target pass)", elem_id="ex-c")
+    plot = gr.Plot(start_fig, show_label=False, elem_id="ex-calc")
+    note = gr.Markdown(start_note, elem_id="ex-calc-note")
+    return {"alpha": alpha, "k": k, "c": c, "plot": plot, "note": note}
+
+
+def _toy_controls() -> dict:
+    tokens, p, q = parse_toy_table(TOY_DEFAULT)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=300):
+            table = gr.Dataframe(
+                value=TOY_DEFAULT,
+                headers=["token", "p (target)", "q (drafter)"],
+                datatype=["str", "number", "number"],
+                interactive=True,
+                label="Toy p and q (editable)",
+                elem_id="ex-toy-table",
+            )
+            with gr.Row():
+                seed = gr.Number(-1, precision=0, label="Seed", info="-1 = random", min_width=100)
+                button = gr.Button("▶ Sample 1000 times", variant="primary", elem_id="ex-toy-run")
+        with gr.Column(scale=3, min_width=420):
+            plot = gr.Plot(toy_figure(tokens, p, q, None), show_label=False, elem_id="ex-toy-plot")
+    text = gr.Markdown("", elem_id="ex-toy-text")
+    return {"table": table, "seed": seed, "button": button, "plot": plot, "text": text}
+
+
+def build_tab(trace_state: gr.State) -> gr.Tab:
+    """The Explain tab; `trace_state` is the Playground's per-session trace (the measured point)."""
+    with gr.Tab("Explain", id="explain") as tab:
+        gr.Markdown(EXPLAIN_TEXT, latex_delimiters=LATEX, elem_id="ex-text", elem_classes=["sl-explain"])
+        gr.Markdown(CALC_TEXT)
+        calc = _calculator_controls(*calculator(*CALCULATOR_START, None))
+        seen = gr.State("")
+        gr.Markdown(TOY_TEXT)
+        toy = _toy_controls()
+    sliders = [calc["alpha"], calc["k"], calc["c"]]
+    for slider in sliders:
+        slider.input(
+            calculator,
+            [*sliders, trace_state],
+            [calc["plot"], calc["note"]],
+            trigger_mode="always_last",
+            show_progress="hidden",
+            concurrency_limit=None,
+            **PRIVATE,
+        )
+    tab.select(
+        explain_refresh,
+        [trace_state, seen, *sliders],
+        [*sliders, calc["plot"], calc["note"], seen],
+        show_progress="hidden",
+        concurrency_limit=None,
+        **PRIVATE,
+    )
+    toy["button"].click(
+        run_toy,
+        [toy["table"], toy["seed"]],
+        [toy["plot"], toy["text"]],
+        concurrency_limit=MAX_CONCURRENT_RUNS,
+        concurrency_id="toy",  # its own queue: sampling the toy needs no model
+        **PRIVATE,
+    )
+    return tab

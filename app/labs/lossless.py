@@ -1,0 +1,324 @@
+"""The Lossless lab: real next-token samples from three samplers, tested against the target's exact p.
+
+Plain sampling (the reference), speculative sampling with the exact rule, and a deliberately broken
+verifier that ignores q each draw N real samples of the token after a prompt; engine.exactness
+tests each histogram against p (chi-square, total variation), visuals.lab_figures draws them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import gradio as gr
+
+from engine.exactness import TEST_LEVEL, as_distribution, chi_square_test
+from visuals.lab_figures import fmt_pvalue, lossless_figure
+
+from ..config import MAX_LAB_SAMPLES
+from ..engine_access import get_engine, is_loaded, use_drafter
+from ..inputs import number, seed_or_random
+from ..stopping import ProgressReporter, Stopped
+from ..wiring import run_stop_buttons
+from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
+
+__all__ = ["LOSSLESS_DEFAULTS", "SAMPLERS", "build_tab", "run_lossless"]
+
+# The run"s inputs (controls, in the order the run takes them) and outputs (results).
+INPUTS = ["prompt", "temperature", "top_k", "drafter", "k", "topk", "n", "seed", "samplers"]
+OUTPUTS = ["status", "plot", "table"]
+
+LOSSLESS_PROMPTS = ["Hi!", "What colour is the sky?", "Name a colour.", "Name a planet."]
+LOSSLESS_DEFAULTS = {"prompt": "Hi!", "temperature": 1.0, "top_k": 8, "drafter": "int8", "k": 1, "topk": 2, "n": 300}
+SAMPLERS = {
+    "plain": "Plain sampling (no drafter)",
+    "exact": "Speculative sampling (exact rule)",
+    "broken": "Broken verifier (ignores q)",
+}
+PLAIN_SHAPE = {"k": 1, "topk": 1}  # plain sampling drafts nothing: one target pass per sample
+LOSSLESS_HEADERS = ["sampler", "N", "chi-square", "df", "p-value", "TV distance", "verdict"]
+MIN_SAMPLES = 10  # fewer samples than this test nothing
+MAX_TOP_K, MAX_K, MAX_TREE_TOPK = 50, 4, 4
+
+LOSSLESS_TEXT = f"""
+**Is speculative sampling really lossless? Sample it and test it.** Each run draws **N real samples of the next
+token** after your prompt from three samplers, each sample a real target pass on this machine:
+**plain sampling** (no drafter), **speculative sampling** with the exact rule (accept with min(1, p/q), else
+resample from norm(max(0, p − q))), and a **deliberately broken verifier** that ignores q (accepts with
+min(1, p), resamples from p itself, a tempting shortcut). The target's **exact p** is computed from one
+forward pass (softmax of its logits with your temperature and top-k). A chi-square test (cells with fewer
+than 5 expected samples pooled) and the total-variation distance compare each histogram with p; below
+p-value {TEST_LEVEL:g} a histogram is called different from p.
+
+The broken verifier always uses the **int8** drafter: an n-gram draft is a point mass (q = 1 on the copied
+token), so accepting with min(1, p/q) or with min(1, p) is the same thing and dropping q changes nothing
+for n-gram drafts. With the int8 drafter q is close to p, so the shortcut's error is small (a total-variation
+distance around 0.1): the defaults (a peaked p, 2 alternative drafts per guess) make it show at N = 300;
+with other prompts raise N. Only the first drafted position can decide the first token, so K = 1 is enough here.
+"""
+
+
+# ------------------------------------------------------------------------------------------ text
+def _verdict(kind: str, test: dict | None) -> str:
+    if test is None:
+        return "not run"
+    if test["pvalue"] is None:
+        return "nothing to test: p puts (almost) all its mass on one token"
+    if test["pvalue"] >= TEST_LEVEL:
+        if kind == "broken":
+            return "not detected at this N: its error is small here, raise N"
+        return "consistent with p"
+    if kind == "broken":
+        return "differs from p: the shortcut is lossy"
+    return "differs from p (unexpected: rerun with another seed; about 1 run in 1000 fails by chance)"
+
+
+def _lossless_table(results: dict, n: int) -> list[list]:
+    rows = []
+    for kind, name in SAMPLERS.items():
+        res = results.get(kind)
+        test = res["test"] if res else None
+        rows.append(
+            [
+                name + (f" [{res['drafter']}]" if res and res.get("drafter") not in (None, "none") else ""),
+                n if res else "—",
+                "—" if not test or test["statistic"] is None else f"{test['statistic']:.1f}",
+                "—" if not test else test["df"],
+                "—" if not test else fmt_pvalue(test["pvalue"]),
+                "—" if not test else f"{test['tv']:.3f}",
+                _verdict(kind, test),
+            ]
+        )
+    return rows
+
+
+def _lossless_summary(results: dict, n: int, seed: int, drafter: str, k: int, topk: int, seconds: float) -> str:
+    what = {
+        "exact": f"Speculative sampling ({drafter}, exact rule)",
+        "plain": "Plain sampling",
+        "broken": "Broken verifier (int8, ignores q)",
+    }
+    notes = {"plain": ": the reference, and the noise level to expect at this N"}
+    lines = [
+        f"**Done in {seconds:.0f} s** ({len(results) * n} real samples, seed {seed}; speculative: {drafter} drafter, "
+        f"K = {k}, tree top-k {topk}).",
+        "",
+    ]
+    for kind in ("exact", "plain", "broken"):
+        if kind in results:
+            test = results[kind]["test"]
+            lines.append(
+                f"* **{what[kind]}: {_verdict(kind, test)}** (p-value {fmt_pvalue(test['pvalue'])}, "
+                f"TV {test['tv']:.3f}){notes.get(kind, '')}."
+            )
+    lines += [
+        "",
+        "*Measured:* the samples (real drafts and target passes, now). *Computed:* the exact p from the target's "
+        "logits, the chi-square p-values and the total-variation distances.",
+    ]
+    if drafter == "ngram":
+        lines.append(
+            "\nWith the n-gram drafter q is a point mass: if the prompt offers nothing to copy, nothing is drafted "
+            "and the speculative sampler is plain sampling."
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- run
+def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samplers) -> dict:
+    """The lab's inputs, checked (gr.Error naming the field otherwise)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise gr.Error("Type a prompt (or pick one): the lab samples the token that follows it.")
+    lab = {
+        "prompt": prompt,
+        "settings": {
+            "temperature": number(temperature, "Temperature", 0.05, 2.0),
+            "top_k": number(top_k, "Top-k", 2, MAX_TOP_K, integer=True),
+        },
+        "shape": {
+            "k": number(k, "K", 1, MAX_K, integer=True),
+            "topk": number(topk, "Tree top-k", 1, MAX_TREE_TOPK, integer=True),
+        },
+        "n": number(n_samples, "Samples N", MIN_SAMPLES, MAX_LAB_SAMPLES, integer=True),
+        "seed": seed_or_random(seed),
+        "drafter": (drafter or "int8").strip(),
+    }
+    if lab["drafter"] not in ("int8", "ngram"):
+        raise gr.Error(f"Choose the int8 or the ngram drafter for this lab, got {lab['drafter']!r}.")
+    lab["chosen"] = list(SAMPLERS) if samplers is None else [kind for kind in SAMPLERS if kind in samplers]
+    if not lab["chosen"] or (samplers is not None and set(samplers) - set(SAMPLERS)):
+        raise gr.Error(f"Pick at least one sampler to run ({', '.join(SAMPLERS)}).")
+    return lab
+
+
+def _runs(lab: dict) -> list[tuple[str, str, str, dict]]:
+    """(kind, drafter, verifier, draft shape) of each chosen sampler, in panel order. The broken verifier
+    always drafts with int8 (an n-gram draft's q is a point mass, so ignoring q changes nothing there)."""
+    runs = [
+        ("plain", "none", "exact", PLAIN_SHAPE),
+        ("exact", lab["drafter"], "exact", lab["shape"]),
+        ("broken", "int8", "drop_q", lab["shape"]),
+    ]
+    return [run for run in runs if run[0] in lab["chosen"]]
+
+
+def _sample(engine, lab: dict, run: tuple, tracker) -> dict:
+    """N samples of one sampler and their test against p."""
+    kind, spec, verifier, shape = run
+    t0 = time.perf_counter()
+    try:
+        samples = engine.sample_next_tokens(
+            lab["prompt"],
+            spec,
+            n_samples=lab["n"],
+            n_tokens=1,
+            verifier=verifier,
+            progress=tracker,
+            seed=lab["seed"],
+            **lab["settings"],
+            **shape,
+        )
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    counts = Counter(int(s[0]) for s in samples)
+    return {
+        "counts": dict(counts),
+        "test": chi_square_test(counts, lab["p"], lab["n"]),
+        "drafter": spec,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _exact_p(engine, lab: dict) -> None:
+    """The target's exact next-token p after the prompt, and the texts of its tokens, into `lab`."""
+    try:
+        probs = engine.next_token_distribution(lab["prompt"], seed=lab["seed"], **lab["settings"])
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    lab["p"] = as_distribution(probs)
+    lab["labels"] = {t: engine.token_text(t) for t in lab["p"]}
+
+
+def run_lossless(
+    prompt,
+    temperature,
+    top_k,
+    drafter,
+    k,
+    topk,
+    n_samples,
+    seed,
+    samplers=None,
+    run_id: str = "",
+    progress=gr.Progress(),  # noqa: B008 (gradio injects the tracker)
+):
+    """Generator: plain, exact speculative and broken-verifier next-token samples vs the exact p.
+
+    samplers: the subset of SAMPLERS' keys to run (None = all three).
+    Yields (status markdown, figure, table rows) after each sampler.
+    """
+    lab = _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samplers)
+    n = lab["n"]
+    if not is_loaded("default", "auto"):
+        yield "Loading the model (once per server)…", gr.skip(), gr.skip()
+    engine = get_engine("default", "auto", progress)
+    yield "Preparing the drafters (the int8 copy is built on first use)…", gr.skip(), gr.skip()
+    use_drafter(engine, "int8")
+    _exact_p(engine, lab)
+    runs = _runs(lab)
+    results: dict[str, dict] = {}
+    started = time.perf_counter()
+    for index, run in enumerate(runs):
+        kind, spec = run[0], run[1]
+        step = f"{index + 1}/{len(runs)} {SAMPLERS[kind]}"
+        status = step + (f" ({spec} drafter)" if spec != "none" else "") + f": sampling {n}…"
+        yield status, gr.skip(), gr.skip()
+        tracker = ProgressReporter(progress, step, run_id, offset=index / len(runs), share=1 / len(runs))
+        try:
+            results[kind] = _sample(engine, lab, run, tracker)
+        except Stopped:
+            figure = lossless_figure(lab["p"], lab["labels"], results, n, SAMPLERS)
+            yield (
+                f"■ Stopped during {SAMPLERS[kind]}. Results above cover the samplers that finished.",
+                figure,
+                _lossless_table(results, n),
+            )
+            return
+        for t in results[kind]["counts"]:
+            lab["labels"].setdefault(t, engine.token_text(t))
+        yield (
+            status.replace(f": sampling {n}…", f": done in {results[kind]['seconds']:.1f} s."),
+            lossless_figure(lab["p"], lab["labels"], results, n, SAMPLERS),
+            _lossless_table(results, n),
+        )
+    seconds = time.perf_counter() - started
+    summary = _lossless_summary(
+        results, n, lab["seed"], lab["drafter"], lab["shape"]["k"], lab["shape"]["topk"], seconds
+    )
+    yield summary, gr.skip(), gr.skip()
+
+
+# ---------------------------------------------------------------------------------------- layout
+def _controls() -> dict:
+    d = LOSSLESS_DEFAULTS
+    c = {}
+    c["prompt"] = gr.Dropdown(
+        LOSSLESS_PROMPTS,
+        value=d["prompt"],
+        allow_custom_value=True,
+        label="Prompt (pick or type)",
+        info="The lab samples the first token of the answer.",
+        elem_id="ll-prompt",
+    )
+    c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Sample", "ll-run", "ll-stop")
+    c["n"] = gr.Slider(
+        100,
+        MAX_LAB_SAMPLES,
+        min(d["n"], MAX_LAB_SAMPLES),
+        step=50,
+        label="Samples N (per sampler)",
+        info="Each sample is one real target pass; 300 take about a minute per sampler on 2 CPU cores.",
+        elem_id="ll-n",
+    )
+    c["drafter"] = gr.Radio(
+        [("int8 (quantised target)", "int8"), ("ngram (prompt lookup)", "ngram")],
+        value=d["drafter"],
+        label="Drafter of the speculative sampler",
+        info="The broken verifier always uses int8 (see above).",
+    )
+    c["temperature"] = gr.Slider(0.05, 2, d["temperature"], step=0.05, label="Temperature")
+    c["top_k"] = gr.Slider(
+        2, MAX_TOP_K, d["top_k"], step=1, label="Top-k", info="Tokens p may use; small keeps the chart readable."
+    )
+    with gr.Row():
+        c["k"] = gr.Slider(1, MAX_K, d["k"], step=1, label="K (draft depth)", min_width=140)
+        c["topk"] = gr.Slider(
+            1, MAX_TREE_TOPK, d["topk"], step=1, label="Tree top-k", info="Alternative drafts per guess.", min_width=140
+        )
+    c["seed"] = gr.Number(0, precision=0, label="Seed", info="-1 = random")
+    c["samplers"] = gr.CheckboxGroup(
+        [(name, kind) for kind, name in SAMPLERS.items()],
+        value=list(SAMPLERS),
+        label="Samplers to run",
+        info="Each costs N target passes.",
+    )
+    return c
+
+
+def _results() -> dict:
+    status = status_box(
+        "*Press **Sample** to draw real samples (about 3 minutes on 2 CPU cores with the defaults).*", "ll-status"
+    )
+    title = "Next-token histograms against the target's exact p"
+    plot = results_plot(title, "Press Sample to draw real samples", "ll-plot")
+    widths = ["22%", "6%", "10%", "5%", "10%", "12%", "35%"]
+    table = results_table(_lossless_table({}, 0), LOSSLESS_HEADERS, "Tests against the exact p", widths, "ll-table")
+    return {"status": status, "plot": plot, "table": table}
+
+
+def _wire(c: dict, out: dict) -> None:
+    wire_lab_run(c, out, run_lossless, INPUTS, OUTPUTS)
+
+
+def build_tab() -> gr.Tab:
+    return lab_tab("Lossless lab", "lossless", LOSSLESS_TEXT, _controls, _results, _wire)

@@ -1,0 +1,74 @@
+"""The layout every long-running lab shares: its text on top, controls on the left, results on the right.
+
+A lab's results are a status line (where progress and the final verdict appear) and a table of
+what was measured and computed, often with a figure between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gradio as gr
+
+from visuals.lab_figures import message_figure
+
+from ..wiring import wire_run_and_stop
+
+__all__ = ["lab_tab", "results_plot", "results_table", "status_box", "wire_lab_run"]
+
+
+def lab_tab(
+    title: str,
+    tab_id: str,
+    text: str,
+    controls: Callable[[], dict],
+    results: Callable[[], dict],
+    wire: Callable[[dict, dict], None],
+) -> gr.Tab:
+    """A lab's tab: `text`, then controls() beside results(); wire(controls, results) attaches its events
+    inside the tab (a gr.State directly under gr.Tabs breaks gradio's tab bar). The controls' dict also
+    holds the tab itself, under "tab", for events on entering it."""
+    with gr.Tab(title, id=tab_id) as tab:
+        gr.Markdown(text, elem_classes=["sl-lab-text"])
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3, min_width=300):
+                c = controls()
+            with gr.Column(scale=9, min_width=420):
+                out = results()
+        c["tab"] = tab
+        wire(c, out)
+    return tab
+
+
+def status_box(text: str, elem_id: str) -> gr.Markdown:
+    return gr.Markdown(text, elem_id=elem_id, elem_classes=["sl-status"])
+
+
+def results_table(value: list[list], headers: list[str], label: str, widths: list[str], elem_id: str) -> gr.Dataframe:
+    return gr.Dataframe(
+        value=value,
+        headers=headers,
+        interactive=False,
+        wrap=True,
+        label=label,
+        column_widths=widths,
+        elem_id=elem_id,
+    )
+
+
+def results_plot(title: str, waiting: str, elem_id: str) -> gr.Plot:
+    """The lab's figure, saying `waiting` until the first run."""
+    return gr.Plot(message_figure(title, waiting), show_label=False, elem_id=elem_id)
+
+
+def wire_lab_run(c: dict, out: dict, fn, inputs: list[str], outputs: list[str]) -> None:
+    """Run / Stop of a lab: fn(*c[inputs]) streamed into out[outputs], progress shown over the status."""
+    wire_run_and_stop(
+        c["run_btn"],
+        c["stop_btn"],
+        fn,
+        [c[key] for key in inputs],
+        [out[key] for key in outputs],
+        show_progress="full",
+        show_progress_on=[out["status"]],
+    )

@@ -1,0 +1,219 @@
+"""The Step-through's narration: one target pass of a trace, every decision explained in plain words.
+
+It reads what the engine recorded for each tried node (accept_prob, u, p_eff, q_eff and whether
+the test was `adjusted` by earlier rejected siblings) and never recomputes the rule; p is the
+target, q the drafter. Markdown out, no Gradio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.trace import start_event, step_events
+from visuals import MARKS
+
+from .render import fmt_num, md_token, plural
+
+__all__ = ["narrate_step"]
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """The facts about one pass that every sentence of its narration needs."""
+
+    step: dict
+    number: int
+    total: int  # passes in the trace
+    greedy: bool
+    point_mass: bool  # n-gram drafts: q is a point mass
+    baseline: bool
+    drafted: int
+    eos: set
+
+
+def _read_pass(trace: list[dict], step_index: int) -> _Pass:
+    steps = step_events(trace)
+    step = steps[step_index]
+    start = start_event(trace)
+    return _Pass(
+        step=step,
+        number=step.get("step", step_index + 1),
+        total=len(steps),
+        greedy=bool(start.get("greedy")),
+        point_mass=bool(step.get("point_mass")),
+        baseline=start.get("mode") == "baseline",
+        drafted=int(step.get("drafted") or len(step.get("nodes") or [])),
+        eos=set(start.get("eos_ids") or []),
+    )
+
+
+def _timing(pp: _Pass) -> str:
+    step = pp.step
+    if step.get("verify_ms") is None:
+        return ""
+    if pp.drafted and step.get("draft_ms") is not None:
+        return f" ({step['draft_ms']:.0f} ms drafting, {step['verify_ms']:.0f} ms for the target pass and checks)"
+    return f" ({step['verify_ms']:.0f} ms)"
+
+
+def _opening(pp: _Pass) -> str:
+    """What happened in the pass, in one sentence."""
+    head = f"**Pass {pp.number} of {pp.total}.**"
+    if pp.drafted == 0 and pp.baseline:
+        return f"{head} No drafter: the target runs once and adds one token{_timing(pp)}."
+    if pp.drafted == 0:
+        return (
+            f"{head} The drafter had nothing to propose this time "
+            f"(e.g. no n-gram match), so the target adds one token on its own{_timing(pp)}."
+        )
+    nodes = pp.step.get("nodes") or []
+    shape = "a chain" if all(n.get("depth") == i + 1 for i, n in enumerate(nodes)) else "a tree"
+    depth = pp.step.get("draft_depth") or max((n.get("depth") or 0) for n in nodes)
+    return (
+        f"{head} The drafter proposed {plural(pp.drafted, 'token')} "
+        f"({shape}, {depth} deep); the target scored all of them in **one** forward pass{_timing(pp)}. "
+        "Checking walks from the last committed token down the drafts:"
+    )
+
+
+def _top_token(step: dict, parent: int) -> list | None:
+    for dist in step.get("dists") or []:
+        if dist.get("node") == parent and dist.get("p_top"):
+            return dist["p_top"][0]
+    return None
+
+
+def _greedy_decision(pp: _Pass, node: dict, token: str, verdict: str) -> str:
+    if node.get("decision") == "accepted":
+        return f"- Drafted {token}; it is the target's top token here → {verdict}."
+    top = _top_token(pp.step, node.get("parent", -1))
+    if top is not None:
+        return f"- Drafted {token}; the target's top token is {md_token(top[1])} → {verdict}."
+    return f"- Drafted {token}; the target's top token is a different one → {verdict}."
+
+
+def _point_mass_decision(node: dict, token: str, verdict: str) -> str:
+    p_shown = node.get("p_eff") if node.get("p_eff") is not None else node.get("p")
+    text = (
+        f"- Drafted {token} by n-gram lookup. q is a point mass (n-gram), so accept with probability "
+        f"p(x) = {fmt_num(p_shown)}"
+    )
+    if node.get("adjusted"):
+        text += " (p after removing the already rejected drafts, renormalised)"
+    if node.get("u") is not None:
+        text += f"; drew u = {fmt_num(node['u'])}"
+    return text + f" → {verdict}."
+
+
+def _sampled_decision(node: dict, token: str, verdict: str) -> str:
+    accept_prob, u = node.get("accept_prob"), node.get("u")
+    text = f"- Drafted {token} with q = {fmt_num(node.get('q'))}; target gives p = {fmt_num(node.get('p'))}"
+    if node.get("adjusted"):
+        text += (
+            f". A sibling was rejected first, so it is compared with what is left: p′ = norm(max(0, p − q)) = "
+            f"{fmt_num(node.get('p_eff'))} and q′ = q without the rejected sibling = {fmt_num(node.get('q_eff'))}: "
+            f"min(1, p′/q′) = {fmt_num(accept_prob)}"
+        )
+        if node.get("p_eff") == 0:
+            text += " (nothing of p is left for it)"
+    else:
+        text += f"; min(1, p/q) = {fmt_num(accept_prob)}"
+    if u is not None and (accept_prob is None or accept_prob < 1.0 or node.get("decision") == "rejected"):
+        text += f", drew u = {fmt_num(u)}"
+    elif accept_prob is not None and accept_prob >= 1.0:
+        text += " (p ≥ q: always kept)"
+    return text + f" → {verdict}."
+
+
+def _decisions(pp: _Pass) -> list[str]:
+    """One line per tried draft, shallowest first."""
+    tried = [n for n in pp.step.get("nodes") or [] if n.get("decision") in ("accepted", "rejected")]
+    tried.sort(key=lambda n: (n.get("depth") or 0, n.get("id") or 0))
+    lines = []
+    for node in tried:
+        token = md_token(node.get("text"))
+        verdict = f"{MARKS[node['decision']]} **{node['decision']}**"
+        if pp.greedy:
+            lines.append(_greedy_decision(pp, node, token, verdict))
+        elif pp.point_mass:
+            lines.append(_point_mass_decision(node, token, verdict))
+        else:
+            lines.append(_sampled_decision(node, token, verdict))
+    return lines
+
+
+def _resampled(pp: _Pass, last: dict, token: str, p_text: str) -> list[str]:
+    mark = MARKS["resampled"]
+    if pp.greedy:
+        return [f"- {mark} Instead the target's own top token {token} is emitted (**resampled**)."]
+    if pp.point_mass:
+        return [
+            f"- {mark} **Resampled** {token} from the residual norm(max(0, p − q)): with "
+            f"a point-mass q this is p with the rejected draft removed{p_text}."
+        ]
+    lines = [f"- {mark} **Resampled** {token} from the residual norm(max(0, p − q)){p_text}."]
+    top = last.get("residual_top") or []
+    if top:
+        shown = ", ".join(f"{md_token(t[1])} {fmt_num(t[2])}" for t in top[:3])
+        lines.append(f"  The residual's most likely tokens were {shown}.")
+    return lines
+
+
+def _bonus(pp: _Pass, token: str, p_text: str) -> str:
+    how = "the target's top token" if pp.greedy else "drawn from p"
+    mark = MARKS["bonus"]
+    if pp.drafted == 0:
+        return f"- The target's own token {token}, {how}{p_text} ({mark} bonus)."
+    if pp.step.get("accepted_len", 0) and pp.step.get("accepted_len") == pp.step.get("draft_depth"):
+        return f"- All drafts on the path accepted → {mark} **bonus** token {token}, {how}{p_text}."
+    return f"- The accepted path reached a draft with no children → {mark} **bonus** token {token}, {how}{p_text}."
+
+
+def _target_token(pp: _Pass) -> list[str]:
+    """The token the target added itself (resampled after a rejection, or the bonus), if any."""
+    emitted = pp.step.get("emitted") or []
+    if not emitted:
+        return []
+    last = emitted[-1]
+    token = md_token(last.get("text"))
+    p_text = f" (p = {fmt_num(last.get('p'))})" if last.get("p") is not None else ""
+    if last.get("token_id") in pp.eos:
+        p_text += ": the end-of-answer token, so the run stops here"
+    if last.get("kind") == "resampled":
+        return _resampled(pp, last, token, p_text)
+    if last.get("kind") == "bonus":
+        return [_bonus(pp, token, p_text)]
+    return []
+
+
+def _unreached(pp: _Pass) -> list[str]:
+    unreached = sum(1 for n in pp.step.get("nodes") or [] if n.get("decision") == "not_reached")
+    if not unreached:
+        return []
+    return [
+        f"- {MARKS['not_reached']} {unreached} drafted token{'s were' if unreached != 1 else ' was'} never "
+        "checked: {} on a branch the walk did not take.".format("they were" if unreached != 1 else "it was")
+    ]
+
+
+def _result(pp: _Pass) -> str:
+    emitted = pp.step.get("emitted") or []
+    produced = "".join(md_token(e.get("text")) + " " for e in emitted).strip()
+    return (
+        f"**Result:** {plural(len(emitted), 'token')} added in this pass: {produced or '—'}"
+        + (" (cut at the end of the answer / the token limit)" if pp.step.get("truncated") else "")
+        + f". Running total: {plural(pp.step.get('tokens_total', 0), 'token')} after "
+        f"{plural(pp.step.get('target_passes', pp.number), 'target pass', 'target passes')}."
+    )
+
+
+def narrate_step(trace: list[dict], step_index: int) -> str:
+    """Markdown explaining every decision of step `step_index` (0-based, clamped) in plain words."""
+    steps = step_events(trace or [])
+    if not steps:
+        return "This trace has no target passes yet."
+    pp = _read_pass(trace, max(0, min(step_index, len(steps) - 1)))
+    lines = [_opening(pp), ""]
+    lines += _decisions(pp) + _target_token(pp) + _unreached(pp)
+    lines += ["", _result(pp)]
+    return "\n".join(lines)

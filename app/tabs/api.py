@@ -1,0 +1,77 @@
+"""The /generate API endpoint: speculative decoding on the default model for programs (gradio_client).
+
+Its name, inputs and outputs are a public contract (README, tests): change them only compatibly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gradio as gr
+
+from ..config import MAX_CONCURRENT_RUNS
+from ..engine_access import get_engine, make_settings, start_generation, use_drafter
+from ..wiring import MODEL_RUNS
+
+__all__ = ["api_generate", "register"]
+
+
+def api_generate(
+    prompt: str,
+    drafter: str = "ngram",
+    k: int = 4,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    max_new_tokens: int = 64,
+) -> Iterator[dict]:
+    """Generate text with speculative decoding on the default model (streamed, one update per target pass).
+
+    Args:
+        prompt: the user message (the chat template is applied).
+        drafter: none, ngram, int8 or model:<id>.
+        k: draft depth K (tokens drafted per target pass).
+        temperature: 0 = greedy.
+        top_p: nucleus sampling threshold in (0, 1].
+        top_k: keep the top-k tokens (0 = off).
+        seed: random seed; -1 = random (the seed used is returned).
+        max_new_tokens: number of tokens to generate at most.
+
+    Returns:
+        While running, {"partial": true, "text" so far, "tokens", "target_passes"} after each target pass;
+        at the end {"partial": false, "text", "metrics", "drafter", "seed", "stop_reason", "target"}
+        (gradio_client's predict returns this last one). A dropped connection stops the run within a pass.
+    """
+    settings = make_settings(k, 1, None, temperature, top_p, top_k, seed, max_new_tokens)
+    engine = get_engine("default", "auto")
+    use_drafter(engine, drafter)
+    trace: list[dict] = []
+    token_ids: list[int] = []
+    # Closing the events also happens when Gradio closes this generator (the client went away).
+    with start_generation(engine, prompt, drafter, settings) as events:
+        for event in events:
+            trace.append(event)
+            if event["type"] == "step":
+                token_ids.extend(item["token_id"] for item in event["emitted"])
+                yield {
+                    "partial": True,
+                    "text": engine.tokenizer.decode(token_ids, skip_special_tokens=True),
+                    "tokens": len(token_ids),
+                    "target_passes": event["target_passes"],
+                }
+    start, finish = trace[0], trace[-1]
+    yield {
+        "partial": False,
+        "text": finish.get("text", ""),
+        "metrics": finish.get("metrics", {}),
+        "drafter": start.get("drafter"),
+        "seed": (start.get("settings") or {}).get("seed"),
+        "stop_reason": finish.get("stop_reason"),
+        "target": start.get("target"),
+    }
+
+
+def register() -> None:
+    """The endpoint, in the queue every model run shares."""
+    gr.api(api_generate, api_name="generate", concurrency_limit=MAX_CONCURRENT_RUNS, concurrency_id=MODEL_RUNS)

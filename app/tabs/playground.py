@@ -1,0 +1,502 @@
+"""The Playground tab: one real generation streamed pass by pass, with its draft trees, p vs q and summary.
+
+Data flows one way: the engine yields events, `run_playground` appends them to the session's trace
+(a plain list of dicts kept in gr.State) and every output is recomputed from that trace by
+`render` (text) and `visuals` (figures). Before anyone runs anything the tab shows a recorded
+real run (assets/traces), so the page needs no model until Run is pressed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from engine.metrics import run_summary
+from engine.models import DEFAULT_MODEL, PRESETS
+from engine.trace import step_events
+from visuals import acceptance_figure, interesting_step_index, tokens_per_pass_figure
+from visuals.lab_figures import message_figure
+
+from .. import render
+from ..config import MAX_NEW_TOKENS
+from ..engine_access import builds_on_first_use, get_engine, is_loaded, make_settings, start_generation, use_drafter
+from ..examples import EXAMPLE_SETTINGS, example_values, load_examples
+from ..figure_guard import guarded
+from ..inputs import as_int
+from ..pass_view import pass_figures, pass_slider, pass_slider_label
+from ..stopping import stop_requested
+from ..traces import DEFAULT_TRACE, load_recorded, recorded_traces, session_id, write_trace_file
+from ..wiring import PRIVATE, end_run, pack, run_stop_buttons, wire_run_and_stop
+
+__all__ = [
+    "DRAFTER_CHOICES",
+    "DRAFTER_INFO",
+    "PLAY_KEYS",
+    "finished_outputs",
+    "initial_playground",
+    "initial_values",
+    "layout",
+    "pick_example",
+    "run_playground",
+    "show_play_step",
+    "suggest_drafter",
+    "wire",
+]
+
+# Live figures cost ~0.1-0.3 s of CPU each refresh, taken from the run being measured; refresh them at
+# most every FIGURE_INTERVAL_S and at most FIGURE_SHARE of the time (text and counters update every pass).
+FIGURE_INTERVAL_S = 1.0
+FIGURE_SHARE = 0.2
+ACCEPTANCE_TITLE = "Acceptance by draft position"
+TPP_TITLE = "Tokens per target pass"
+DOWNLOAD_LABEL = "⬇ Download this trace (JSON)"
+
+# What a run updates, in this order (the Step-through's source follows the last run).
+PLAY_KEYS = [
+    "status",
+    "text",
+    "stats",
+    "tree",
+    "pq",
+    "tpp",
+    "step",
+    "card",
+    "acceptance",
+    "download",
+    "trace",
+    "st_source",
+    "run_btn",
+]
+# The inputs of a run, in the order run_playground takes them.
+PLAY_INPUTS = [
+    "prompt",
+    "target",
+    "drafter",
+    "k",
+    "topk",
+    "budget",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "max_new",
+    "dtype",
+]
+
+DRAFTER_CHOICES = [
+    ("none (baseline: no drafting)", "none"),
+    ("ngram (prompt lookup)", "ngram"),
+    ("int8 (quantised target)", "int8"),
+    ("model:SmolLM2-135M-Instruct", "model:SmolLM2-135M-Instruct"),
+]
+DRAFTER_INFO = (
+    "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. int8 is a cheaper "
+    "copy of the target. model:<id> (type any Hub id) is a separate small model."
+)
+
+
+# --------------------------------------------------------------------------------------- outputs
+def _text_html(trace: list[dict], running: bool = False) -> str:
+    baseline = bool(trace) and trace[0].get("mode") == "baseline"
+    return render.token_html(trace, running=running) + render.legend_html(baseline)
+
+
+def _acceptance(trace: list[dict]):
+    if trace and trace[0].get("mode") == "baseline":
+        return message_figure(ACCEPTANCE_TITLE, "A baseline run drafts nothing")
+    return guarded(ACCEPTANCE_TITLE, acceptance_figure, trace)
+
+
+def finished_outputs(
+    trace: list[dict], status: str, download: str | None = None, step_index: int | None = None
+) -> dict:
+    """Every Playground output for a finished, stopped or recorded trace."""
+    n = len(step_events(trace))
+    index = n - 1 if step_index is None else step_index
+    tree, pq = pass_figures(trace, max(0, index))
+    values = {
+        "status": status,
+        "text": _text_html(trace),
+        "stats": render.stats_line(trace),
+        "tree": tree,
+        "pq": pq,
+        "tpp": guarded(TPP_TITLE, tokens_per_pass_figure, trace),
+        "step": pass_slider(n, index + 1),
+        "card": render.run_card(trace),
+        "acceptance": _acceptance(trace),
+        "trace": trace,
+    }
+    if download is not None:
+        values["download"] = gr.DownloadButton(value=download, interactive=True, label=DOWNLOAD_LABEL)
+    return values
+
+
+def initial_playground(name: str = DEFAULT_TRACE) -> dict:
+    """Initial Playground values from a recorded real trace (no model needed); also used by tests."""
+    trace = load_recorded(name)
+    index = interesting_step_index(trace)
+    values = finished_outputs(
+        trace,
+        status=(
+            f"Showing a **recorded real run** (`{name}`): {render.trace_title(trace)}. "
+            "Press **Run** to generate live with the real model (it loads on first use)."
+        ),
+        step_index=index,
+    )
+    values["download"] = write_trace_file(trace, "recorded")
+    values["step"] = index + 1  # a plain value: this dict also serves as initial component values
+    return values
+
+
+# ------------------------------------------------------------------------------------------- run
+def _stopped_status(trace: list[dict]) -> str:
+    steps = step_events(trace)
+    if not steps:
+        return "■ Stopped before the first target pass."
+    n = len(steps)
+    return (
+        f"■ Stopped after {n} target pass{'es' if n != 1 else ''}; kept the {steps[-1].get('tokens_total', 0)} "
+        "tokens produced so far (a partial trace: the summary, charts and download cover them)."
+    )
+
+
+def _has_rejection(trace: list[dict], index: int) -> bool:
+    steps = step_events(trace)
+    return 0 <= index < len(steps) and any(n.get("decision") == "rejected" for n in steps[index].get("nodes") or [])
+
+
+def _done_status(trace: list[dict], index: int) -> str:
+    s = run_summary(trace)
+    rejected = _has_rejection(trace, index)
+    return (
+        f"Done: {s['new_tokens']} tokens in {s['target_passes']} target passes "
+        f"({s['tokens_per_pass']:.2f} tokens/pass). The tree shows pass {index + 1}"
+        f"{' (the first with a rejected draft)' if rejected else ''}; use the slider for any "
+        "other pass, or open **Step-through** for a narrated walk."
+    )
+
+
+def _started(trace: list[dict]) -> dict:
+    """The outputs when the start event arrives: text and counters live, the rest waits for the end."""
+    return {
+        "status": f"Running: {render.trace_title(trace)}",
+        "text": _text_html(trace, running=True),
+        "stats": render.stats_line(trace, running=True),
+        "card": "*The run summary appears here when the run ends (or when you press Stop).*",
+        "acceptance": message_figure(ACCEPTANCE_TITLE, "Shown when the run ends"),
+        "download": gr.DownloadButton(value=None, interactive=False, label="⬇ Trace download (after the run)"),
+        "step": pass_slider(1, 1, interactive=False),
+        "trace": list(trace),
+    }
+
+
+class _FigurePacer:
+    """Decides when a live update also redraws the figures (see FIGURE_INTERVAL_S and FIGURE_SHARE).
+    The first tokens go out without figures; the tree and p/q follow within FIGURE_INTERVAL_S."""
+
+    def __init__(self) -> None:
+        self.next = time.perf_counter() + FIGURE_INTERVAL_S
+
+    def add_figures(self, values: dict, trace: list[dict], n: int) -> None:
+        began = time.perf_counter()
+        if began < self.next:
+            return
+        values["tree"], values["pq"] = pass_figures(trace, n - 1)
+        values["tpp"] = guarded(TPP_TITLE, tokens_per_pass_figure, trace)
+        values["step"] = pass_slider(n, n, interactive=False)
+        cost = time.perf_counter() - began
+        self.next = began + max(FIGURE_INTERVAL_S, cost / FIGURE_SHARE)
+
+
+def _stream(events, trace: list[dict], run_id: str):
+    """Playground updates while the engine runs; fills `trace`. Returns True when Stop ended the run."""
+    pacer = _FigurePacer()
+    for event in events:
+        trace.append(event)
+        kind = event.get("type")
+        if kind != "finish" and stop_requested(run_id):
+            return True
+        if kind == "start":
+            yield pack(PLAY_KEYS, _started(trace))
+        elif kind == "step":
+            n = len(step_events(trace))
+            values = {
+                "status": f"Running: pass {n}…",
+                "text": _text_html(trace, running=True),
+                "stats": render.stats_line(trace, running=True),
+                "trace": list(trace),
+            }
+            pacer.add_figures(values, trace, n)
+            yield pack(PLAY_KEYS, values)
+    return False
+
+
+def _prepare(target, drafter, dtype, progress):
+    """Load the target and build the drafter (status updates while that takes time); yields updates,
+    returns the engine."""
+    if not is_loaded(target, dtype):
+        yield pack(PLAY_KEYS, {"status": f"Loading **{target}** ({dtype}); this happens once per server…"})
+    engine = get_engine(target, dtype, progress)
+    if builds_on_first_use(drafter):
+        yield pack(PLAY_KEYS, {"status": f"Preparing drafter **{drafter}** (first use builds it)…"})
+    use_drafter(engine, drafter)
+    return engine
+
+
+def run_playground(
+    prompt,
+    target,
+    drafter,
+    k,
+    topk,
+    budget,
+    temperature,
+    top_p,
+    top_k,
+    seed,
+    max_new_tokens,
+    dtype,
+    run_id: str = "",
+    request: gr.Request = None,
+    progress=gr.Progress(),  # noqa: B008 (gradio injects the tracker)
+):
+    """Generator: stream one real generation into the Playground outputs, one update per target pass."""
+    settings = make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens)
+    engine = yield from _prepare(target, drafter, dtype, progress)
+    if stop_requested(run_id):
+        yield pack(PLAY_KEYS, {"status": _stopped_status([]), "run_btn": end_run()})
+        return
+    trace: list[dict] = []
+    with start_generation(engine, prompt, drafter, settings) as events:
+        stopped = yield from _stream(events, trace, run_id)
+    index = interesting_step_index(trace)
+    status = _stopped_status(trace) if stopped else _done_status(trace, index)
+    values = finished_outputs(trace, status, download=write_trace_file(trace, session_id(request)), step_index=index)
+    values["st_source"] = "Last run"
+    values["run_btn"] = end_run()
+    yield pack(PLAY_KEYS, values)
+
+
+def show_play_step(trace: list[dict] | None, step_number):
+    """Slider -> tree and p/q figures of that pass."""
+    n = len(step_events(trace or []))
+    if not n:
+        return gr.skip(), gr.skip()
+    index = max(0, min(as_int(step_number or 1, "step"), n) - 1)
+    return pass_figures(trace, index)
+
+
+# -------------------------------------------------------------------------------- examples, model
+def pick_example(name: str):
+    """Example dropdown -> prompt, its suggested drafter and, when the example was recorded (assets/traces),
+    the settings of that recording (so Run reproduces it); otherwise the other settings stay as they are."""
+    values = example_values(name)
+    if values is None:
+        return (gr.skip(),) * (2 + len(EXAMPLE_SETTINGS))
+    settings = [values.get(key, gr.skip()) for key in EXAMPLE_SETTINGS]
+    return (values["prompt"], values["drafter"] or gr.skip(), *settings)
+
+
+def suggest_drafter(target: str):
+    """A preset target -> its suggested model drafter (others keep the current drafter)."""
+    suggestion = PRESETS.get(target, {}).get("drafter")
+    if target != DEFAULT_MODEL and suggestion:
+        return gr.Dropdown(value=f"model:{suggestion}")
+    return gr.skip()
+
+
+def _target_choices() -> list[str]:
+    return [DEFAULT_MODEL] + [name for name in PRESETS if name != DEFAULT_MODEL]
+
+
+# ---------------------------------------------------------------------------------------- layout
+def _prompt_controls(c: dict, start: dict, init: dict) -> None:
+    c["prompt"] = gr.Textbox(
+        value=start.get("prompt") or "",
+        label="Prompt",
+        lines=4,
+        max_lines=12,
+        placeholder="Ask the model something…",
+        elem_id="sl-prompt",
+    )
+    c["example"] = gr.Dropdown(
+        choices=[e["name"] for e in load_examples()],
+        value=None,
+        label="Example prompts",
+        info="Fills the prompt and the drafter that suits it; recorded examples also restore the settings "
+        "they were recorded with.",
+        elem_id="sl-example",
+    )
+    c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Run", "sl-run", "sl-stop")
+    c["status"] = gr.Markdown(init.get("status", ""), elem_id="sl-status", elem_classes=["sl-status"])
+
+
+# The run's sliders: key -> (minimum, maximum, step, the setting it shows in a recorded trace, default, label, info).
+DRAFTING_SLIDERS = {
+    "k": (1, 16, 1, "k", 4, "K (draft depth)", "Tokens guessed ahead per target pass."),
+    "topk": (
+        1,
+        8,
+        1,
+        "topk",
+        1,
+        "Tree top-k",
+        "Alternatives per guess: 1 = a single chain, more = a tree of candidates.",
+    ),
+    "budget": (0, 128, 1, "num_draft_tokens", 0, "Tree budget", "Most draft tokens per pass; 0 = K × top-k."),
+}
+SAMPLING_SLIDERS = {
+    "temperature": (
+        0,
+        2,
+        0.05,
+        "temperature",
+        0.0,
+        "Temperature",
+        "0 = greedy (always the top token); higher = more random.",
+    ),
+    "top_p": (
+        0.05,
+        1,
+        0.05,
+        "top_p",
+        1.0,
+        "Top-p",
+        "Sample only from the likeliest tokens covering this much probability; 1 = off.",
+    ),
+    "top_k": (0, 200, 1, "top_k", 0, "Top-k", "Sample only from the k likeliest; 0 = off."),
+}
+
+
+def _sliders(c: dict, specs: dict, s: dict) -> None:
+    """Sliders from their specs, each at the recorded trace's setting (`s`) or its default."""
+    for key, (lo, hi, step, setting, default, label, info) in specs.items():
+        c[key] = gr.Slider(lo, hi, s.get(setting, default), step=step, label=label, info=info)
+
+
+def _drafting_controls(c: dict, start: dict, s: dict) -> None:
+    with gr.Accordion("Drafting", open=True):
+        c["drafter"] = gr.Dropdown(
+            choices=DRAFTER_CHOICES,
+            value=start.get("drafter") or "ngram",
+            allow_custom_value=True,
+            label="Drafter",
+            info=DRAFTER_INFO,
+            elem_id="sl-drafter",
+        )
+        chain = (s.get("topk") or 1) == 1  # a chain's budget is the slider's "0 = K × top-k"
+        _sliders(c, DRAFTING_SLIDERS, {**s, "num_draft_tokens": 0} if chain else s)
+
+
+def _sampling_controls(c: dict, s: dict) -> None:
+    with gr.Accordion("Sampling", open=True):
+        _sliders(c, SAMPLING_SLIDERS, s)
+        c["seed"] = gr.Number(
+            value=s.get("seed", -1),
+            precision=0,
+            label="Seed",
+            info="Blank or -1 = random; the seed used is shown in the run summary.",
+        )
+        c["max_new"] = gr.Slider(
+            1,
+            MAX_NEW_TOKENS,
+            min(s.get("max_new_tokens", 64), MAX_NEW_TOKENS),
+            step=1,
+            label="Max new tokens",
+            info="Stop after this many tokens (or at the end of the answer).",
+            elem_id="sl-max-new",
+        )
+
+
+def _model_controls(c: dict) -> None:
+    with gr.Accordion("Model", open=False):
+        c["target"] = gr.Dropdown(
+            choices=_target_choices(),
+            value=DEFAULT_MODEL,
+            label="Target model",
+            info="The model whose output you get. Only the default runs offline; the "
+            "others download from the Hugging Face Hub.",
+        )
+        c["dtype"] = gr.Radio(
+            ["auto", "float32", "bfloat16"],
+            value="auto",
+            label="Precision (dtype)",
+            info="auto = bfloat16 where the hardware is fast at it, else float32.",
+        )
+
+
+def _outputs(c: dict, init: dict, n_steps: int) -> None:
+    c["stats"] = gr.HTML(init.get("stats", ""), elem_id="sl-stats")
+    c["text"] = gr.HTML(init.get("text", ""), elem_id="sl-output", min_height=90)
+    c["step"] = gr.Slider(
+        1,
+        max(n_steps, 2),
+        value=init.get("step") or n_steps,
+        step=1,
+        label=pass_slider_label(n_steps),
+        info="Pick any pass of the run to see its draft tree and its p vs q below.",
+        elem_id="sl-step",
+    )
+    with gr.Row(equal_height=True):  # side by side when there is room for both, else stacked
+        c["tree"] = gr.Plot(init.get("tree"), label="Draft tree", show_label=False, elem_id="sl-tree", min_width=560)
+        c["pq"] = gr.Plot(init.get("pq"), label="p vs q", show_label=False, elem_id="sl-pq", min_width=560)
+    c["tpp"] = gr.Plot(init.get("tpp"), label="Tokens per pass", show_label=False, elem_id="sl-tpp")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=440):
+            c["card"] = gr.Markdown(init.get("card", ""), elem_id="sl-card", elem_classes=["sl-card"])
+            c["download"] = gr.DownloadButton(
+                DOWNLOAD_LABEL, value=init.get("download"), elem_id="sl-download", size="md"
+            )
+        with gr.Column(scale=1, min_width=560):
+            c["acceptance"] = gr.Plot(init.get("acceptance"), label="Acceptance", show_label=False, elem_id="sl-acc")
+
+
+def initial_values() -> dict:
+    """The tab's first values: the default recorded trace (computed before the page is laid out, since
+    the slider and button updates in it would otherwise become components of the page)."""
+    recorded = recorded_traces()
+    name = DEFAULT_TRACE if DEFAULT_TRACE in recorded else (recorded[0] if recorded else None)
+    return initial_playground(name) if name else {}
+
+
+def layout(init: dict) -> dict:
+    """The Playground tab showing `init` (initial_values); returns its components by name."""
+    trace = init.get("trace") or []
+    start = trace[0] if trace else {}
+    s = start.get("settings") or {}
+    c: dict = {}
+    with gr.Tab("Playground", id="playground"):
+        # The session's last run (a recorded one until the user runs): the Step-through and labs read it too.
+        c["trace"] = gr.State(trace)  # inside the Tab: a State directly under gr.Tabs breaks gradio's tab bar
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3, min_width=300, elem_classes=["sl-controls"]):
+                _prompt_controls(c, start, init)
+                _drafting_controls(c, start, s)
+                _sampling_controls(c, s)
+                _model_controls(c)
+            with gr.Column(scale=9, min_width=420):
+                _outputs(c, init, len(step_events(trace)) or 1)
+    return c
+
+
+def wire(c: dict, st_source: gr.Radio) -> None:
+    """Run / Stop, the pass slider, the examples and the target's suggested drafter. A run also sets the
+    Step-through's source (`st_source`) to the last run."""
+    outputs = [st_source if key == "st_source" else c[key] for key in PLAY_KEYS]
+    wire_run_and_stop(
+        c["run_btn"], c["stop_btn"], run_playground, [c[key] for key in PLAY_INPUTS], outputs, show_progress="minimal"
+    )
+    c["step"].input(
+        show_play_step,
+        [c["trace"], c["step"]],
+        [c["tree"], c["pq"]],
+        trigger_mode="always_last",
+        show_progress="hidden",
+        concurrency_limit=None,
+        **PRIVATE,
+    )
+    example_outputs = [c[key] for key in ("prompt", "drafter", "k", "topk", "budget", "temperature", "top_p")]
+    example_outputs += [c[key] for key in ("top_k", "seed", "max_new")]
+    c["example"].input(pick_example, [c["example"]], example_outputs, show_progress="hidden", queue=False, **PRIVATE)
+    c["target"].input(suggest_drafter, [c["target"]], [c["drafter"]], show_progress="hidden", queue=False, **PRIVATE)

@@ -1,0 +1,341 @@
+"""The Race tab: plain decoding against speculative decoding, the same prompt and seed, both measured.
+
+The baseline runs first, then the speculative decoder, one after the other on the same machine;
+the speedup shown is measured wall-clock time. With greedy decoding both texts must be identical:
+when they are not, the parity check (engine.parity) says whether a numerical near-tie or a real
+mismatch caused it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import gradio as gr
+
+from engine.metrics import run_summary
+from engine.trace import step_events
+from visuals.lab_figures import race_figure
+
+from .. import render
+from ..config import MAX_NEW_TOKENS
+from ..engine_access import builds_on_first_use, get_engine, is_loaded, make_settings, start_generation, use_drafter
+from ..examples import example_values, load_examples
+from ..inputs import random_seed
+from ..stopping import stop_requested
+from ..traces import load_recorded
+from ..wiring import PRIVATE, end_run, pack, run_stop_buttons, wire_run_and_stop
+from .playground import DRAFTER_CHOICES, DRAFTER_INFO
+
+__all__ = [
+    "RACE_KEYS",
+    "initial_race",
+    "layout",
+    "parity_note",
+    "pick_race_example",
+    "race_outcome",
+    "run_race",
+    "wire",
+]
+
+log = logging.getLogger("speclens.app")
+
+RACE_KEYS = ["race_status", "race_base", "race_spec", "race_plot", "race_results", "race_note", "race_btn"]
+RACE_INPUTS = ["race_prompt", "race_drafter", "race_k", "race_temp", "race_seed", "race_max"]
+RACE_TEXT_INTERVAL_S = 0.5  # race updates are time-based, so their overhead slows both runs alike
+RACE_FIGURE_INTERVAL_S = 1.5
+RECORDED_RACE = ("code-edit-baseline-greedy.json", "code-edit-ngram-greedy.json")
+NOT_RUN = "Not run yet."
+BASELINE_LABEL = "1/2 Baseline (no drafter)"
+
+
+# --------------------------------------------------------------------------------------- results
+def _race_results(base: list[dict], spec: list[dict]) -> str:
+    b, s = run_summary(base), run_summary(spec)
+    speedup = b["wall_s"] / s["wall_s"] if s["wall_s"] else float("nan")
+    verdict = "faster" if speedup > 1.0 else "slower"
+    lines = [
+        f"### Measured speedup: **{speedup:.2f}×** ({verdict} than plain decoding)",
+        f"baseline wall time {b['wall_s']:.2f} s ÷ speculative wall time {s['wall_s']:.2f} s, both measured, "
+        "same machine.",
+        "",
+        f"| | Baseline (no drafter) | Speculative ({s['drafter']}) |",
+        "|---|---|---|",
+        f"| tokens | {b['new_tokens']} | {s['new_tokens']} |",
+        f"| target passes | {b['target_passes']} | {s['target_passes']} |",
+        f"| tokens per pass | {b['tokens_per_pass']:.2f} | **{s['tokens_per_pass']:.2f}** |",
+        f"| acceptance α | — | {s['acceptance_rate']:.2f} |",
+        f"| wall time | {b['wall_s']:.2f} s | {s['wall_s']:.2f} s |",
+        f"| tokens / s | {b['tokens_per_s']:.1f} | {s['tokens_per_s']:.1f} |",
+        f"| time drafting | — | {s['draft_s']:.2f} s |",
+    ]
+    if speedup <= 1.0:
+        lines.append(
+            "\nFewer target passes only pay off when a pass costs much more than drafting. On a small model on a "
+            "CPU, drafting and the larger verification pass can eat the gain; n-gram drafting on text that repeats "
+            "the prompt (code edits, summaries) usually wins."
+        )
+    return "\n".join(lines)
+
+
+def race_outcome(base: list[dict], spec: list[dict], drafter: str) -> tuple[dict, bool]:
+    """Race outputs for two finished runs, and whether a greedy mismatch calls for the parity check."""
+    same = base[-1].get("token_ids") == spec[-1].get("token_ids")
+    greedy = bool(base[0].get("greedy"))
+    values = {
+        "race_base": render.token_html(base),
+        "race_spec": render.token_html(spec) + render.legend_html(),
+        "race_plot": race_figure(base, spec, drafter),
+        "race_results": _race_results(base, spec),
+    }
+    if same:
+        values["race_note"] = (
+            "**Identical outputs**, token for token: speculative decoding changed the speed, not the text."
+            if greedy
+            else "Identical outputs (same seed)."
+        )
+        return values, False
+    if not greedy:
+        values["race_note"] = (
+            "**The texts differ, as expected with temperature > 0.** Both follow the target's distribution "
+            "exactly, but they consume random numbers differently (the speculative run also draws u for each "
+            "draft), so the same seed leads to different samples. Set temperature to 0 for a token-for-token "
+            "comparison."
+        )
+        return values, False
+    return values, True
+
+
+def initial_race() -> dict:
+    """The Race tab before anyone races: a recorded real race (baseline and n-gram, same prompt and seed)."""
+    try:
+        base, spec = (load_recorded(name) for name in RECORDED_RACE)
+    except gr.Error:
+        return {}
+    values, _ = race_outcome(base, spec, spec[0].get("drafter", "ngram"))
+    values["race_status"] = (
+        "Showing a **recorded real race** (the first example, n-gram drafter, K = 4, greedy, seed 0). "
+        "Press **Race** to run it live on this machine."
+    )
+    values["prompt"] = base[0].get("prompt") or ""
+    return values
+
+
+def _explain_divergence(result: dict) -> str:
+    verdict = result.get("verdict")
+    top2 = ", ".join(f"{render.md_token(t[1])} ({t[2]})" for t in result.get("top2") or [])
+    explanation = (
+        "the two best tokens were almost tied, so rounding differences between a one-token pass and a "
+        "multi-token pass flipped the choice. This is numerics, not a bug."
+        if verdict == "numerical near-tie"
+        else "the target clearly preferred one token; this would be a bug, please report it with the trace."
+    )
+    return (
+        f"Greedy outputs differ from token {result.get('position')} on "
+        f"(baseline {render.md_token(result.get('baseline_token'))}, speculative "
+        f"{render.md_token(result.get('speculative_token'))}). **Parity check verdict: {verdict}**: top-2 logits "
+        f"there were {top2}, margin {result.get('margin', 0):.4f} (tolerance {result.get('tolerance')}), so {explanation}"
+    )
+
+
+def parity_note(engine, prompt, drafter, settings) -> str:
+    """Why two greedy outputs differed, from the parity check on the same prompt and settings."""
+    from engine.parity import parity_check
+
+    try:
+        result = next(
+            parity_check(engine, [prompt], drafter=drafter, max_new_tokens=settings.max_new_tokens, k=settings.k)
+        )
+    except Exception as exc:  # the check itself failed: say so, keep the page alive
+        log.exception("parity check failed")
+        return f"Greedy outputs differ and the parity check could not run: {exc}"
+    if result.get("identical"):
+        return (
+            "Greedy outputs differed in this race, but the parity check reproduced identical outputs; "
+            "the difference came from run-to-run numerical noise."
+        )
+    return _explain_divergence(result)
+
+
+# ------------------------------------------------------------------------------------------- run
+def _stopped(runs: dict) -> dict:
+    return {
+        "race_status": "■ Stopped. Nothing is measured for an unfinished race.",
+        "race_base": render.token_html(runs["base"]),
+        "race_spec": render.token_html(runs["spec"], empty_message="Not run."),
+        "race_btn": end_run(),
+    }
+
+
+def _run_phase(engine, phase: str, prompt, drafter: str, settings, runs: dict, run_id: str):
+    """One of the two runs (phase "base" or "spec"), streamed; returns True when Stop ended the race."""
+    trace = runs[phase]
+    label = BASELINE_LABEL if phase == "base" else f"2/2 Speculative ({drafter})"
+    next_text = next_figure = 0.0
+    with start_generation(engine, prompt, drafter if phase == "spec" else "none", settings) as events:
+        for event in events:
+            trace.append(event)
+            if stop_requested(run_id):
+                yield pack(RACE_KEYS, _stopped(runs))
+                return True
+            now = time.perf_counter()
+            if event["type"] != "step" or now < next_text:
+                continue
+            next_text = now + RACE_TEXT_INTERVAL_S
+            values = {
+                "race_status": f"{label}: pass {len(step_events(trace))}…",
+                f"race_{phase}": render.token_html(trace, running=True),
+            }
+            if now >= next_figure:
+                values["race_plot"] = race_figure(runs["base"], runs["spec"] or None, drafter)
+                next_figure = time.perf_counter() + RACE_FIGURE_INTERVAL_S
+            yield pack(RACE_KEYS, values)
+    return False
+
+
+def _prepare(drafter, prompt, settings, progress):
+    """Load the model, build the drafter and check the prompt before anything runs; yields status updates,
+    returns the engine."""
+    if drafter in (None, "", "none", "baseline"):
+        raise gr.Error(
+            "Choose a drafter for the speculative run (ngram, int8 or model:<id>); the baseline runs anyway."
+        )
+    if not is_loaded("default", "auto"):
+        yield pack(RACE_KEYS, {"race_status": "Loading the model (once per server)…"})
+    engine = get_engine("default", "auto", progress)
+    if builds_on_first_use(drafter):
+        yield pack(RACE_KEYS, {"race_status": f"Preparing drafter **{drafter}** (first use builds it)…"})
+    use_drafter(engine, drafter)
+    start_generation(engine, prompt, drafter, settings).close()  # a bad prompt fails now, not after the baseline
+    return engine
+
+
+def run_race(
+    prompt,
+    drafter,
+    k,
+    temperature,
+    seed,
+    max_new_tokens,
+    run_id: str = "",
+    progress=gr.Progress(),  # noqa: B008 (gradio injects the tracker)
+):
+    """Generator: baseline then speculative decoding of the same prompt and seed, both measured for real."""
+    settings = make_settings(k, 1, None, temperature, 1.0, 0, seed, max_new_tokens)
+    if settings.seed is None:
+        settings.seed = random_seed()  # both runs share one seed
+    engine = yield from _prepare(drafter, prompt, settings, progress)
+    runs: dict[str, list[dict]] = {"base": [], "spec": []}
+    yield pack(
+        RACE_KEYS,
+        {
+            "race_status": f"{BASELINE_LABEL}…",
+            "race_base": render.token_html([], running=True),
+            "race_spec": render.token_html([], empty_message="Waits for the baseline to finish…"),
+            "race_plot": race_figure(None, None, drafter),
+            "race_results": "*Results appear when both runs are done.*",
+            "race_note": "",
+        },
+    )
+    for phase in ("base", "spec"):
+        if (yield from _run_phase(engine, phase, prompt, drafter, settings, runs, run_id)):
+            return
+    values, needs_parity = race_outcome(runs["base"], runs["spec"], drafter)
+    values["race_status"] = f"Both runs done (seed {settings.seed})."
+    if not needs_parity:
+        values["race_btn"] = end_run()
+        yield pack(RACE_KEYS, values)
+        return
+    values["race_note"] = "Greedy outputs differ. Running the parity check to find out why…"
+    yield pack(RACE_KEYS, values)
+    yield pack(RACE_KEYS, {"race_note": parity_note(engine, prompt, drafter, settings), "race_btn": end_run()})
+
+
+def pick_race_example(name: str):
+    """Race example dropdown -> prompt, drafter, K, temperature, seed, max new tokens."""
+    values = example_values(name)
+    if values is None:
+        return (gr.skip(),) * len(RACE_INPUTS)
+    keys = ("k", "temperature", "seed", "max_new_tokens")
+    return (values["prompt"], values["drafter"] or gr.skip(), *(values.get(key, gr.skip()) for key in keys))
+
+
+# ---------------------------------------------------------------------------------------- layout
+def _controls(c: dict, init: dict, examples: list[dict]) -> None:
+    c["race_prompt"] = gr.Textbox(
+        value=init.get("prompt") or (examples[0]["prompt"] if examples else ""),
+        label="Prompt",
+        lines=4,
+        max_lines=8,
+        elem_id="race-prompt",
+    )
+    c["race_example"] = gr.Dropdown(
+        choices=[e["name"] for e in examples],
+        value=None,
+        label="Example prompts",
+        info="Fills the prompt, its drafter and the settings it was recorded with.",
+        elem_id="race-example",
+    )
+    c["race_btn"], c["race_stop"] = run_stop_buttons("▶ Race", "race-run", "race-stop")
+    c["race_status"] = gr.Markdown(init.get("race_status", ""), elem_id="race-status", elem_classes=["sl-status"])
+    with gr.Accordion("Settings", open=True):
+        c["race_drafter"] = gr.Dropdown(
+            choices=DRAFTER_CHOICES[1:],
+            value=examples[0].get("drafter", "ngram") if examples else "ngram",
+            allow_custom_value=True,
+            label="Drafter for the speculative run",
+            info=DRAFTER_INFO,
+        )
+        c["race_k"] = gr.Slider(1, 16, value=4, step=1, label="K (draft depth)", info="Tokens guessed ahead per pass.")
+        c["race_temp"] = gr.Slider(
+            0, 2, value=0.0, step=0.05, label="Temperature", info="0 = greedy: both outputs must then be identical."
+        )
+        c["race_seed"] = gr.Number(value=0, precision=0, label="Seed", info="Shared by both runs; -1 = random.")
+        c["race_max"] = gr.Slider(1, MAX_NEW_TOKENS, value=64, step=1, label="Max new tokens", elem_id="race-max")
+
+
+def _outputs(c: dict, init: dict) -> None:
+    c["race_plot"] = gr.Plot(
+        init.get("race_plot") or race_figure(None, None), label="Race", show_label=False, elem_id="race-plot"
+    )
+    with gr.Row(equal_height=False):
+        with gr.Column(min_width=260):
+            gr.Markdown("**Baseline** (no drafter: one token per target pass)")
+            c["race_base"] = gr.HTML(
+                init.get("race_base") or render.token_html([], empty_message=NOT_RUN), elem_id="race-base"
+            )
+        with gr.Column(min_width=260):
+            gr.Markdown("**Speculative** (colours: how each token was produced)")
+            c["race_spec"] = gr.HTML(
+                init.get("race_spec") or render.token_html([], empty_message=NOT_RUN), elem_id="race-spec"
+            )
+    c["race_note"] = gr.Markdown(init.get("race_note", ""), elem_id="race-note")
+    c["race_results"] = gr.Markdown(
+        init.get("race_results", "*Press **Race** to run both and measure the speedup.*"), elem_id="race-results"
+    )
+
+
+def layout(init: dict) -> dict:
+    """The Race tab showing `init` (initial_race: a recorded race); returns its components by name."""
+    c: dict = {}
+    with gr.Tab("Race", id="race"):
+        gr.Markdown(
+            "**Plain decoding vs speculative decoding, for real.** The same prompt and seed run twice on this "
+            "machine, one after the other: first the baseline (one token per target pass), then with the "
+            "drafter. The speedup below is measured wall-clock time, never an estimate."
+        )
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3, min_width=300):
+                _controls(c, init, load_examples())
+            with gr.Column(scale=9, min_width=420):
+                _outputs(c, init)
+    return c
+
+
+def wire(c: dict) -> None:
+    inputs = [c[key] for key in RACE_INPUTS]
+    outputs = [c[key] for key in RACE_KEYS]
+    wire_run_and_stop(c["race_btn"], c["race_stop"], run_race, inputs, outputs, show_progress="minimal")
+    c["race_example"].input(
+        pick_race_example, [c["race_example"]], inputs, show_progress="hidden", queue=False, **PRIVATE
+    )
