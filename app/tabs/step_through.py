@@ -127,7 +127,8 @@ def _last_run(recorded: str, last_trace: list[dict] | None) -> tuple[list[dict],
         return last_trace, f"Recorded trace `{shown}` (no run yet in this session)"
     if not last_trace:
         gr.Warning("No run yet in this session: run something in the Playground first. Showing a recorded trace.")
-        return load_recorded(recorded or DEFAULT_TRACE), f"Recorded trace `{recorded}`"
+        name = recorded or DEFAULT_TRACE
+        return load_recorded(name), f"Recorded trace `{name}`"
     return last_trace, "Your last Playground run"
 
 
