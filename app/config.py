@@ -42,8 +42,7 @@ __all__ = [
     "trust_remote_code",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 TRACES_DIR = ASSETS / "traces"
 CSS_PATH = ASSETS / "style.css"
 

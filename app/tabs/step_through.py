@@ -23,20 +23,7 @@ from ..pass_view import PQ_TITLE, pass_figures, pass_slider, pass_slider_label
 from ..traces import DEFAULT_TRACE, load_recorded, load_upload, recorded_name, recorded_traces, upload_path
 from ..wiring import PRIVATE, pack
 
-__all__ = [
-    "SOURCES",
-    "STEP_KEYS",
-    "goto_step",
-    "initial_step_through",
-    "initial_values",
-    "layout",
-    "load_step_source",
-    "position_choices",
-    "refresh_last_run",
-    "show_position",
-    "step_view",
-    "wire",
-]
+__all__ = ["SOURCES", "STEP_KEYS", "initial_values", "layout", "load_step_source", "step_view", "wire"]
 
 SOURCES = ("Last run", "Recorded trace", "Upload")
 STEP_KEYS = ["st_trace", "st_step", "st_tree", "st_pq", "st_narration", "st_info", "st_pos"]
