@@ -28,6 +28,7 @@ from engine.models import DEFAULT_MODEL, PRESETS
 __all__ = [
     "ASSETS",
     "CSS_PATH",
+    "LAB_SAMPLES_FLOOR",
     "MAX_CONCURRENT_RUNS",
     "MAX_LAB_SAMPLES",
     "MAX_NEW_TOKENS",

@@ -15,7 +15,7 @@ import gradio as gr
 from engine.exactness import TEST_LEVEL, as_distribution, chi_square_test
 from visuals.lab_figures import fmt_pvalue, lossless_figure
 
-from ..config import MAX_LAB_SAMPLES
+from ..config import LAB_SAMPLES_FLOOR, MAX_LAB_SAMPLES
 from ..engine_access import get_engine, is_loaded, use_drafter
 from ..inputs import number, seed_or_random
 from ..stopping import ProgressReporter, Stopped
@@ -38,7 +38,12 @@ SAMPLERS = {
 PLAIN_SHAPE = {"k": 1, "topk": 1}  # plain sampling drafts nothing: one target pass per sample
 LOSSLESS_HEADERS = ["sampler", "N", "chi-square", "df", "p-value", "TV distance", "verdict"]
 MIN_SAMPLES = 10  # fewer samples than this test nothing
-MAX_TOP_K, MAX_K, MAX_TREE_TOPK = 50, 4, 4
+# Ranges the lab accepts. Temperature 0 would be greedy (nothing to sample); top-k keeps p to a readable
+# number of bars, at least 2 so that there is something to test.
+TEMPERATURE_RANGE = (0.05, 2.0)
+TOP_K_RANGE = (2, 50)
+MAX_K, MAX_TREE_TOPK = 4, 4
+SAMPLES_STEP = 50
 
 LOSSLESS_TEXT = f"""
 **Is speculative sampling really lossless? Sample it and test it.** Each run draws **N real samples of the next
@@ -132,8 +137,8 @@ def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samp
     lab = {
         "prompt": prompt,
         "settings": {
-            "temperature": number(temperature, "Temperature", 0.05, 2.0),
-            "top_k": number(top_k, "Top-k", 2, MAX_TOP_K, integer=True),
+            "temperature": number(temperature, "Temperature", *TEMPERATURE_RANGE),
+            "top_k": number(top_k, "Top-k", *TOP_K_RANGE, integer=True),
         },
         "shape": {
             "k": number(k, "K", 1, MAX_K, integer=True),
@@ -272,10 +277,10 @@ def _controls() -> dict:
     )
     c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Sample", "ll-run", "ll-stop")
     c["n"] = gr.Slider(
-        100,
+        LAB_SAMPLES_FLOOR,
         MAX_LAB_SAMPLES,
         min(d["n"], MAX_LAB_SAMPLES),
-        step=50,
+        step=SAMPLES_STEP,
         label="Samples N (per sampler)",
         info="Each sample is one real target pass; 300 take about a minute per sampler on 2 CPU cores.",
         elem_id="ll-n",
@@ -286,9 +291,9 @@ def _controls() -> dict:
         label="Drafter of the speculative sampler",
         info="The broken verifier always uses int8 (see above).",
     )
-    c["temperature"] = gr.Slider(0.05, 2, d["temperature"], step=0.05, label="Temperature")
+    c["temperature"] = gr.Slider(*TEMPERATURE_RANGE, d["temperature"], step=0.05, label="Temperature")
     c["top_k"] = gr.Slider(
-        2, MAX_TOP_K, d["top_k"], step=1, label="Top-k", info="Tokens p may use; small keeps the chart readable."
+        *TOP_K_RANGE, d["top_k"], step=1, label="Top-k", info="Tokens p may use; small keeps the chart readable."
     )
     with gr.Row():
         c["k"] = gr.Slider(1, MAX_K, d["k"], step=1, label="K (draft depth)", min_width=140)
