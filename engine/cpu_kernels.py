@@ -1,7 +1,7 @@
-"""Our CPU kernels for decoding passes: built once, called through ctypes.
+"""Our CPU kernels for decoding passes: built once per instruction set, called through ctypes.
 
-On CPUs with AVX512-BF16 and AVX512-VNNI the model's forward runs its hot loops
-here (C source: ``csrc/decode_kernels.c``):
+The model's forward runs its hot loops here (C source: ``csrc/decode_kernels.c``
+plus one per-ISA header):
 
 * ``skinny_gemm_bf16`` / ``run_packed``: y = x W^T (+ b) for the few rows a pass
   has (1 token, K + 1 when verifying K drafts), W bf16 packed once at load
@@ -12,84 +12,168 @@ here (C source: ``csrc/decode_kernels.c``):
   KV cache, causal or under a draft tree's mask;
 * ``rope_and_store``: rotary embedding of queries and keys plus the KV-cache write.
 
-The C file is compiled with the system C compiler the first time it is needed,
-into the SpecLens cache (~0.5 s), self-checked against torch, and reused while
-the source is unchanged.
+Variants (``VARIANTS``, best first; the first the CPU supports that builds and
+passes its self-check runs; ``variant()`` says which, ``describe()`` why):
+
+* ``avx512bf16`` -- AVX512-BF16 + AVX512-VNNI (Zen 4+, Cooper Lake, Sapphire
+  Rapids+): x rounded to bf16, ``vdpbf16ps`` on the packed weights; int8 on
+  ``vpdpwssd``.
+* ``avx512`` -- AVX-512F/BW/VL without BF16 (Skylake-X to Ice Lake): bf16 weights
+  widened to float32 in 512-bit registers (a 16-bit shift), FMA with float32
+  activations; int8 on ``vpmaddwd``.
+* ``avx2`` -- AVX2 + FMA (x86-64-v3: Haswell+, Zen 1+): the same on 256-bit
+  registers.
+
+On other CPUs (ARM64, x86 without AVX2/FMA) no variant runs and the model uses
+torch's ops. The variant's library is compiled with the system C compiler the
+first time it is needed, into the SpecLens cache (~1 s), self-checked against
+torch (values, and row invariance bit for bit) and reused while the sources are
+unchanged. ``SPECLENS_CPU_KERNEL`` forces a choice: ``0`` (off), ``auto`` (the
+default), or a variant's name (tests and benchmarks run ``avx2`` on an AVX-512
+host that way).
 
 Why not torch's own ops: a decoding pass is ~120 small matrix products and ~30
 small attentions, and at these sizes per-call overhead decides. Measured on a
 2-core AVX512-BF16 EPYC over the default model's matrices, oneDNN's product on
 pre-packed weights read 10-18 GB/s for the per-layer matrices (576x576 to
 3072x576), these kernels ~30 GB/s; torch's SDPA spent 40-55 us per layer on
-setup for a few query tokens. Every kernel computes each token of a pass on its
-own, in the same order whatever the pass width (see the C file), so a K-token
-verification pass gives bit for bit the logits of K one-token passes.
+setup for a few query tokens. Every kernel of every variant computes each token
+of a pass on its own, in the same order whatever the pass width (see the C
+file), so a K-token verification pass gives bit for bit the logits of K
+one-token passes. (Variants differ from each other in the last bits.)
 
-Where the kernels cannot be used (no AVX512-BF16/VNNI, no compiler, build
+Where no kernel can be used (no variant for this CPU, no compiler, build
 failure, SPECLENS_CPU_KERNEL=0) ``available()`` is False with
 ``why_unavailable()`` saying why, and the model uses torch's ops instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
+import platform
+import re
 import shutil
 import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 __all__ = [
+    "VARIANTS",
     "PackedInt8Weight",
     "PackedWeight",
     "attend_few",
+    "available",
+    "describe",
     "rope_and_store",
     "run_packed",
-    "available",
-    "why_unavailable",
     "skinny_gemm_bf16",
     "skinny_gemm_int8w",
+    "using",
+    "variant",
+    "variant_support",
+    "why_unavailable",
 ]
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_kernels.c"
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCE = CSRC / "decode_kernels.c"
 # -ffp-contract=off: GCC's default fuses a multiply and an add it sees into one FMA
 # wherever it likes, and it liked to in some tiles and not in others (the int8
 # epilogue acc * sx * scale + bias), which broke row invariance; only our explicit
 # FMAs fuse now.
-CFLAGS = [
-    "-O3",
-    "-ffp-contract=off",
-    "-mavx512f",
-    "-mavx512bw",
-    "-mavx512vl",
-    "-mavx512bf16",
-    "-mavx512vnni",
-    "-mfma",
-    "-fopenmp",
-    "-fPIC",
-    "-shared",
-]
+COMMON_CFLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 
-_state: dict = {}
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    cpu_flags: tuple[str, ...]  # as /proc/cpuinfo spells them
+    cflags: tuple[str, ...]  # selects the ISA header in decode_kernels.c
+    label: str  # for people
+    x_bf16: bool  # float32 x rounded to bf16 for the bf16 product (else multiplied as float32)
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant(
+            "avx512bf16",
+            ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "fma"),
+            ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma"),
+            "AVX512-BF16 + VNNI: vdpbf16ps on bf16 weights, vpdpwssd for int8",
+            True,
+        ),
+        Variant(
+            "avx512",
+            ("avx512f", "avx512bw", "avx512vl", "fma"),
+            ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"),
+            "AVX-512: bf16 widened to float32 for FMA, vpmaddwd for int8",
+            False,
+        ),
+        Variant(
+            "avx2",
+            ("avx2", "fma"),
+            ("-mavx2", "-mfma"),
+            "AVX2 + FMA: bf16 widened to float32 for FMA, vpmaddwd for int8",
+            False,
+        ),
+    )
+}
+_OFF = ("0", "off", "false", "no", "none", "torch")
+_AUTO = ("", "1", "auto", "on", "true", "yes")
+
+_state: dict = {}  # "lib", "variant", "why", "reason"; "built": {name: lib or error string}
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "x64")
+
+
+def _cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (Linux), None where unreadable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
+    return set(match.group(1).split()) if match else None
+
+
+def variant_support(name: str) -> str | None:
+    """None when this machine can run variant `name`, else why not (missing flags...)."""
+    if name not in VARIANTS:
+        return f"unknown kernel variant {name!r} (known: {', '.join(VARIANTS)})"
+    if not _is_x86():
+        return f"{platform.machine() or 'this'} CPU: our kernels are x86-64 only (AVX2+FMA or AVX-512)"
+    flags = _cpu_flags()
+    if flags is None:
+        return "cannot read the CPU's flags (/proc/cpuinfo)"
+    missing = [f for f in VARIANTS[name].cpu_flags if f not in flags]
+    return f"this CPU lacks {', '.join(missing)}" if missing else None
 
 
 def _cpu_supports() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"))
+    """Some variant could run on this CPU (whether it builds is another matter)."""
+    return any(variant_support(name) is None for name in VARIANTS)
 
 
-def _build() -> ctypes.CDLL:
+def _build(name: str) -> ctypes.CDLL:
+    """Compile (once per source and flags) and load variant `name`'s library."""
     from .models import cache_dir
 
-    source = SOURCE.read_bytes()
-    tag = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    spec = VARIANTS[name]
+    cflags = [*COMMON_CFLAGS, *spec.cflags]
+    digest = hashlib.sha256(" ".join(cflags).encode())
+    for path in sorted(CSRC.glob("*.[ch]")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    tag = digest.hexdigest()[:16]
     folder = cache_dir() / "kernels"
-    lib_path = folder / f"decode_kernels-{tag}.so"
+    lib_path = folder / f"decode_kernels-{name}-{tag}.so"
     if not lib_path.is_file():
         compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         if compiler is None:
@@ -97,15 +181,17 @@ def _build() -> ctypes.CDLL:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = lib_path.with_suffix(f".{os.getpid()}.tmp")
         result = subprocess.run(
-            [compiler, *CFLAGS, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True, timeout=120
+            [compiler, *cflags, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True, timeout=120
         )
         if result.returncode != 0:
             tmp.unlink(missing_ok=True)
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {result.stderr.strip()[:500]}")
+            raise RuntimeError(f"compiling {SOURCE.name} for {name} failed: {result.stderr.strip()[:500]}")
         os.replace(tmp, lib_path)  # atomic: concurrent builders never load a half-written file
-        for stale in folder.glob("decode_kernels-*.so"):  # builds of earlier sources
-            if stale != lib_path:
-                stale.unlink(missing_ok=True)
+        # builds of earlier sources: this variant's other tags, and the single-variant names of old
+        stale = [*folder.glob(f"decode_kernels-{name}-*.so"), *folder.glob("decode_kernels-" + "[0-9a-f]" * 16 + ".so")]
+        for path in stale:
+            if path != lib_path:
+                path.unlink(missing_ok=True)
     lib = ctypes.CDLL(str(lib_path))
     ptr, flag, size, real = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.skinny_gemm_bf16.restype = None
@@ -164,15 +250,16 @@ class PackedInt8Weight(_Packed):
 
 
 def _call(
-    fn,
+    lib,
     x: torch.Tensor,
     packed: PackedWeight | PackedInt8Weight,
     out_dtype: torch.dtype,
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
 ) -> torch.Tensor:
-    """x [rows, in] contiguous bf16 or float32 -> y [rows, out] in out_dtype (bf16 or float32).
-    The hot path of every decoding pass: kept to one allocation and one foreign call."""
+    """x [rows, in] contiguous bf16 or float32 -> y [rows, out] in out_dtype (bf16 or float32),
+    on library `lib` (None: the active variant's). The hot path of every decoding pass:
+    kept to one allocation and one foreign call."""
     rows = x.shape[0]
     if packed.in_padded != packed.n_in:
         if norm_weight is not None:  # padding zeros would change the mean of squares: normalise first
@@ -182,14 +269,15 @@ def _call(
     y = torch.empty(rows, packed.out_padded, dtype=out_dtype)
     norm = norm_weight.data_ptr() if norm_weight is not None else None
     x_f32, y_f32 = x.dtype == torch.float32, out_dtype == torch.float32
-    if fn is None:
-        fn = _state["lib"].skinny_gemm_int8w if isinstance(packed, PackedInt8Weight) else _state["lib"].skinny_gemm_bf16
+    lib = lib if lib is not None else _state["lib"]
+    fn = lib.skinny_gemm_int8w if isinstance(packed, PackedInt8Weight) else lib.skinny_gemm_bf16
     fn(x.data_ptr(), x_f32, *packed.args, y.data_ptr(), y_f32, rows, *packed.sizes, norm, eps)
     return y if packed.out_padded == packed.out else y[:, : packed.out]
 
 
 def _self_check(lib) -> None:
-    """Both kernels against a float32 reference, odd sizes included (padding, tails)."""
+    """Every kernel against a float32 / SDPA reference, odd sizes included (padding,
+    tails), and the products' rows against one-row products bit for bit."""
     gen = torch.Generator().manual_seed(0)
     for rows, n_in, n_out in ((1, 64, 16), (3, 101, 7), (5, 576, 96), (16, 64, 200)):
         x = torch.randn(rows, n_in, generator=gen).to(torch.bfloat16)
@@ -197,25 +285,23 @@ def _self_check(lib) -> None:
         b = torch.randn(n_out, generator=gen).to(torch.bfloat16)
         q = torch.randint(-127, 128, (n_out, n_in), generator=gen, dtype=torch.int8)
         scale = torch.rand(n_out, generator=gen) / 64
+        packed, packed_int8 = PackedWeight(w, b), PackedInt8Weight(q, scale, b)
         checks = []
         for xin, out_dtype in ((x, torch.bfloat16), (x.float(), torch.float32)):
-            checks.append(
-                (_call(lib.skinny_gemm_bf16, xin, PackedWeight(w, b), out_dtype), x.float() @ w.float().t() + b.float())
-            )
-            checks.append(
-                (
-                    _call(lib.skinny_gemm_int8w, xin, PackedInt8Weight(q, scale, b), out_dtype),
-                    (x.float() @ q.float().t()) * scale + b.float(),
-                )
-            )
+            checks.append((_call(lib, xin, packed, out_dtype), x.float() @ w.float().t() + b.float()))
+            checks.append((_call(lib, xin, packed_int8, out_dtype), (x.float() @ q.float().t()) * scale + b.float()))
         g = torch.rand(n_in, generator=gen) + 0.5
         xn = torch.nn.functional.rms_norm(x.float(), (n_in,), g, 1e-5)
-        checks.append(
-            (_call(lib.skinny_gemm_bf16, x.float(), PackedWeight(w), torch.float32, g, 1e-5), xn @ w.float().t())
-        )
+        checks.append((_call(lib, x.float(), PackedWeight(w), torch.float32, g, 1e-5), xn @ w.float().t()))
         for got, ref in checks:
             if not torch.allclose(got.float(), ref, rtol=2e-2, atol=5e-2 * n_in**0.5):
                 raise RuntimeError(f"self-check failed at rows={rows} in={n_in} out={n_out}")
+        for p in (packed, packed_int8):
+            full = _call(lib, x.float(), p, torch.float32)
+            if not all(
+                torch.equal(_call(lib, x[r : r + 1].float(), p, torch.float32), full[r : r + 1]) for r in range(rows)
+            ):
+                raise RuntimeError(f"self-check failed: rows of a {rows}-row product differ from one-row products")
     q = torch.randn(6, 3, 64, generator=gen)
     k, v = torch.randn(2, 40, 64, generator=gen), torch.randn(2, 40, 64, generator=gen)
     out = torch.empty(3, 6 * 64)
@@ -238,33 +324,104 @@ def _self_check(lib) -> None:
             raise RuntimeError("self-check of attend_few failed")
 
 
-def _load() -> None:
-    if _state:
-        return
-    why = None
-    if os.environ.get("SPECLENS_CPU_KERNEL", "1") == "0":
-        why = "disabled by SPECLENS_CPU_KERNEL=0"
-    elif not _cpu_supports():
-        why = "this CPU has no AVX512-BF16"
-    else:
+def load_variant(name: str) -> ctypes.CDLL:
+    """Variant `name`'s library, built and self-checked (once per process); raises
+    RuntimeError saying why where it cannot run here."""
+    built = _state.setdefault("built", {})
+    if name not in built:
+        why = variant_support(name)
+        if why is None:
+            try:
+                lib = _build(name)
+                _self_check(lib)
+                built[name] = lib
+            except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
+                built[name] = str(exc)
+        else:
+            built[name] = why
+    if isinstance(built[name], str):
+        raise RuntimeError(f"{name}: {built[name]}")
+    return built[name]
+
+
+def _choose() -> tuple[str | None, ctypes.CDLL | None, str]:
+    """(variant, library, reason) per SPECLENS_CPU_KERNEL; variant None: no kernel, reason why."""
+    setting = os.environ.get("SPECLENS_CPU_KERNEL", "auto").strip().lower()
+    if setting in _OFF:
+        return None, None, f"disabled by SPECLENS_CPU_KERNEL={setting}"
+    if setting in VARIANTS:
         try:
-            lib = _build()
-            _self_check(lib)
-            _state["lib"] = lib
-        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
-            why = str(exc)
-    _state["why"] = why
+            return setting, load_variant(setting), f"forced by SPECLENS_CPU_KERNEL={setting}"
+        except RuntimeError as exc:
+            return None, None, f"SPECLENS_CPU_KERNEL={setting}, which cannot run here: {exc}"
+    note = "" if setting in _AUTO else f" (SPECLENS_CPU_KERNEL={setting!r} is not 0, auto or a variant: ignored)"
+    if not _is_x86():
+        return None, None, variant_support("avx2") + note
+    skipped = []
+    for name in VARIANTS:
+        try:
+            lib = load_variant(name)
+        except RuntimeError as exc:
+            skipped.append(str(exc))
+            continue
+        reason = "the best variant for this CPU" if not skipped else "fallback; " + "; ".join(skipped)
+        return name, lib, reason + note
+    return None, None, "no kernel variant runs here: " + "; ".join(skipped) + note
+
+
+def _load() -> None:
+    if "why" in _state:
+        return
+    name, lib, reason = _choose()
+    _state.update(variant=name, reason=reason, why=None if lib is not None else reason)
+    if lib is not None:
+        _state["lib"] = lib
 
 
 def available() -> bool:
-    """True when the kernel is built, loaded and passed its self-check here."""
+    """True when a kernel variant is built, loaded and passed its self-check here."""
     _load()
     return "lib" in _state
 
 
+def variant() -> str | None:
+    """The variant the model runs on ("avx512bf16", "avx512", "avx2"), None without a kernel."""
+    _load()
+    return _state["variant"]
+
+
 def why_unavailable() -> str | None:
+    """Why no kernel runs here (None when one does: see describe() for which and why)."""
     _load()
     return _state["why"]
+
+
+def describe() -> dict:
+    """For people (the app's Model panel, ``engine prepare``): {"variant": name or None,
+    "label": what it computes with, "reason": why this one (or why none)}."""
+    _load()
+    name = _state["variant"]
+    return {
+        "variant": name,
+        "label": VARIANTS[name].label if name else "torch's ops",
+        "reason": _state["reason"],
+    }
+
+
+@contextlib.contextmanager
+def using(name: str) -> Iterator[None]:
+    """Run variant `name` inside the block (tests, benchmarks): products, attention and
+    the layers of models built inside it. Raises RuntimeError where it cannot run here.
+    The packed layout is the same for every variant, so packed weights need no repacking."""
+    lib = load_variant(name)
+    _load()
+    saved = dict(_state)
+    _state.update(lib=lib, variant=name, why=None, reason=f"selected by cpu_kernels.using({name!r})")
+    try:
+        yield
+    finally:
+        _state.clear()
+        _state.update(saved)
 
 
 def run_packed(
@@ -284,8 +441,9 @@ def skinny_gemm_bf16(
 ) -> torch.Tensor:
     """y [rows, out] = x [rows, in] @ W^T (+ bias) on the CPU, W and bias given packed.
 
-    x is bf16 or float32 (float32 is rounded to bf16 for the products, inside the
-    kernel); y is out_dtype, by default x's dtype (float32 output skips the final
+    x is bf16 or float32 (on avx512bf16 float32 is rounded to bf16 for the products,
+    inside the kernel; the widening variants multiply float32 as is and widen bf16
+    x exactly); y is out_dtype, by default x's dtype (float32 output skips the final
     rounding: the accumulator is stored as is). With norm_weight [in] (float32,
     float32 x only) each row is RMS-normalised first: y = RMSNorm(x) @ W^T, the
     norm fused into the kernel's pass over x.

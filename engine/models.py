@@ -112,7 +112,8 @@ def default_gguf_path() -> Path:
 
 
 def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: the CPU multiplies bf16 matrices in hardware."""
+    """AVX512-BF16 or AMX: the CPU multiplies bf16 matrices in hardware (oneDNN uses it
+    for torch's bf16 products where our kernels are off)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -121,11 +122,13 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
-    """'auto' -> bfloat16 on CUDA and on CPUs with native bf16 matrix instructions,
-    float32 otherwise. Without them torch multiplies bf16 matrices of several rows
-    in a slow emulated path: measured on a 2-core AVX2 EPYC, a 9-token bf16 pass
-    costs 5.3x a 1-token pass, a float32 one 1.8x. One-token bf16 passes are ~2x
-    faster than float32, but verifying K drafts at once is what speculation needs."""
+    """'auto' -> bfloat16 on CUDA, and on CPUs where one of our kernel variants runs
+    (cpu_kernels: AVX512-BF16, AVX-512 or AVX2+FMA; bf16 weights halve the bytes read
+    per token, and the kernels keep every token of a pass independent) or that have
+    native bf16 matrix instructions; float32 otherwise. Without either, torch
+    multiplies bf16 matrices of several rows in a slow emulated path: measured on a
+    2-core AVX2 EPYC, a 9-token bf16 pass cost 5.3x a 1-token pass, a float32 one
+    1.8x, and verifying K drafts at once is what speculation needs."""
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"unsupported dtype {dtype}")
@@ -138,7 +141,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     if name == "auto":
         if device.startswith("cuda"):
             return torch.bfloat16
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        from . import cpu_kernels
+
+        return torch.bfloat16 if cpu_kernels.available() or cpu_has_native_bf16() else torch.float32
     raise ValueError(f"dtype must be one of auto, float32, bfloat16; got {dtype!r}")
 
 

@@ -74,15 +74,17 @@ class Linear:
         self.bias = bias  # [out] or None
         self.shape = tuple(weight.shape)  # (out, in)
         self.element_size = weight.element_size()
-        self._kernel = None  # cpu_kernels.PackedWeight: our AVX512-BF16 kernel's layout
+        self._kernel = None  # cpu_kernels.PackedWeight: our kernels' layout (every variant)
         self._packed = None  # oneDNN's blocked layout
         self._weight = None  # plain [out, in]
         if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and cpu_kernels.available():
-            # Our kernel (engine/csrc): measured on a 2-core AVX512-BF16 EPYC over
-            # all matrices of the default model, 8.9 ms for 1 row, 9.7 ms for 8,
-            # 14.5 ms for 16 (30 GB/s at 1 row) against 13.6 / 12.7 / 17.3 ms for
-            # oneDNN on packed weights. Shape-invariant: a row's result does not
-            # depend on the other rows of the pass.
+            # Our kernel (engine/csrc, the variant cpu_kernels chose for this CPU):
+            # measured on a 2-core AVX512-BF16 EPYC over all matrices of the default
+            # model, avx512bf16 8.9 ms for 1 row, 9.7 ms for 8, 14.5 ms for 16 (30 GB/s
+            # at 1 row) against 13.6 / 12.7 / 17.3 ms for oneDNN on packed weights; the
+            # avx2 variant reads as fast at 1 row and is compute bound beyond (see
+            # docs/bench/cpu-kernel-variants.md). Shape-invariant: a row's result does
+            # not depend on the other rows of the pass.
             self._kernel = cpu_kernels.PackedWeight(weight, bias)
         else:
             # bf16 without our kernel: the weight is handed to oneDNN once,
@@ -189,9 +191,10 @@ class Int8Linear:
         self._packed = None
         if weight.device.type == "cpu" and cpu_kernels.available():
             # Our kernel (engine/csrc): each row of x quantised to int16 (13-15 bits
-            # of range, not the 8 that failed above), exact int32 dot products on
-            # AVX512-VNNI, per-channel scale at the end. 5.6 ms over the default
-            # model's matrices, against ~10 ms for torch's int8 kernel.
+            # of range, not the 8 that failed above), exact int32 dot products
+            # (vpdpwssd on AVX512-VNNI, vpmaddwd on the avx512 / avx2 variants),
+            # per-channel scale at the end. 5.6 ms over the default model's matrices
+            # on avx512bf16, against ~10 ms for torch's int8 kernel.
             bias_bf16 = bias.to(torch.bfloat16) if bias is not None else None
             self._packed = cpu_kernels.PackedInt8Weight(self.weight_int8, scale, bias_bf16)
         self.shape = tuple(self.weight_int8.shape)  # (out, in)

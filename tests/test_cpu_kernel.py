@@ -1,4 +1,4 @@
-"""Our AVX512-BF16 decoding kernels (engine/cpu_kernels.py, engine/csrc/decode_kernels.c).
+"""Our CPU decoding kernels (engine/cpu_kernels.py, engine/csrc/), every variant this CPU runs.
 
 (a) The products match float32 references: odd sizes, bias, float32 in/out, the
     fused RMSNorm, int8 weights against outlier activations.
@@ -8,8 +8,12 @@
 (d) A whole bf16 pass is shape-invariant: a K-token pass equals K one-token
     passes, and a tree node equals the chain of its path, bit for bit.
 (e) A bf16 model uses the kernels when they are available, and without them
-    (disabled, a compiler that fails) falls back to torch and says why.
-(a)-(d) need a CPU with AVX512-BF16/VNNI and skip elsewhere; (e) runs everywhere.
+    (disabled, a compiler that fails, a CPU without a variant, ARM64) falls back
+    to torch and says why; SPECLENS_CPU_KERNEL forces a variant; dtype=auto
+    picks bf16 where a kernel runs.
+(a)-(d) run once per variant (``variant`` fixture: avx512bf16, avx512, avx2),
+each selected with cpu_kernels.using; a variant this CPU lacks is skipped with
+the reason, so an AVX512-BF16 host tests all three. (e) runs everywhere.
 """
 
 from __future__ import annotations
@@ -26,21 +30,37 @@ from engine import cpu_kernels
 from engine.transformer import Linear
 
 ROOT = Path(__file__).resolve().parent.parent
-needs_kernel = pytest.mark.skipif(
-    not cpu_kernels.available(), reason=f"CPU kernel unavailable here: {cpu_kernels.why_unavailable()}"
-)
+
+
+@pytest.fixture(params=list(cpu_kernels.VARIANTS))
+def variant(request):
+    """Run the test on one kernel variant; skipped where this CPU (or compiler) cannot."""
+    name = request.param
+    why = cpu_kernels.variant_support(name)
+    if why is not None:
+        pytest.skip(f"{name}: {why}")
+    try:
+        ctx = cpu_kernels.using(name)
+        ctx.__enter__()
+    except RuntimeError as exc:
+        if "compil" in str(exc):  # an old compiler without the ISA's flags: the environment, not the kernel
+            pytest.skip(str(exc))
+        raise  # the CPU has the instructions and it built: a failed self-check is a bug
+    try:
+        yield name
+    finally:
+        ctx.__exit__(None, None, None)
 
 
 def _bf16(*shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
-@needs_kernel
 @pytest.mark.parametrize(
     "rows,n_in,n_out", [(1, 576, 960), (3, 576, 576), (9, 1536, 576), (16, 64, 49), (17, 33, 16), (40, 128, 64)]
 )
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_matches_float32_reference(rows, n_in, n_out, with_bias):
+def test_matches_float32_reference(variant, rows, n_in, n_out, with_bias):
     x, w = _bf16(rows, n_in, seed=1), _bf16(n_out, n_in, seed=2)
     b = _bf16(n_out, seed=3) if with_bias else None
     got = cpu_kernels.skinny_gemm_bf16(x, cpu_kernels.PackedWeight(w, b))
@@ -50,23 +70,26 @@ def test_matches_float32_reference(rows, n_in, n_out, with_bias):
     torch.testing.assert_close(got.float(), ref, rtol=1e-2, atol=1e-2 * n_in**0.5)
 
 
-@needs_kernel
 @pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (4, 1536, 576), (17, 33, 20)])
-def test_float32_rows_in_and_out(rows, n_in, n_out):
-    """float32 x is rounded to bf16 inside the kernel; float32 y is the unrounded sum."""
+def test_float32_rows_in_and_out(variant, rows, n_in, n_out):
+    """float32 x is rounded to bf16 inside the kernel on avx512bf16, multiplied as is on the
+    widening variants; float32 y is the unrounded sum; bf16 x is taken exactly."""
     x, w = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(1)), _bf16(n_out, n_in, seed=2)
     packed = cpu_kernels.PackedWeight(w)
     got = cpu_kernels.skinny_gemm_bf16(x, packed)
     assert got.dtype == torch.float32
-    ref = x.to(torch.bfloat16).float() @ w.float().t()
-    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * n_in**0.5)
-    as_bf16 = cpu_kernels.skinny_gemm_bf16(x.to(torch.bfloat16), packed, out_dtype=torch.float32)
-    assert torch.equal(got, as_bf16)
+    x_seen = x.to(torch.bfloat16).float() if cpu_kernels.VARIANTS[variant].x_bf16 else x
+    ref = x_seen.double() @ w.double().t()
+    torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4 * n_in**0.5)
+    xb = x.to(torch.bfloat16)
+    as_bf16 = cpu_kernels.skinny_gemm_bf16(xb, packed, out_dtype=torch.float32)
+    assert torch.equal(as_bf16, cpu_kernels.skinny_gemm_bf16(xb.float(), packed))
+    if cpu_kernels.VARIANTS[variant].x_bf16:
+        assert torch.equal(got, as_bf16)
 
 
-@needs_kernel
 @pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (4, 1536, 576), (9, 37, 50)])
-def test_int8_weights_match_the_dequantised_product(rows, n_in, n_out):
+def test_int8_weights_match_the_dequantised_product(variant, rows, n_in, n_out):
     """x is quantised per row to int16 inside the kernel (|xq| * 127 * in < 2^31): the
     result is the dequantised product up to that rounding, far below bf16's."""
     gen = torch.Generator().manual_seed(3)
@@ -79,8 +102,20 @@ def test_int8_weights_match_the_dequantised_product(rows, n_in, n_out):
     assert err < 1e-3, float(err)
 
 
-@needs_kernel
-def test_int8_linear_runs_on_the_kernel():
+@pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (5, 101, 40), (16, 1536, 64)])
+def test_fused_rms_norm_matches_torch(variant, rows, n_in, n_out):
+    """y = RMSNorm(x) W^T in one call (odd widths are normalised before padding)."""
+    gen = torch.Generator().manual_seed(5)
+    x, g = torch.randn(rows, n_in, generator=gen) * 3, torch.rand(n_in, generator=gen) + 0.5
+    w = _bf16(n_out, n_in, seed=6)
+    got = cpu_kernels.skinny_gemm_bf16(x, cpu_kernels.PackedWeight(w), norm_weight=g, eps=1e-5)
+    xn = torch.nn.functional.rms_norm(x, (n_in,), g, 1e-5)
+    if cpu_kernels.VARIANTS[variant].x_bf16:
+        xn = xn.to(torch.bfloat16).float()
+    torch.testing.assert_close(got, xn @ w.float().t(), rtol=1e-2, atol=2e-2 * n_in**0.5)
+
+
+def test_int8_linear_runs_on_the_kernel(variant):
     from engine.transformer import Int8Linear
 
     w = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
@@ -91,42 +126,36 @@ def test_int8_linear_runs_on_the_kernel():
     assert rel < 0.03, float(rel)
 
 
-@needs_kernel
-def test_rows_are_shape_invariant():
-    w, b = _bf16(3072, 576, seed=4), _bf16(3072, seed=5)
-    packed = cpu_kernels.PackedWeight(w, b)
-    x = _bf16(16, 576, seed=6)
-    full = cpu_kernels.skinny_gemm_bf16(x, packed)
-    for r in range(16):
-        assert torch.equal(cpu_kernels.skinny_gemm_bf16(x[r : r + 1], packed), full[r : r + 1]), r
-    for n in (2, 5, 9):
-        assert torch.equal(cpu_kernels.skinny_gemm_bf16(x[:n], packed), full[:n]), n
+@pytest.mark.parametrize("kind", ["bf16", "bf16-float32-normed", "int8"])
+def test_rows_are_shape_invariant(variant, kind):
+    """Each row of a 16-row product equals its one-row product bit for bit, whatever tiles
+    the rows and outputs land in (3072 outputs: full tiles, 200: tails on each thread).
+    The int8 case has a bias: GCC's default FMA contraction once fused the epilogue's
+    multiply and add in some tiles only (fixed with -ffp-contract=off)."""
+    for n_out in (3072, 200):
+        w, b = _bf16(n_out, 576, seed=4), _bf16(n_out, seed=5)
+        x, norm = _bf16(16, 576, seed=6), None
+        if kind == "int8":
+            q = torch.randint(-127, 128, (n_out, 576), generator=torch.Generator().manual_seed(7), dtype=torch.int8)
+            packed = cpu_kernels.PackedInt8Weight(q, torch.rand(n_out) / 64, b)
+            x = x.float() * torch.linspace(0.1, 30.0, 576)
+        else:
+            packed = cpu_kernels.PackedWeight(w, b)
+        if kind == "bf16-float32-normed":
+            x, norm = torch.randn(16, 576, generator=torch.Generator().manual_seed(8)), torch.rand(576) + 0.5
+        full = cpu_kernels.skinny_gemm_bf16(x, packed, norm_weight=norm)
+        for r in range(16):
+            assert torch.equal(cpu_kernels.skinny_gemm_bf16(x[r : r + 1], packed, norm_weight=norm), full[r : r + 1]), r
+        for n in (2, 5, 9):
+            assert torch.equal(cpu_kernels.skinny_gemm_bf16(x[:n], packed, norm_weight=norm), full[:n]), n
 
 
-@needs_kernel
-def test_int8_rows_with_bias_are_shape_invariant():
-    """GCC's default FMA contraction fused the int8 epilogue's multiply and add
-    (acc * sx * scale + bias) in some tiles only: 4 rows of this 16-row product (200
-    outputs: tail tiles on each thread) differed from their one-row products in the
-    last bit (fixed with -ffp-contract=off)."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(16, 576, generator=gen)
-    q = torch.randint(-127, 128, (200, 576), generator=gen, dtype=torch.int8)
-    scale, bias = torch.rand(200, generator=gen) / 64, torch.randn(200, generator=gen).to(torch.bfloat16)
-    packed = cpu_kernels.PackedInt8Weight(q, scale, bias)
-    full = cpu_kernels.skinny_gemm_int8w(x, packed)
-    for r in range(16):
-        assert torch.equal(cpu_kernels.skinny_gemm_int8w(x[r : r + 1], packed), full[r : r + 1]), r
-
-
-@needs_kernel
-def test_packed_weight_unpacks_to_the_original():
+def test_packed_weight_unpacks_to_the_original(variant):
     w = _bf16(50, 37, seed=7)  # both dimensions padded
     assert torch.equal(cpu_kernels.PackedWeight(w).unpack(), w)
 
 
-@needs_kernel
-def test_bf16_linear_runs_on_the_kernel():
+def test_bf16_linear_runs_on_the_kernel(variant):
     w, x = _bf16(64, 96, seed=8), _bf16(2, 96, seed=9)
     linear = Linear(w)
     assert linear._kernel is not None
@@ -171,7 +200,9 @@ def test_without_the_kernel_bf16_falls_back_and_says_why(tmp_path, env, why):
     full_env = {**os.environ, "SPECLENS_CACHE": str(tmp_path), **env}
     if "CC" in env:
         if not cpu_kernels._cpu_supports():
-            pytest.skip("no AVX512-BF16 here: the kernel is never compiled")
+            pytest.skip(
+                f"no kernel variant for this CPU, the kernel is never compiled: {cpu_kernels.why_unavailable()}"
+            )
         why = "compiling"
     done = subprocess.run(
         [sys.executable, "-c", SNIPPET], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=120
@@ -180,9 +211,8 @@ def test_without_the_kernel_bf16_falls_back_and_says_why(tmp_path, env, why):
     assert "WHY:" in done.stdout and why in done.stdout, done.stdout
 
 
-@needs_kernel
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
-def test_bf16_passes_are_shape_invariant_end_to_end(model_type):
+def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type):
     """With our kernels every piece of a bf16 pass on the CPU treats each token on its
     own (products, fused RMSNorm, rotary, attention), so the logits of a token do not
     depend on how many tokens share the pass: a K-token verification pass agrees bit
@@ -234,11 +264,10 @@ def test_bf16_passes_are_shape_invariant_end_to_end(model_type):
     assert torch.equal(tree[[0, 2, 4]], chain)
 
 
-@needs_kernel
 @pytest.mark.parametrize("tokens,length", [(1, 7), (1, 1000), (5, 130), (16, 400)])
 @pytest.mark.parametrize("dim", [64, 72])
 @pytest.mark.parametrize("tree", [False, True])
-def test_attention_matches_torch(tokens, length, dim, tree):
+def test_attention_matches_torch(variant, tokens, length, dim, tree):
     gen = torch.Generator().manual_seed(tokens * length + dim)
     q = torch.randn(6, tokens, dim, generator=gen)
     k = torch.randn(2, length + 8, dim, generator=gen) * 2  # capacity beyond the attended length
@@ -255,3 +284,100 @@ def test_attention_matches_torch(tokens, length, dim, tree):
         q[None], k[None, :, :length], v[None, :, :length], attn_mask=mask[None, None], enable_gqa=True
     )[0]  # [H, T, D]
     torch.testing.assert_close(got, ref.transpose(0, 1).reshape(tokens, 6 * dim), rtol=1e-5, atol=1e-5)
+
+
+# ---- (e) choosing a variant -------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_choice(monkeypatch):
+    """cpu_kernels with no choice made yet (restored afterwards); nothing compiled unless a
+    test lets it."""
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.delenv("SPECLENS_CPU_KERNEL", raising=False)
+    return monkeypatch
+
+
+AVX2_ONLY = {"fpu", "sse2", "avx", "avx2", "fma", "f16c"}
+
+
+def test_an_avx2_cpu_gets_the_avx2_variant_and_says_why(fresh_choice):
+    fresh_choice.setattr(cpu_kernels, "_cpu_flags", lambda: AVX2_ONLY)
+    fresh_choice.setattr(cpu_kernels, "_is_x86", lambda: True)
+    fresh_choice.setattr(cpu_kernels, "_build", lambda name: pytest.fail(f"built {name}") if name != "avx2" else None)
+    fresh_choice.setattr(cpu_kernels, "_self_check", lambda lib: None)
+    # (the fake avx2 library is None: load_variant stores it, _choose reports it)
+    name, _, reason = cpu_kernels._choose()
+    assert name == "avx2"
+    assert "fallback" in reason and "avx512bf16: this CPU lacks avx512f" in reason and "avx512_bf16" in reason
+
+
+def test_a_forced_variant_the_cpu_lacks_leaves_torch_with_the_reason(fresh_choice):
+    fresh_choice.setattr(cpu_kernels, "_cpu_flags", lambda: AVX2_ONLY)
+    fresh_choice.setattr(cpu_kernels, "_is_x86", lambda: True)
+    fresh_choice.setenv("SPECLENS_CPU_KERNEL", "avx512bf16")
+    assert not cpu_kernels.available()
+    why = cpu_kernels.why_unavailable()
+    assert "SPECLENS_CPU_KERNEL=avx512bf16" in why and "lacks" in why
+    assert cpu_kernels.describe() == {"variant": None, "label": "torch's ops", "reason": why}
+
+
+@pytest.mark.parametrize("machine", ["aarch64", "arm64"])
+def test_arm64_falls_back_without_calling_the_compiler(fresh_choice, machine):
+    fresh_choice.setattr(cpu_kernels.platform, "machine", lambda: machine)
+    fresh_choice.setattr(cpu_kernels, "_build", lambda name: pytest.fail("no x86 flags on ARM"))
+    for setting in ("auto", "avx2"):
+        fresh_choice.setattr(cpu_kernels, "_state", {})
+        fresh_choice.setenv("SPECLENS_CPU_KERNEL", setting)
+        assert not cpu_kernels.available() and cpu_kernels.variant() is None
+        assert machine in cpu_kernels.why_unavailable() and "x86-64 only" in cpu_kernels.why_unavailable()
+
+
+def test_a_cpu_without_avx2_gets_no_variant(fresh_choice):
+    fresh_choice.setattr(cpu_kernels, "_cpu_flags", lambda: {"fpu", "sse2", "sse4_2", "avx"})
+    fresh_choice.setattr(cpu_kernels, "_is_x86", lambda: True)
+    fresh_choice.setattr(cpu_kernels, "_build", lambda name: pytest.fail("nothing to build"))
+    assert not cpu_kernels.available()
+    assert "no kernel variant runs here" in cpu_kernels.why_unavailable()
+    assert "avx2: this CPU lacks avx2, fma" in cpu_kernels.why_unavailable()
+
+
+def test_dtype_auto_is_bf16_wherever_a_kernel_runs(monkeypatch):
+    from engine import models
+
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: True)
+    assert models.resolve_dtype("auto") == torch.bfloat16
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    assert models.resolve_dtype("auto") == torch.float32
+    assert models.resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert models.resolve_dtype("float32") == torch.float32
+
+
+VARIANT_SNIPPET = """
+import torch
+from engine import cpu_kernels
+from engine.models import resolve_dtype
+from engine.transformer import Linear
+lin = Linear(torch.randn(32, 64).to(torch.bfloat16))
+print("VARIANT:", cpu_kernels.variant(), lin._kernel is not None, resolve_dtype("auto"))
+print("DESCRIBE:", cpu_kernels.describe())
+"""
+
+
+@pytest.mark.parametrize("setting", ["avx2", "bogus"])
+def test_speclens_cpu_kernel_forces_a_variant(setting):
+    """SPECLENS_CPU_KERNEL=<variant> runs that variant; an unknown value is ignored with a note."""
+    if setting == "avx2" and cpu_kernels.variant_support("avx2") is not None:
+        pytest.skip(cpu_kernels.variant_support("avx2"))
+    if setting == "bogus" and not cpu_kernels.available():
+        pytest.skip(f"no kernel here: {cpu_kernels.why_unavailable()}")
+    env = {**os.environ, "SPECLENS_CPU_KERNEL": setting}
+    done = subprocess.run(
+        [sys.executable, "-c", VARIANT_SNIPPET], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    want = "avx2" if setting == "avx2" else cpu_kernels.variant()
+    assert f"VARIANT: {want} True torch.bfloat16" in done.stdout, done.stdout
+    if setting == "bogus":
+        assert "'bogus' is not 0, auto or a variant" in done.stdout, done.stdout

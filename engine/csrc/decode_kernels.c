@@ -1,138 +1,159 @@
 /*
- * Decoding kernels for CPUs with AVX512-BF16 and AVX512-VNNI (called from
- * engine/cpu_kernels.py through ctypes):
+ * Decoding kernels for x86-64 CPUs (called from engine/cpu_kernels.py through ctypes):
  *
  *   skinny_gemm_bf16:  y = x W^T (+ b), W bf16   (the bf16 target)
  *   skinny_gemm_int8w: y = (x Q^T) * scale (+ b), Q int8 per output channel (the int8 drafter)
  *   attend_few:        attention of a few new tokens over the KV cache (causal or tree mask)
  *   rope_and_store:    rotary embedding + KV-cache write
  *
+ * One source, compiled once per instruction set into its own library; everything
+ * here (the tiling, the prologues, attention) is shared, and the per-ISA inner
+ * steps (vector width, loading/widening a line of weights, the multiply-add, exp,
+ * reductions) come from one header, chosen by the compiler's flags:
+ *
+ *   avx512bf16  isa_avx512.h with -mavx512bf16 -mavx512vnni: vdpbf16ps / vpdpwssd
+ *   avx512      isa_avx512.h, AVX-512F/BW/VL only: bf16 widened to float32, FMA / vpmaddwd
+ *   avx2        isa_avx2.h, AVX2 + FMA: the same on 8-lane vectors
+ *
  * The matrix products:
  *
  *   x:  [T, in]               float32 or bf16, row-major (T = tokens in the pass: 1 for
  *                             plain decoding, K + 1 when verifying K drafts)
  *   wp: [out/16, in/2, 16, 2] W packed once at load time: wp[ob, p, l, e] = W[16 ob + l, 2 p + e]
+ *                             (the same layout for every variant)
  *   b:  [out]                 bf16 or NULL
  *   y:  [T, out]              float32 or bf16, row-major
  *   (out a multiple of 16, in a multiple of 2: the caller pads with zeros.)
  *
  * Decoding is memory bound: every weight byte is read once per pass and used
  * for only T multiply-adds. The kernels stream the packed weights once per call
- * and keep the T rows of x in L1, so a 16-token pass reads the bytes a 1-token
- * pass reads.
+ * and keep the T rows of x close (L1/L2), so a 16-token pass reads the bytes a
+ * 1-token pass reads.
  *
- * bf16 arithmetic: one 64-byte line of wp holds 16 outputs x 2 inputs. vdpbf16ps
- * multiplies it by the matching input pair of x (rounded to bf16, broadcast) and
- * adds both products into a float32 accumulator per output lane, so a register
- * holds 16 finished dot products with no horizontal reduction. Each output
- * y[t][o] is accumulated over the input pairs in the same order whatever T is
- * and whichever tile (o, t) lands in, then the bias is added (and the sum rounded
- * to bf16, nearest even, for bf16 y): the result for a row of x does not depend
- * on the other rows in the call, so a token verified in a K-token pass gets bit
- * for bit the product a one-token pass gives it.
+ * One line of wp (64 bytes of bf16, 32 of int8) holds 16 outputs x 2 inputs. It
+ * is multiplied by the matching input pair of x (broadcast) and both products are
+ * added into a per-output accumulator lane, so the accumulators hold finished dot
+ * products with no horizontal reduction. Each output y[t][o] is accumulated over
+ * the input pairs in the same order whatever T is and whichever tile (o, t) lands
+ * in, then scaled, the bias added (and rounded to bf16, nearest even, for bf16 y):
+ * the result for a row of x does not depend on the other rows in the call, so a
+ * token verified in a K-token pass gets bit for bit the product a one-token pass
+ * gives it. (Variants differ from each other in the last bits -- avx512bf16 rounds
+ * x to bf16, the widening variants keep it float32 -- but each is row-invariant.)
  *
  * Threads: the 16-output blocks are split evenly across OpenMP threads. The
  * library links libgomp by its soname, so in a process that imported torch it
  * runs on torch's already-loaded OpenMP runtime (torch.set_num_threads applies).
  */
-#include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 16 /* outputs per packed block = float32 lanes of a zmm register */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include "isa_avx512.h"
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "isa_avx2.h"
+#else
+#error "compile with -mavx2 -mfma, or -mavx512f -mavx512bw -mavx512vl (+ -mavx512bf16 -mavx512vnni)"
+#endif
 
-/* The two kinds of weights share one tiled loop; they differ in what a 64-byte
- * slice of the product does:
- *   bf16: x rows bf16, float32 accumulators, vdpbf16ps on a 64-byte line of W;
- *   i8:   x rows int16 (quantised per row, scale sx[t]), int32 accumulators,
- *         vpdpwssd on a 32-byte line of Q sign-extended to int16 (see below). */
-#define ACC_bf16 __m512
-#define ZERO_bf16() _mm512_setzero_ps()
-#define DOT_bf16(acc, xb, wp, line)                                                                             \
-    _mm512_dpbf16_ps(acc, (__m512bh)(xb), (__m512bh)_mm512_loadu_si512((const uint16_t *)(wp) + ((line) << 5)))
-#define TO_FLOAT_bf16(acc, sx, t) (acc)
-#define ACC_i8 __m512i
-#define ZERO_i8() _mm512_setzero_si512()
-#define DOT_i8(acc, xb, wp, line)                                                                               \
-    _mm512_dpwssd_epi32(acc, xb,                                                                                \
-                        _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)((const int8_t *)(wp) + ((line) << 5)))))
-#define TO_FLOAT_i8(acc, sx, t) _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps((sx)[t]))
+#define LANES 16 /* outputs per packed block */
 
-/* Accumulate x rows [t0, t0 + NT) (2-byte elements: bf16 or int16) against output
- * blocks [ob, ob + NB), then store y = acc (* sx[t]) (* scale) (+ b), float32 or
- * rounded to bf16. A macro stamps one function per (KIND, NB, NT) so that the loops
- * unroll and the accumulators stay in registers. */
-#define DEFINE_TILE(KIND, NB, NT)                                                                               \
-    static void tile_##KIND##_##NB##x##NT(const void *x, const float *sx, const void *wp, const float *scale,  \
-                                          const uint16_t *b, void *y, int y_f32, int64_t in, int64_t out,      \
-                                          int64_t ob, int64_t t0) {                                             \
+/* The two kinds of weights share one tiled loop; the ISA header says what a line
+ * of W does for each (KIND = bf16 or i8):
+ *   xel_KIND            element of the kernel's x rows (bf16/float32 for bf16, int16 for i8)
+ *   xload_KIND(row, p)  input pair p of a row, broadcast
+ *   wload_KIND(line)    a line of W, loaded (and widened)
+ *   acc_KIND            a vector of accumulators; ACC_VECS of them hold a block's 16 outputs
+ *   dot_KIND(acc, x, w) acc[l] += W[l][2p] x[2p] + W[l][2p + 1] x[2p + 1], acc updated in place
+ *   acc_to_blk_KIND     the accumulators as 16 float32 (int8: times the row's scale sx)
+ * (Accumulators are plain arrays of vectors, not structs: GCC kept an array of
+ * structs in memory, spilling every accumulator once per input pair.)
+ */
+typedef int16_t xel_i8;
+#define W_ELEM_bf16 uint16_t
+#define W_ELEM_i8 int8_t
+
+/* Accumulate x rows [t0, t0 + NT) against output blocks [ob, ob + NB), then store
+ * y = acc (* sx[t]) (* scale) (+ b), float32 or rounded to bf16. A macro stamps one
+ * function per (KIND, NB, NT) so that the loops unroll and the accumulators stay
+ * in registers. */
+#define DEFINE_TILE(KIND, NB, NT) DEFINE_TILE_(KIND, NB, NT)
+#define TILE(KIND, NB, NT) TILE_(KIND, NB, NT)
+#define TILE_(KIND, NB, NT) tile_##KIND##_##NB##x##NT
+#define DEFINE_TILE_(KIND, NB, NT)                                                                              \
+    static void TILE_(KIND, NB, NT)(const void *x, const float *sx, const void *wp, const float *scale,         \
+                                    const uint16_t *b, void *y, int y_f32, int64_t in, int64_t out, int64_t ob, \
+                                    int64_t t0) {                                                               \
         const int64_t pairs = in / 2;                                                                           \
-        ACC_##KIND acc[NB][NT];                                                                                 \
+        const W_ELEM_##KIND *w = (const W_ELEM_##KIND *)wp;                                                     \
+        acc_##KIND acc[NB][NT][ACC_VECS];                                                                       \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                                   \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) acc[g][j] = ZERO_##KIND();                     \
-        const int32_t *xr[NT]; /* one 32-bit load = one input pair */                                          \
-        _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xr[j] =                                           \
-            (const int32_t *)((const uint16_t *)x + (t0 + j) * in);                                             \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
+                _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++) acc[g][j][h] = acc_zero_##KIND();    \
+        const xel_##KIND *xr[NT];                                                                               \
+        _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xr[j] = (const xel_##KIND *)x + (t0 + j) * in;    \
         for (int64_t p = 0; p < pairs; p++) {                                                                   \
-            __m512i xb[NT];                                                                                     \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xb[j] = _mm512_set1_epi32(xr[j][p]);         \
-            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                               \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) acc[g][j] =                               \
-                    DOT_##KIND(acc[g][j], xb[j], wp, (ob + g) * pairs + p);                                     \
+            xv_##KIND xv[NT];                                                                                   \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_##KIND(xr[j], p);               \
+            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                             \
+                const wv_##KIND wv = wload_##KIND(w + ((ob + g) * pairs + p) * 2 * LANES);                      \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) dot_##KIND(acc[g][j], xv[j], wv);         \
+            }                                                                                                   \
         }                                                                                                       \
         for (int g = 0; g < NB; g++) {                                                                          \
-            __m512 bias = b ? _mm512_castsi512_ps(_mm512_slli_epi32(                                           \
-                                  _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(b + (ob + g) * LANES))), \
-                                  16))                                                                          \
-                            : _mm512_setzero_ps();                                                              \
+            const blk bias = b ? blk_load_bf16(b + (ob + g) * LANES) : blk_zero();                             \
             for (int j = 0; j < NT; j++) {                                                                      \
-                __m512 v = TO_FLOAT_##KIND(acc[g][j], sx, t0 + j);                                              \
-                if (scale) v = _mm512_mul_ps(v, _mm512_loadu_ps(scale + (ob + g) * LANES));                     \
-                v = _mm512_add_ps(v, bias);                                                                     \
-                if (y_f32)                                                                                      \
-                    _mm512_storeu_ps((float *)y + (t0 + j) * out + (ob + g) * LANES, v);                        \
-                else                                                                                            \
-                    _mm256_storeu_si256((void *)((uint16_t *)y + (t0 + j) * out + (ob + g) * LANES),            \
-                                        (__m256i)_mm512_cvtneps_pbh(v));                                        \
+                blk v = acc_to_blk_##KIND(acc[g][j], sx ? sx[t0 + j] : 1.0f);                                   \
+                if (scale) v = blk_mul(v, blk_load_f32(scale + (ob + g) * LANES));                              \
+                v = blk_add(v, bias);                                                                           \
+                const int64_t at = (t0 + j) * out + (ob + g) * LANES;                                           \
+                blk_store(y_f32 ? (void *)((float *)y + at) : (void *)((uint16_t *)y + at), v, y_f32);          \
             }                                                                                                   \
         }                                                                                                       \
     }
 
-#define T_TILE 4
+#if T_TILE < 1 || T_TILE > 4
+#error "T_TILE (rows per tile) must be 1-4: the tile functions below go up to 4"
+#endif
 #define TILE_ARGS x, sx, wp, scale, b, y, y_f32, in, out
 
-/* Every tile of output blocks [ob, ob + nb) (nb == 4, or a 1-3 block tail) for every
- * row of x, and the threaded driver over all output blocks. */
+#if NB_TILE > 1 /* the 1-block tiles double as the tails */
+#define DEFINE_WIDE_TILES(KIND)                                                                                 \
+    DEFINE_TILE(KIND, NB_TILE, 1) DEFINE_TILE(KIND, NB_TILE, 2) DEFINE_TILE(KIND, NB_TILE, 3)                  \
+        DEFINE_TILE(KIND, NB_TILE, 4)
+#else
+#define DEFINE_WIDE_TILES(KIND)
+#endif
+
+/* Every tile of output blocks [ob, ob + nb) (nb == NB_TILE, or a shorter tail) for
+ * every row of x, and the threaded driver over all output blocks. */
 #define DEFINE_KIND(KIND)                                                                                       \
-    DEFINE_TILE(KIND, 4, 1)                                                                                     \
-    DEFINE_TILE(KIND, 4, 2)                                                                                     \
-    DEFINE_TILE(KIND, 4, 3)                                                                                     \
-    DEFINE_TILE(KIND, 4, 4)                                                                                     \
     DEFINE_TILE(KIND, 1, 1)                                                                                     \
     DEFINE_TILE(KIND, 1, 2)                                                                                     \
     DEFINE_TILE(KIND, 1, 3)                                                                                     \
     DEFINE_TILE(KIND, 1, 4)                                                                                     \
+    DEFINE_WIDE_TILES(KIND)                                                                                     \
     static void tiles_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b, \
                              void *y, int y_f32, int64_t in, int64_t out, int64_t rows, int64_t ob, int64_t nb) { \
         for (int64_t t0 = 0; t0 < rows; t0 += T_TILE) {                                                         \
             int64_t nt = rows - t0 < T_TILE ? rows - t0 : T_TILE;                                               \
-            if (nb == 4) {                                                                                      \
+            if (nb == NB_TILE) {                                                                                \
                 switch (nt) {                                                                                   \
-                case 1: tile_##KIND##_4x1(TILE_ARGS, ob, t0); break;                                            \
-                case 2: tile_##KIND##_4x2(TILE_ARGS, ob, t0); break;                                            \
-                case 3: tile_##KIND##_4x3(TILE_ARGS, ob, t0); break;                                            \
-                default: tile_##KIND##_4x4(TILE_ARGS, ob, t0); break;                                           \
+                case 1: TILE(KIND, NB_TILE, 1)(TILE_ARGS, ob, t0); break;                                       \
+                case 2: TILE(KIND, NB_TILE, 2)(TILE_ARGS, ob, t0); break;                                       \
+                case 3: TILE(KIND, NB_TILE, 3)(TILE_ARGS, ob, t0); break;                                       \
+                default: TILE(KIND, NB_TILE, 4)(TILE_ARGS, ob, t0); break;                                      \
                 }                                                                                               \
             } else {                                                                                            \
                 for (int64_t g = 0; g < nb; g++) {                                                              \
                     switch (nt) {                                                                               \
-                    case 1: tile_##KIND##_1x1(TILE_ARGS, ob + g, t0); break;                                    \
-                    case 2: tile_##KIND##_1x2(TILE_ARGS, ob + g, t0); break;                                    \
-                    case 3: tile_##KIND##_1x3(TILE_ARGS, ob + g, t0); break;                                    \
-                    default: tile_##KIND##_1x4(TILE_ARGS, ob + g, t0); break;                                   \
+                    case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob + g, t0); break;                                     \
+                    case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob + g, t0); break;                                     \
+                    case 3: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0); break;                                     \
+                    default: TILE(KIND, 1, 4)(TILE_ARGS, ob + g, t0); break;                                    \
                     }                                                                                           \
                 }                                                                                               \
             }                                                                                                   \
@@ -145,8 +166,12 @@
             /* An even, contiguous share of the output blocks per thread. */                                    \
             int64_t nthreads = omp_get_num_threads(), me = omp_get_thread_num();                                \
             int64_t begin = blocks * me / nthreads, end = blocks * (me + 1) / nthreads;                         \
+            /* One row (plain decoding, drafting) streams one block at a time: measured    \
+             * faster, most for int8 (7.5-10 ms -> 5.1-5.6 ms per sweep, one thread). The    \
+             * tile shape never changes a sum's order, only which sums run together. */      \
+            const int64_t nb = rows == 1 ? 1 : NB_TILE;                                                         \
             int64_t ob = begin;                                                                                 \
-            for (; ob + 4 <= end; ob += 4) tiles_##KIND(TILE_ARGS, rows, ob, 4);                               \
+            for (; ob + nb <= end; ob += nb) tiles_##KIND(TILE_ARGS, rows, ob, nb);                             \
             if (ob < end) tiles_##KIND(TILE_ARGS, rows, ob, end - ob);                                          \
         }                                                                                                       \
     }
@@ -154,65 +179,21 @@
 DEFINE_KIND(bf16)
 DEFINE_KIND(i8)
 
-/* RMSNorm of one float32 row into `dst` (float32): dst = x / sqrt(mean(x^2) + eps) * g. */
+/* RMSNorm of one float32 row into `dst` (float32, may be x): dst = x / sqrt(mean(x^2) + eps) * g.
+ * The sum of squares runs in VL lanes, then a fixed reduction, then the scalar tail:
+ * the same order for every row of the same width. */
 static void rms_norm_row(const float *x, const float *g, float eps, int64_t n, float *dst) {
-    __m512 ss = _mm512_setzero_ps();
+    vf ss = vf_zero();
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        ss = _mm512_fmadd_ps(v, v, ss);
+    for (; i + VL <= n; i += VL) {
+        const vf v = vf_load(x + i);
+        ss = vf_fmadd(v, v, ss);
     }
-    float sum = _mm512_reduce_add_ps(ss);
+    float sum = vf_reduce_add(ss);
     for (; i < n; i++) sum += x[i] * x[i];
-    float r = 1.0f / sqrtf(sum / (float)n + eps);
+    const float r = 1.0f / sqrtf(sum / (float)n + eps);
     for (i = 0; i < n; i++) dst[i] = x[i] * r * g[i];
 }
-
-/* x as bf16 rows for the products: the caller's bf16 buffer, or float32 (optionally
- * RMS-normalised first, norm_w != NULL) rounded to nearest even into `tmp`. */
-static const uint16_t *as_bf16(const void *x, int x_f32, const float *norm_w, float eps, int64_t rows, int64_t in,
-                               uint16_t *tmp) {
-    if (!x_f32) return (const uint16_t *)x;
-    float row[in];
-    for (int64_t t = 0; t < rows; t++) {
-        const float *xf = (const float *)x + t * in;
-        if (norm_w) {
-            rms_norm_row(xf, norm_w, eps, in, row);
-            xf = row;
-        }
-        uint16_t *dst = tmp + t * in;
-        int64_t i = 0;
-        for (; i + 16 <= in; i += 16)
-            _mm256_storeu_si256((void *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xf + i)));
-        if (i < in) {
-            __mmask16 m = (__mmask16)((1u << (in - i)) - 1u);
-            _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, xf + i)));
-        }
-    }
-    return tmp;
-}
-
-/* y = x W^T (+ b), W packed bf16. x and y are float32 when x_f32 / y_f32, else bf16;
- * float32 x is rounded to bf16 for the products (the rows stay independent), after
- * an RMSNorm with weight norm_w [in] when norm_w != NULL (float32 x only).
- */
-void skinny_gemm_bf16(const void *x, int x_f32, const uint16_t *wp, const uint16_t *b, void *y, int y_f32,
-                      int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
-    uint16_t small[4096];
-    uint16_t *tmp = !x_f32 || rows * in <= 4096 ? small : malloc(sizeof(uint16_t) * rows * in);
-    if (!tmp) abort();
-    run_bf16(as_bf16(x, x_f32, norm_w, eps, rows, in, tmp), NULL, wp, NULL, b, y, y_f32, rows, in, out);
-    if (tmp != small) free(tmp);
-}
-
-/* ---- int8 weights: integer dot products on AVX512-VNNI -------------------------
- * The int8 drafter's rows of x are quantised per row to int16, x ~= sx * xq with
- * |xq| <= xmax, and vpdpwssd multiplies int16 pairs into int32 sums exactly; the
- * int8 weights only need sign extension (one instruction per 32 weights; widening
- * them to bf16 took five and made the kernel compute bound). xmax keeps every sum
- * inside int32: xmax * 127 * in < 2^31 (in = 576: 29356, 14.8 bits; in = 1536:
- * 11008, 13.4 bits), far finer than the 8-bit activations that made per-tensor
- * int8 drafts useless. y = sx * sum(xq * q) * scale[o] (+ b). */
 
 static inline float bf16_bits_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -220,6 +201,52 @@ static inline float bf16_bits_to_float(uint16_t h) {
     memcpy(&f, &u, sizeof f);
     return f;
 }
+
+/* x [rows, in] as the kernel's rows for the bf16 product (xel_bf16: bf16 on
+ * avx512bf16, float32 on the widening variants): the caller's buffer where it is
+ * already in that form, else converted (optionally RMS-normalised first, norm_w !=
+ * NULL, float32 x only) into `tmp` [rows, in]. Row by row, so rows stay independent. */
+static const xel_bf16 *kernel_rows_bf16(const void *x, int x_f32, const float *norm_w, float eps, int64_t rows,
+                                        int64_t in, xel_bf16 *tmp) {
+    const int as_is = X_ROWS_BF16 ? !x_f32 : x_f32 && !norm_w;
+    if (as_is) return (const xel_bf16 *)x;
+    float row[in];
+    for (int64_t t = 0; t < rows; t++) {
+        const float *xf = (const float *)x + t * in;
+        if (!x_f32) {
+            for (int64_t i = 0; i < in; i++) row[i] = bf16_bits_to_float(((const uint16_t *)x)[t * in + i]);
+            xf = row;
+        }
+        if (norm_w) {
+            rms_norm_row(xf, norm_w, eps, in, row);
+            xf = row;
+        }
+        store_row_bf16(xf, tmp + t * in, in);
+    }
+    return tmp;
+}
+
+/* y = x W^T (+ b), W packed bf16. x and y are float32 when x_f32 / y_f32, else bf16;
+ * on avx512bf16 float32 x is rounded to bf16 for the products, on the widening
+ * variants bf16 x is widened to float32 (the rows stay independent either way),
+ * after an RMSNorm with weight norm_w [in] when norm_w != NULL (float32 x only). */
+void skinny_gemm_bf16(const void *x, int x_f32, const uint16_t *wp, const uint16_t *b, void *y, int y_f32,
+                      int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
+    xel_bf16 small[4096];
+    xel_bf16 *tmp = rows * in <= 4096 ? small : malloc(sizeof(xel_bf16) * rows * in);
+    if (!tmp) abort();
+    run_bf16(kernel_rows_bf16(x, x_f32, norm_w, eps, rows, in, tmp), NULL, wp, NULL, b, y, y_f32, rows, in, out);
+    if (tmp != small) free(tmp);
+}
+
+/* ---- int8 weights: exact integer dot products ------------------------------------
+ * The int8 drafter's rows of x are quantised per row to int16, x ~= sx * xq with
+ * |xq| <= xmax, and vpdpwssd (VNNI) or vpmaddwd multiplies int16 pairs into int32
+ * sums exactly; the int8 weights only need sign extension (one instruction per 32
+ * weights; widening them to bf16 took five and made the kernel compute bound). xmax
+ * keeps every sum inside int32: xmax * 127 * in < 2^31 (in = 576: 29356, 14.8 bits;
+ * in = 1536: 11008, 13.4 bits), far finer than the 8-bit activations that made
+ * per-tensor int8 drafts useless. y = sx * sum(xq * q) * scale[o] (+ b). */
 
 /* y = (x Q^T) * scale (+ b), Q packed int8 [out/16, in/2, 16, 2], scale float32 [out].
  * x float32 (x_f32) or bf16 [rows, in], RMS-normalised first when norm_w != NULL. */
@@ -238,20 +265,18 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
             row[i] = x_f32 ? ((const float *)x)[t * in + i] : bf16_bits_to_float(((const uint16_t *)x)[t * in + i]);
         if (norm_w) rms_norm_row(row, norm_w, eps, in, row);
         /* vectorised: this prologue runs single-threaded before every product */
-        __m512 vmax = _mm512_setzero_ps();
+        vf vmax = vf_zero();
         int64_t i = 0;
-        for (; i + 16 <= in; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(row + i)));
-        float amax = _mm512_reduce_max_ps(vmax);
+        for (; i + VL <= in; i += VL) vmax = vf_max(vmax, vf_abs(vf_load(row + i)));
+        float amax = vf_reduce_max(vmax);
         for (; i < in; i++) amax = fabsf(row[i]) > amax ? fabsf(row[i]) : amax;
         const float s = amax > 0.0f ? amax / xmax : 1.0f;
         const float inv = 1.0f / s;
         sx[t] = s;
-        const __m512 vinv = _mm512_set1_ps(inv), vlim = _mm512_set1_ps(xmax);
+        const vf vinv = vf_set1(inv), vlim = vf_set1(xmax), vneg = vf_set1(-xmax);
         int16_t *dst = xq + t * in;
-        for (i = 0; i + 16 <= in; i += 16) {
-            __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(row + i), vinv), -vlim), vlim);
-            _mm256_storeu_si256((void *)(dst + i), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(v))); /* nearest even */
-        }
+        for (i = 0; i + VL <= in; i += VL)
+            vf_store_i16(dst + i, vf_min(vf_max(vf_mul(vf_load(row + i), vinv), vneg), vlim)); /* nearest even */
         for (; i < in; i++) {
             float r = nearbyintf(row[i] * inv);
             dst[i] = (int16_t)(r > xmax ? xmax : (r < -xmax ? -xmax : r));
@@ -260,41 +285,6 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
     run_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out);
     if (xq != small) free(xq);
     if (sx != small_sx) free(sx);
-}
-
-/* exp(x) for x <= 0 (softmax after subtracting the max), 16 lanes: x = n ln2 + r with
- * |r| <= ln2 / 2, exp(r) by its degree-7 Taylor polynomial (relative error < 2e-7, about
- * float32 rounding), times 2^n by scalef. Underflows to 0 below ~-87; -inf gives 0. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x); /* ln2 split in two for accuracy */
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
-/* Lane sums of four vectors, (sum a, sum b, sum c, sum d), each summed in the same
- * order whichever slot it occupies: ((x0 + x2) + (x1 + x3)) within each 128-bit lane,
- * then (L0 + L2) + (L1 + L3) across lanes. */
-static inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)); /* a0+a2 b0+b2 a1+a3 b1+b3 */
-    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-    __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
-    __m512 abcd = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
-                                _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd))); /* a b c d per 128-bit lane */
-    __m256 lo = _mm512_castps512_ps256(abcd);
-    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1));
-    __m256 s8 = _mm256_add_ps(lo, hi); /* (L0 + L2), (L1 + L3) */
-    return _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
 }
 
 /* ---- attention of a few new tokens over the cache --------------------------------
@@ -331,79 +321,77 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
         const float *vh = v + (h / group) * S * D;
         float scores[len + 8];
         float mx = -INFINITY;
-        const int64_t d16 = D - D % 16;
-        /* Four keys at a time: four dot-product vectors summed lane-wise by one
-         * transpose-add (hsum4) instead of four full horizontal reductions. */
+        const int64_t dv = D - D % VL;
+        /* Eight keys at a time: eight independent FMA chains sharing each chunk of q,
+         * then four dot-product vectors summed lane-wise by one transpose-add (hsum4)
+         * instead of four full horizontal reductions. */
         for (int64_t a0 = 0; a0 < len; a0 += 8) {
-            __m512 acc[8];
-            for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_ps();
-            for (int64_t i = 0; i < d16; i += 16) { /* 8 independent chains, q chunk loaded once */
-                const __m512 qv = _mm512_loadu_ps(qh + i);
+            vf acc[8];
+            for (int j = 0; j < 8; j++) acc[j] = vf_zero();
+            for (int64_t i = 0; i < dv; i += VL) {
+                const vf qv = vf_load(qh + i);
                 for (int j = 0; j < 8; j++)
-                    if (a0 + j < len) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kh + KEY(a0 + j) * D + i), acc[j]);
+                    if (a0 + j < len) acc[j] = vf_fmadd(qv, vf_load(kh + KEY(a0 + j) * D + i), acc[j]);
             }
             _mm_storeu_ps(scores + a0, hsum4(acc[0], acc[1], acc[2], acc[3]));
             _mm_storeu_ps(scores + a0 + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
             for (int j = 0; j < 8 && a0 + j < len; j++) {
                 const int64_t a = a0 + j;
                 float sdot = scores[a];
-                for (int64_t i = d16; i < D; i++) sdot += qh[i] * kh[KEY(a) * D + i];
+                for (int64_t i = dv; i < D; i++) sdot += qh[i] * kh[KEY(a) * D + i];
                 scores[a] = sdot * scale;
                 mx = scores[a] > mx ? scores[a] : mx;
             }
         }
-        /* exp(s - max), 16 at a time */
-        const __m512 vmx = _mm512_set1_ps(mx);
-        __m512 vtotal = _mm512_setzero_ps();
+        /* exp(s - max), VL at a time, the tail masked */
+        const vf vmx = vf_set1(mx);
+        vf vtotal = vf_zero();
         int64_t a = 0;
-        for (; a + 16 <= len; a += 16) {
-            __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + a), vmx));
-            _mm512_storeu_ps(scores + a, e);
-            vtotal = _mm512_add_ps(vtotal, e);
+        for (; a + VL <= len; a += VL) {
+            const vf e = vf_exp_neg(vf_sub(vf_load(scores + a), vmx));
+            vf_store(scores + a, e);
+            vtotal = vf_add(vtotal, e);
         }
         if (a < len) {
-            __mmask16 m = (__mmask16)((1u << (len - a)) - 1u);
-            __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + a), vmx)));
-            _mm512_mask_storeu_ps(scores + a, m, e);
-            vtotal = _mm512_add_ps(vtotal, e);
+            const vf e = vf_keep_first(vf_exp_neg(vf_sub(vf_load_tail(scores + a, len - a), vmx)), len - a);
+            vf_store_tail(scores + a, e, len - a);
+            vtotal = vf_add(vtotal, e);
         }
-        const float inv = 1.0f / _mm512_reduce_add_ps(vtotal);
+        const float inv = 1.0f / vf_reduce_add(vtotal);
         float *oh = out + (t * H + h) * D;
-        if (D == 64) { /* the common head size: the output row stays in registers, */
-            /* even and odd keys in separate accumulators (two independent FMA chains) */
-            __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, e0 = o0, e1 = o0, e2 = o0, e3 = o0;
-            for (a = 0; a + 2 <= len; a += 2) {
-                const __m512 wv = _mm512_set1_ps(scores[a] * inv), wn = _mm512_set1_ps(scores[a + 1] * inv);
-                const float *va = vh + KEY(a) * D, *vn = vh + KEY(a + 1) * D;
-                o0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va), o0);
-                o1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 16), o1);
-                o2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 32), o2);
-                o3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 48), o3);
-                e0 = _mm512_fmadd_ps(wn, _mm512_loadu_ps(vn), e0);
-                e1 = _mm512_fmadd_ps(wn, _mm512_loadu_ps(vn + 16), e1);
-                e2 = _mm512_fmadd_ps(wn, _mm512_loadu_ps(vn + 32), e2);
-                e3 = _mm512_fmadd_ps(wn, _mm512_loadu_ps(vn + 48), e3);
+        if (D == 64) {
+            /* The common head size: the output row stays in registers (64 / VL vectors
+             * per chain). Key a goes to chain a % ATTN_CHAINS (independent FMA chains),
+             * the chains are added in order at the end. */
+            enum { NV = 64 / VL };
+            vf o[ATTN_CHAINS][NV];
+            for (int c = 0; c < ATTN_CHAINS; c++)
+                for (int i = 0; i < NV; i++) o[c][i] = vf_zero();
+            for (a = 0; a + ATTN_CHAINS <= len; a += ATTN_CHAINS) {
+                for (int c = 0; c < ATTN_CHAINS; c++) {
+                    const vf wv = vf_set1(scores[a + c] * inv);
+                    const float *va = vh + KEY(a + c) * D;
+                    for (int i = 0; i < NV; i++) o[c][i] = vf_fmadd(wv, vf_load(va + i * VL), o[c][i]);
+                }
             }
-            if (a < len) {
-                const __m512 wv = _mm512_set1_ps(scores[a] * inv);
+            for (int c = 0; a < len; a++, c++) {
+                const vf wv = vf_set1(scores[a] * inv);
                 const float *va = vh + KEY(a) * D;
-                o0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va), o0);
-                o1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 16), o1);
-                o2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 32), o2);
-                o3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(va + 48), o3);
+                for (int i = 0; i < NV; i++) o[c][i] = vf_fmadd(wv, vf_load(va + i * VL), o[c][i]);
             }
-            _mm512_storeu_ps(oh, _mm512_add_ps(o0, e0));
-            _mm512_storeu_ps(oh + 16, _mm512_add_ps(o1, e1));
-            _mm512_storeu_ps(oh + 32, _mm512_add_ps(o2, e2));
-            _mm512_storeu_ps(oh + 48, _mm512_add_ps(o3, e3));
+            for (int i = 0; i < NV; i++) {
+                vf sum = o[0][i];
+                for (int c = 1; c < ATTN_CHAINS; c++) sum = vf_add(sum, o[c][i]);
+                vf_store(oh + i * VL, sum);
+            }
         } else {
             for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
             for (a = 0; a < len; a++) {
                 const float w = scores[a] * inv;
-                const __m512 wv = _mm512_set1_ps(w);
+                const vf wv = vf_set1(w);
                 int64_t i = 0;
-                for (; i + 16 <= D; i += 16)
-                    _mm512_storeu_ps(oh + i, _mm512_fmadd_ps(wv, _mm512_loadu_ps(vh + KEY(a) * D + i), _mm512_loadu_ps(oh + i)));
+                for (; i + VL <= D; i += VL)
+                    vf_store(oh + i, vf_fmadd(wv, vf_load(vh + KEY(a) * D + i), vf_load(oh + i)));
                 for (; i < D; i++) oh[i] += w * vh[KEY(a) * D + i];
             }
         }

@@ -1,0 +1,195 @@
+/*
+ * The 512-bit inner steps of decode_kernels.c (16 float32 lanes, 32 zmm registers).
+ * Two variants come from this header, told apart by the compiler's flags:
+ *
+ *   avx512bf16 (-mavx512bf16 -mavx512vnni; Zen 4+, Cooper Lake, Sapphire Rapids+):
+ *     x rows rounded to bf16, one vdpbf16ps per 64-byte line of W (16 outputs x 2
+ *     inputs, both products added into a float32 lane); int8 on vpdpwssd.
+ *   avx512 (AVX-512F/BW/VL only; Skylake-X to Ice Lake):
+ *     x rows stay float32; a line of W is widened to float32 in registers (bf16 is
+ *     the top half of a float32: the even input is the pair shifted left by 16, the
+ *     odd one the pair with its low half cleared) and multiplied by two FMAs; int8
+ *     on vpmaddwd + vpaddd (what vpdpwssd fuses), exact int32 sums either way.
+ */
+#include <immintrin.h>
+
+#define VL 16          /* float32 lanes of a vector */
+/* Tiles of 4 blocks x 4 rows: 16 zmm accumulators. Measured over the default
+ * model's matrices (one thread, 16 rows; avx512bf16 / avx512): 4x4 27 / 43 ms,
+ * 4x2 - / 46 ms, 2x4 - / 50 ms, 4x1 48 / 57 ms. */
+#ifndef NB_TILE
+#define NB_TILE 4 /* 16-output blocks per tile */
+#endif
+#ifndef T_TILE
+#define T_TILE 4 /* rows per tile */
+#endif
+#define ATTN_CHAINS 2  /* independent output accumulators in attention (even/odd keys) */
+#define ACC_VECS 1     /* vectors per 16-output accumulator */
+
+typedef __m512 vf;
+#define vf_zero() _mm512_setzero_ps()
+#define vf_set1(f) _mm512_set1_ps(f)
+#define vf_load(p) _mm512_loadu_ps(p)
+#define vf_store(p, v) _mm512_storeu_ps(p, v)
+#define vf_add(a, b) _mm512_add_ps(a, b)
+#define vf_sub(a, b) _mm512_sub_ps(a, b)
+#define vf_mul(a, b) _mm512_mul_ps(a, b)
+#define vf_max(a, b) _mm512_max_ps(a, b)
+#define vf_min(a, b) _mm512_min_ps(a, b)
+#define vf_abs(a) _mm512_abs_ps(a)
+#define vf_fmadd(a, b, c) _mm512_fmadd_ps(a, b, c) /* a * b + c, one rounding */
+#define vf_reduce_add(v) _mm512_reduce_add_ps(v)  /* a fixed tree: same order every call */
+#define vf_reduce_max(v) _mm512_reduce_max_ps(v)
+
+/* The first n (< VL) lanes of p, zeros after; and the matching store. */
+static inline vf vf_load_tail(const float *p, int64_t n) {
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+}
+static inline void vf_store_tail(float *p, vf v, int64_t n) {
+    _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), v);
+}
+static inline vf vf_keep_first(vf v, int64_t n) { return _mm512_maskz_mov_ps((__mmask16)((1u << n) - 1u), v); }
+
+/* 16 float32 (already clamped to the int16 range) -> int16, rounded to nearest even. */
+static inline void vf_store_i16(int16_t *dst, vf v) {
+    _mm256_storeu_si256((void *)dst, _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(v)));
+}
+
+/* exp(x) for x <= 0 (softmax after subtracting the max): x = n ln2 + r with
+ * |r| <= ln2 / 2, exp(r) by its degree-7 Taylor polynomial (relative error < 2e-7,
+ * about float32 rounding), times 2^n by scalef. Underflows to 0 below ~-87. */
+static inline vf vf_exp_neg(vf x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x); /* ln2 split in two for accuracy */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Lane sums of four vectors, (sum a, sum b, sum c, sum d), each summed in the same
+ * order whichever slot it occupies: ((x0 + x2) + (x1 + x3)) within each 128-bit lane,
+ * then (L0 + L2) + (L1 + L3) across lanes. */
+static inline __m128 hsum4(vf a, vf b, vf c, vf d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)); /* a0+a2 b0+b2 a1+a3 b1+b3 */
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+    __m512 abcd = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
+                                _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd))); /* a b c d per 128-bit lane */
+    __m256 lo = _mm512_castps512_ps256(abcd);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1));
+    __m256 s8 = _mm256_add_ps(lo, hi); /* (L0 + L2), (L1 + L3) */
+    return _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+}
+
+/* ---- one 16-output block of finished float32 results ---------------------------- */
+typedef __m512 blk;
+#define blk_zero() _mm512_setzero_ps()
+#define blk_add(a, b) _mm512_add_ps(a, b)
+#define blk_mul(a, b) _mm512_mul_ps(a, b)
+#define blk_load_f32(p) _mm512_loadu_ps(p)
+/* 16 bf16 -> float32 (exact: bf16 is the top half of a float32) */
+static inline blk blk_load_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)p)), 16));
+}
+/* float32 -> bf16, nearest even (NaN stays NaN) */
+static inline __m256i to_bf16(blk v) {
+#ifdef __AVX512BF16__
+    return (__m256i)_mm512_cvtneps_pbh(v);
+#else
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                              _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+#endif
+}
+static inline void blk_store(void *y, blk v, int y_f32) {
+    if (y_f32)
+        _mm512_storeu_ps((float *)y, v);
+    else
+        _mm256_storeu_si256((void *)y, to_bf16(v));
+}
+
+/* ---- the bf16 product: one 64-byte line = W[16 outputs][2 inputs] ----------------- */
+#ifdef __AVX512BF16__
+#define X_ROWS_BF16 1 /* x rows are rounded to bf16 for vdpbf16ps */
+typedef uint16_t xel_bf16;
+typedef __m512i xv_bf16; /* the input pair (bf16, bf16) in every 32-bit lane */
+typedef __m512i wv_bf16;
+typedef __m512 acc_bf16;
+static inline xv_bf16 xload_bf16(const xel_bf16 *row, int64_t p) {
+    return _mm512_set1_epi32(((const int32_t *)row)[p]);
+}
+static inline wv_bf16 wload_bf16(const uint16_t *line) { return _mm512_loadu_si512(line); }
+#define acc_zero_bf16() _mm512_setzero_ps()
+/* acc[l] += W[l][2p + 1] x[2p + 1] + W[l][2p] x[2p] (each product exact in float32) */
+static inline void dot_bf16(acc_bf16 *acc, xv_bf16 x, wv_bf16 w) {
+    acc[0] = _mm512_dpbf16_ps(acc[0], (__m512bh)x, (__m512bh)w);
+}
+/* float32 row -> the kernel's bf16 row (nearest even) */
+static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((void *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
+    }
+}
+#else
+#define X_ROWS_BF16 0 /* x rows stay float32 */
+typedef float xel_bf16;
+typedef struct {
+    __m512 even, odd;
+} xv_bf16;
+typedef struct {
+    __m512 even, odd;
+} wv_bf16;
+typedef __m512 acc_bf16;
+static inline xv_bf16 xload_bf16(const xel_bf16 *row, int64_t p) {
+    return (xv_bf16){_mm512_set1_ps(row[2 * p]), _mm512_set1_ps(row[2 * p + 1])};
+}
+static inline wv_bf16 wload_bf16(const uint16_t *line) {
+    const __m512i w = _mm512_loadu_si512(line);
+    return (wv_bf16){_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)),
+                     _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)))};
+}
+#define acc_zero_bf16() _mm512_setzero_ps()
+/* acc[l] += W[l][2p + 1] x[2p + 1], then += W[l][2p] x[2p] (vdpbf16ps's order) */
+static inline void dot_bf16(acc_bf16 *acc, xv_bf16 x, wv_bf16 w) {
+    acc[0] = _mm512_fmadd_ps(w.even, x.even, _mm512_fmadd_ps(w.odd, x.odd, acc[0]));
+}
+static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
+    if (src != dst) memcpy(dst, src, sizeof(float) * n);
+}
+#endif
+#define acc_to_blk_bf16(acc, sx) ((void)(sx), (acc)[0])
+
+/* ---- the int8 product: x rows int16, one 32-byte line = Q[16 outputs][2 inputs] --- */
+typedef __m512i xv_i8; /* the int16 input pair in every 32-bit lane */
+typedef __m512i wv_i8; /* the line sign-extended to int16 */
+typedef __m512i acc_i8;
+static inline xv_i8 xload_i8(const int16_t *row, int64_t p) { return _mm512_set1_epi32(((const int32_t *)row)[p]); }
+static inline wv_i8 wload_i8(const int8_t *line) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)line)); }
+#define acc_zero_i8() _mm512_setzero_si512()
+/* acc[l] += Q[l][2p] xq[2p] + Q[l][2p + 1] xq[2p + 1], exact in int32 */
+static inline void dot_i8(acc_i8 *acc, xv_i8 x, wv_i8 w) {
+#ifdef __AVX512VNNI__
+    acc[0] = _mm512_dpwssd_epi32(acc[0], x, w);
+#else
+    acc[0] = _mm512_add_epi32(acc[0], _mm512_madd_epi16(x, w));
+#endif
+}
+static inline blk acc_to_blk_i8(const acc_i8 *acc, float sx) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(acc[0]), _mm512_set1_ps(sx));
+}
