@@ -211,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"default model ready ({'cache hit' if first.from_cache else 'cache built'} in {t1 - t0:.1f} s, "
                 f"reload {t2 - t1:.1f} s), dtype {first.dtype}, cache {first.source.get('cache')}"
             )
+            from . import cpu_kernels
+
+            kernel = cpu_kernels.describe()
+            print(f"CPU kernel: {kernel['variant'] or 'none'} ({kernel['reason']}); {kernel['label']}")
             return 0
         from .decode import SpeculativeEngine
 
