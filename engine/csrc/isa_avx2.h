@@ -16,15 +16,15 @@
 #include <immintrin.h>
 
 #define VL 8           /* float32 lanes of a vector */
-/* Tiles of 4 blocks x 1 row: 8 ymm accumulators + 4 for a widened line + 2 for the
- * x pair fit the 16 registers. Measured over the default model's matrices (one
- * thread, 16 rows): 4x1 63 ms, 2x4 (16 accumulators, spilled) 82 ms, 1x2 87 ms;
- * re-reading a line of W from L1 for every row costs less than spilling. */
+/* Tiles of 2 blocks x 2 rows: 8 ymm accumulators + 4 for one block's widened line
+ * + 2 for a broadcast x pair, within the 16 registers. Measured over the default
+ * model's matrices (one thread, CPU time; bf16 16 rows / int8 16 rows): 2x2 56 / 38
+ * ms, 4x1 62-72 / 43 ms, 1x4 60 / 61 ms, 2x4 (16 accumulators, spilled) 71-82 / 50 ms. */
 #ifndef NB_TILE
-#define NB_TILE 4 /* 16-output blocks per tile */
+#define NB_TILE 2 /* 16-output blocks per tile */
 #endif
 #ifndef T_TILE
-#define T_TILE 1 /* rows per tile */
+#define T_TILE 2 /* rows per tile */
 #endif
 #define ATTN_CHAINS 1  /* the 64-wide output row takes 8 ymm already */
 #define ACC_VECS 2     /* vectors per 16-output accumulator: outputs 0-7, 8-15 */
@@ -140,16 +140,13 @@ static inline void blk_store(void *y, blk v, int y_f32) {
 /* ---- the bf16 product: one 64-byte line = W[16 outputs][2 inputs] ----------------- */
 #define X_ROWS_BF16 0 /* x rows stay float32 */
 typedef float xel_bf16;
-typedef struct {
-    __m256 even, odd; /* x[2p], x[2p + 1] broadcast */
-} xv_bf16;
+typedef const float *xv_bf16; /* the input pair x[2p], x[2p + 1]: broadcast inside dot_bf16, so that the
+                                  compiler does not hold every row's pair in registers at once */
+static inline xv_bf16 xload_bf16(const xel_bf16 *row, int64_t p) { return row + 2 * p; }
 typedef struct {
     __m256 even_lo, odd_lo, even_hi, odd_hi; /* W[l][2p], W[l][2p + 1] for l in 0-7, 8-15 */
 } wv_bf16;
 typedef __m256 acc_bf16;
-static inline xv_bf16 xload_bf16(const xel_bf16 *row, int64_t p) {
-    return (xv_bf16){_mm256_broadcast_ss(row + 2 * p), _mm256_broadcast_ss(row + 2 * p + 1)};
-}
 static inline wv_bf16 wload_bf16(const uint16_t *line) {
     const __m256i lo = _mm256_loadu_si256((const void *)line), hi = _mm256_loadu_si256((const void *)(line + 16));
     const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
@@ -158,8 +155,9 @@ static inline wv_bf16 wload_bf16(const uint16_t *line) {
 }
 #define acc_zero_bf16() _mm256_setzero_ps()
 static inline void dot_bf16(acc_bf16 *acc, xv_bf16 x, wv_bf16 w) {
-    acc[0] = _mm256_fmadd_ps(w.even_lo, x.even, _mm256_fmadd_ps(w.odd_lo, x.odd, acc[0]));
-    acc[1] = _mm256_fmadd_ps(w.even_hi, x.even, _mm256_fmadd_ps(w.odd_hi, x.odd, acc[1]));
+    const __m256 even = _mm256_broadcast_ss(x), odd = _mm256_broadcast_ss(x + 1);
+    acc[0] = _mm256_fmadd_ps(w.even_lo, even, _mm256_fmadd_ps(w.odd_lo, odd, acc[0]));
+    acc[1] = _mm256_fmadd_ps(w.even_hi, even, _mm256_fmadd_ps(w.odd_hi, odd, acc[1]));
 }
 static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
     if (src != dst) memcpy(dst, src, sizeof(float) * n);
