@@ -5,7 +5,7 @@ no model code, no UI code. The trace names below are the engine's own functions,
 
 Modules: style (colours, marks, layout), steps (reading one pass), tree (the draft tree), distributions
 (p vs q), run_charts (timeline, tokens per pass, acceptance by position), speedup (speedup calculator,
-batch figure), report (all figures of a run).
+batch figure), report (all figures of a run), lab_figures (the app's labs and race).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from engine.trace import load as load_trace
 from engine.trace import validate as validate_events
 
 from .distributions import pq_figure
+from .lab_figures import batch_lab_figure, fmt_pvalue, lossless_figure, race_figure, toy_figure
 from .report import all_figures
 from .run_charts import acceptance_figure, timeline_figure, tokens_per_pass_figure
 from .speedup import batch_figure, speedup_figure
 from .steps import extra_token, interesting_step_index
-from .style import LABELS, MARKS, PALETTE, SYMBOLS, show_token
+from .style import LABELS, MARKS, PALETTE, SYMBOLS, message_figure, show_token
 from .tree import tree_figure
 
 __all__ = [
@@ -48,4 +49,10 @@ __all__ = [
     "speedup_figure",
     "batch_figure",
     "all_figures",
+    "message_figure",
+    "race_figure",
+    "toy_figure",
+    "lossless_figure",
+    "batch_lab_figure",
+    "fmt_pvalue",
 ]
