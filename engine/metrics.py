@@ -79,8 +79,9 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
         "mean_draft_ms": mean_draft_ms,
         "mean_verify_ms": mean_verify_ms,
         "draft_cost_ratio": cost_ratio,
-        "draft_s": sum(s["draft_ms"] for s in steps) / 1000.0,
-        "verify_s": sum(s["verify_ms"] for s in steps) / 1000.0,
+        # Timings a backend could not measure are null (a vLLM step's drafting): summed as known.
+        "draft_s": sum(s.get("draft_ms") or 0.0 for s in steps) / 1000.0,
+        "verify_s": sum(s.get("verify_ms") or 0.0 for s in steps) / 1000.0,
         "prefill_s": prefill_s,
         "wall_s": wall_s,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
