@@ -1,0 +1,180 @@
+"""The Batch lab, measured: B concurrent requests to real vLLM servers, with and without speculation.
+
+``measure_batches({"baseline": url_a, "speculative": url_b}, prompts)`` sends,
+for each batch size B, B requests at once to each server (a thread per request,
+released together) and times them: total throughput (completion tokens of the
+batch ÷ wall time from release to the last response) and each request's latency.
+Each B is repeated; the report gives the median and the spread (min, max) over
+repeats. Modes and repeats are interleaved (the order rotates each repeat) so
+machine noise hits both alike. The servers batch the requests themselves
+(continuous batching): this is what speculation costs and buys at real batch
+sizes, not a formula. ``engine.pass_timing.batch_tradeoff`` stays the computed
+fallback when no server is available.
+
+Greedy by default; every request stops at EOS or max_new_tokens like a real
+client, so the tokens counted are the tokens a user would get.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+from .vllm_backend import VllmBackend, VllmError
+
+__all__ = ["MAX_BATCH", "measure_batches"]
+
+MAX_BATCH = 64  # a bound on concurrent requests (the Batch lab asks for 1..16)
+MAX_REPEATS = 10
+MAX_NEW_TOKENS = 512
+
+
+def _backend(server) -> VllmBackend:
+    return server if isinstance(server, VllmBackend) else VllmBackend(server)
+
+
+def _run_batch(backend: VllmBackend, prompts: list, batch: int, kw: dict) -> dict:
+    """B requests released at once; their results and the batch's wall time."""
+    results: list[dict | None] = [None] * batch
+    errors: list[BaseException] = []
+    gate = threading.Barrier(batch + 1)
+
+    def worker(i: int) -> None:
+        prompt = prompts[i % len(prompts)]
+        gate.wait()
+        try:
+            res = backend.complete(prompt, **kw)
+            res["ended"] = time.perf_counter()
+            results[i] = res
+        except BaseException as exc:  # reported below, after every thread is joined
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(batch)]
+    for t in threads:
+        t.start()
+    gate.wait()
+    released = time.perf_counter()
+    for t in threads:
+        t.join()
+    if errors:
+        raise VllmError(f"a request of a batch of {batch} to {backend.url} failed: {errors[0]}")
+    wall = max(r["ended"] for r in results) - released
+    tokens = sum(len(r["token_ids"]) for r in results)
+    drafted = accepted = 0
+    for r in results:
+        spec = r.get("speculative_decoding") or {}
+        drafted += int(spec.get("num_draft_tokens") or 0)
+        accepted += int(spec.get("num_accepted_draft_tokens") or 0)
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "tok_per_s": tokens / wall if wall > 0 else 0.0,
+        "latencies_s": [r["ended"] - released for r in results],
+        "drafted": drafted,
+        "accepted": accepted,
+        "token_ids": [r["token_ids"] for r in results],
+    }
+
+
+def measure_batches(
+    servers: dict,
+    prompts: list,
+    batch_sizes=(1, 2, 4, 8, 16),
+    *,
+    max_new_tokens: int = 64,
+    repeats: int = 3,
+    temperature: float = 0.0,
+    chat: bool = True,
+    progress=None,
+) -> dict:
+    """Measured throughput and latency per batch size, for each server.
+
+    servers: {mode name: URL or VllmBackend}, e.g. {"baseline": url, "speculative": url}.
+    prompts: texts (chat) or token-id lists; request i of a batch gets prompts[i % len].
+    Returns {"batch_sizes", "modes": {name: {"url", "speculative", "k", "tok_per_s",
+    "tok_per_s_min", "tok_per_s_max", "latency_s" (median per-request latency),
+    "latency_min_s", "latency_max_s", "acceptance_rate"}}, "speedup" (speculative ÷
+    baseline tok/s per B, when both are given), "speculation_pays_up_to" (the largest B
+    of the leading run of B where speculation was faster), "greedy_mismatches",
+    "settings", "source": "measured"}.
+    """
+    sizes = [int(b) for b in batch_sizes]
+    if not sizes or any(not 1 <= b <= MAX_BATCH for b in sizes):
+        raise ValueError(f"batch sizes must be between 1 and {MAX_BATCH}, got {list(batch_sizes)}")
+    sizes = sorted(set(sizes))
+    if not 1 <= int(repeats) <= MAX_REPEATS:
+        raise ValueError(f"repeats must be between 1 and {MAX_REPEATS}, got {repeats}")
+    if not 1 <= int(max_new_tokens) <= MAX_NEW_TOKENS:
+        raise ValueError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {max_new_tokens}")
+    if not prompts:
+        raise ValueError("no prompts")
+    if not servers:
+        raise ValueError("no servers: give {'baseline': URL, 'speculative': URL}")
+    backends = {name: _backend(server) for name, server in servers.items()}
+    infos = {name: b.info() for name, b in backends.items()}
+    kw = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "chat": chat, "seed": 0}
+    for b in backends.values():  # warm-up: first requests allocate and may compile
+        b.complete(prompts[0], **{**kw, "max_new_tokens": 4})
+    names = list(backends)
+    runs: dict[tuple[str, int], list[dict]] = {}
+    total = len(sizes) * int(repeats) * len(names)
+    done = 0
+    for rep in range(int(repeats)):
+        for batch in sizes:
+            order = names[rep % len(names) :] + names[: rep % len(names)]
+            for name in order:
+                runs.setdefault((name, batch), []).append(_run_batch(backends[name], prompts, batch, kw))
+                done += 1
+                if progress is not None:
+                    progress(done, total, name, batch)
+    modes = {}
+    for name in names:
+        per_b = [runs[(name, b)] for b in sizes]
+        modes[name] = {
+            "url": backends[name].url,
+            "speculative": infos[name]["speculative"],
+            "k": infos[name]["k"] if infos[name]["speculative"] else 0,
+            "tok_per_s": [statistics.median(r["tok_per_s"] for r in rs) for rs in per_b],
+            "tok_per_s_min": [min(r["tok_per_s"] for r in rs) for rs in per_b],
+            "tok_per_s_max": [max(r["tok_per_s"] for r in rs) for rs in per_b],
+            "latency_s": [statistics.median(x for r in rs for x in r["latencies_s"]) for rs in per_b],
+            "latency_min_s": [min(x for r in rs for x in r["latencies_s"]) for rs in per_b],
+            "latency_max_s": [max(x for r in rs for x in r["latencies_s"]) for rs in per_b],
+            "tokens_per_request": [sum(r["tokens"] for r in rs) / (len(rs) * b) for rs, b in zip(per_b, sizes)],
+            "acceptance_rate": [
+                (sum(r["accepted"] for r in rs) / sum(r["drafted"] for r in rs))
+                if sum(r["drafted"] for r in rs)
+                else None
+                for rs in per_b
+            ],
+        }
+    report = {
+        "batch_sizes": sizes,
+        "modes": modes,
+        "settings": {**kw, "repeats": int(repeats), "prompts": len(prompts)},
+        "source": "measured",
+        "greedy_mismatches": [],
+    }
+    spec = next((n for n in names if infos[n]["speculative"]), None)
+    base = next((n for n in names if infos[n]["speculative"] is False), None)
+    if spec and base:
+        speedup = [s / b if b else None for s, b in zip(modes[spec]["tok_per_s"], modes[base]["tok_per_s"])]
+        report["speedup"] = speedup
+        pays = None
+        for batch, value in zip(sizes, speedup):
+            if value is None or value <= 1.0:
+                break
+            pays = batch
+        report["speculation_pays_up_to"] = pays
+        if temperature == 0.0:
+            # Greedy speculation must not change the output: compare every request of every batch.
+            for batch in sizes:
+                for rep, (a, b) in enumerate(zip(runs[(base, batch)], runs[(spec, batch)])):
+                    for i, (x, y) in enumerate(zip(a["token_ids"], b["token_ids"])):
+                        if x != y:
+                            at = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+                            report["greedy_mismatches"].append(
+                                {"batch": batch, "repeat": rep, "request": i, "first_difference_at": at}
+                            )
+    return report
