@@ -46,6 +46,15 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--events", help="write every event to this JSONL file")
     g.add_argument("--trace", help="write the run's JSON trace here (one prompt)")
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    g.add_argument(
+        "--vllm-url",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="URL",
+        help="run on a vLLM server (OpenAI-compatible API) instead of our engine; without URL, "
+        "$SPECLENS_VLLM_URL. The server's model and speculative config apply (--target, --drafter, --k ignored)",
+    )
 
     par = sub.add_parser("parity", help="greedy parity: speculative vs baseline, diagnosed")
     src = par.add_mutually_exclusive_group()
@@ -99,7 +108,8 @@ def _default_parity_prompts() -> list[str]:
     return _read_prompts(str(path))
 
 
-def _generate(args, engine) -> int:
+def _generate(args, engine, backend=None) -> int:
+    """engine: our SpeculativeEngine; backend: a VllmBackend instead (same events, same output)."""
     from . import trace as trace_io
     from .decode import GenerationSettings
 
@@ -120,7 +130,8 @@ def _generate(args, engine) -> int:
                 strict=args.strict,
             )
             events = []
-            for event in engine.generate(prompt, args.drafter, settings):
+            run = backend.generate(prompt, settings) if backend else engine.generate(prompt, args.drafter, settings)
+            for event in run:
                 events.append(event)
                 if events_out:
                     events_out.write(json.dumps(event, ensure_ascii=False) + "\n")
@@ -138,7 +149,7 @@ def _generate(args, engine) -> int:
                     "text": finish["text"],
                     "token_ids": finish["token_ids"],
                     "stop_reason": finish["stop_reason"],
-                    "drafter": args.drafter,
+                    "drafter": events[0]["drafter"] if backend else args.drafter,
                     "seed": events[0]["settings"]["seed"],
                     **{key: metrics[key] for key in metrics},
                 }
@@ -241,6 +252,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "generate" and args.prompt is not None and not args.prompt.strip():
             raise ValueError("prompt is empty")
+        if args.command == "generate" and args.vllm_url is not None:
+            from .vllm_backend import VllmBackend, VllmError
+
+            try:
+                return _generate(args, None, VllmBackend(args.vllm_url or None))
+            except VllmError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
         engine = SpeculativeEngine(load_model(args.target, args.dtype))
         if args.command == "generate":
             return _generate(args, engine)
