@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
 import statistics
 import sys
@@ -35,7 +36,12 @@ SYSTEMS = [
     "hf-prompt-lookup",
     "hf-assisted",
     "llamacpp",
+    "vllm-baseline",
+    "vllm-ngram",
 ]
+# vLLM's CPU build beside our engine (engine/vllm_server.py): started by the bench when
+# .venv-vllm exists, or reached at SPECLENS_VLLM_URL; vllm-ngram drafts K tokens like engine-ngram.
+VLLM_SYSTEMS = ("vllm-baseline", "vllm-ngram")
 ENGINE_SYSTEMS = {
     "engine-baseline": ("none", {}),
     # K = 15: a 16-token pass costs about what a 9-token pass costs with this CPU's BLAS (its
@@ -182,6 +188,54 @@ def _llamacpp(engine):
     return Llama(model_path=str(default_gguf_path()), n_ctx=2048, n_threads=torch.get_num_threads(), verbose=False)
 
 
+def _vllm_backends(engine, systems: list[str], notes: list[str]) -> tuple[dict, list]:
+    """{system: VllmBackend} for the vLLM rows asked for, and the servers started for them (the
+    caller stops them). A server at SPECLENS_VLLM_URL serves the row of its mode; the others are
+    started here from .venv-vllm; a row that cannot run is dropped with a note."""
+    from .vllm_backend import ENV_URL, VllmBackend, VllmError
+    from .vllm_server import VllmServer, VllmServerError, ngram_config, why_unavailable
+
+    k = ENGINE_SYSTEMS["engine-ngram"][1]["k"]
+    wanted = [s for s in systems if s in VLLM_SYSTEMS]
+    backends: dict = {}
+    servers: list = []
+    url = os.environ.get(ENV_URL)
+    if url:
+        try:
+            backend = VllmBackend(url)
+            info = backend.info()
+            name = "vllm-ngram" if info["speculative"] else "vllm-baseline"
+            if name in wanted:
+                backends[name] = backend
+                notes.append(f"{name}: the server at {ENV_URL} ({info['model']}, K = {info['k']})")
+        except VllmError as exc:
+            notes.append(f"vllm: {ENV_URL} unusable ({exc})")
+    for name in wanted:
+        if name in backends:
+            continue
+        reason = why_unavailable()
+        if reason:
+            notes.append(f"{name}: not run ({reason})")
+            continue
+        dtype = str(engine.target.dtype).removeprefix("torch.")
+        spec = ngram_config(k) if name == "vllm-ngram" else None
+        server = VllmServer(speculative=spec, dtype=dtype)
+        try:
+            server.start()
+        except VllmServerError as exc:
+            notes.append(f"{name}: vLLM did not start ({str(exc).splitlines()[0]})")
+            continue
+        servers.append(server)
+        backends[name] = server.backend()
+        notes.append(
+            f"{name}: vLLM {backends[name].info()['version']} on this CPU, {dtype}, started in {server.start_s:.0f} s"
+        )
+    for name in wanted:
+        if name not in backends:
+            systems.remove(name)
+    return backends, servers
+
+
 def run_bench(
     engine: SpeculativeEngine,
     quick: bool = False,
@@ -207,9 +261,16 @@ def run_bench(
         workloads = {name: prompts[:1] for name, prompts in workloads.items()}
     repeats = repeats or (1 if quick else 3)
     max_new = max_new_tokens or (32 if quick else 128)
+    quick_notes: list[str] = []
+    explicit = systems is not None
     systems = list(systems or SYSTEMS)
+    if quick and not explicit:
+        # Starting vLLM takes minutes (graph compile on first start): the smoke run leaves it out.
+        for name in VLLM_SYSTEMS:
+            systems.remove(name)
+            quick_notes.append(f"{name}: not run in --quick (starting vLLM takes minutes; name it in --systems)")
     machine = machine_info(engine)
-    notes: list[str] = []
+    notes: list[str] = list(quick_notes)
     hf = _HF(engine) if any(s.startswith("hf-") for s in systems) else None
     if "hf-assisted" in systems:
         # Assisted generation needs a separate small drafter model with the same
@@ -226,10 +287,23 @@ def run_bench(
         if llm is None:
             notes.append("llamacpp: llama-cpp-python not installed (optional)")
             systems.remove("llamacpp")
+    vllm, servers = _vllm_backends(engine, systems, notes) if any(s in VLLM_SYSTEMS for s in systems) else ({}, [])
+    try:
+        return _run_suite(
+            engine, workloads, systems, hf, llm, vllm, repeats, max_new, quick, machine, notes, progress, events_check
+        )
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def _run_suite(
+    engine, workloads, systems, hf, llm, vllm, repeats, max_new, quick, machine, notes, progress, events_check
+):
     # Warm up every system once (first calls allocate and build the int8 drafter).
     warm = engine.encode_prompt("Hello")
     for name in systems:
-        _run_system(name, engine, hf, llm, warm, 4)
+        _run_system(name, engine, hf, llm, warm, 4, vllm=vllm)
     samples: dict[tuple[str, str], list[dict]] = {}
     outputs: dict[tuple[str, str, int], list[int]] = {}
     total = sum(len(p) for p in workloads.values()) * repeats * len(systems)
@@ -240,7 +314,7 @@ def run_bench(
             for rep in range(repeats):
                 order = systems[rep % len(systems) :] + systems[: rep % len(systems)]  # rotate
                 for name in order:
-                    result = _run_system(name, engine, hf, llm, ids, max_new)
+                    result = _run_system(name, engine, hf, llm, ids, max_new, vllm=vllm)
                     samples.setdefault((name, workload), []).append(result)
                     outputs[(name, workload, pi)] = result["token_ids"]
                     done += 1
@@ -307,7 +381,7 @@ PASS_WIDTHS = (1, 2, 3, 4, 5, 8, 9, 12, 16)
 def pass_cost_ms(engine: SpeculativeEngine, widths=PASS_WIDTHS, prefix_len: int = 128) -> dict[str, float]:
     """Median ms of one target pass over W new tokens (W = K + 1 for a chain of K drafts):
     what verification costs against a plain one-token pass on this machine."""
-    from .batching import measure_pass_ms
+    from .pass_timing import measure_pass_ms
 
     return {str(w): round(measure_pass_ms(engine.target.model, 1, w, prefix_len=prefix_len), 1) for w in widths}
 
@@ -341,13 +415,32 @@ def _event_overhead(engine, workloads, repeats, max_new, progress) -> dict:
     }
 
 
-def _run_system(name, engine, hf, llm, ids, max_new, payload="reduced") -> dict:
+def _run_system(name, engine, hf, llm, ids, max_new, payload="reduced", vllm=None) -> dict:
     if name in ENGINE_SYSTEMS:
         drafter, kw = ENGINE_SYSTEMS[name]
         settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0, **kw)
         t0 = time.perf_counter()
         finish = None
         for event in engine.generate(ids, drafter, settings):
+            finish = event
+        wall = time.perf_counter() - t0
+        m = finish["metrics"]
+        return {
+            "token_ids": finish["token_ids"],
+            "new_tokens": m["new_tokens"],
+            "wall_s": wall,
+            "passes": m["target_passes"],
+            "accepted": m["accepted"],
+            "drafted": m["drafted"],
+        }
+    if name in VLLM_SYSTEMS:
+        # The prompt as token ids (/v1/completions): exactly the ids our engine decodes from. Streamed
+        # without logprobs (payload off): the chunks place vLLM's per-step counts, so passes are exact.
+        t0 = time.perf_counter()
+        finish = None
+        for event in vllm[name].generate(
+            ids, max_new_tokens=max_new, temperature=0.0, chat=False, seed=0, payload="off"
+        ):
             finish = event
         wall = time.perf_counter() - t0
         m = finish["metrics"]
