@@ -1,0 +1,305 @@
+"""Memory planning before a load: will target + drafter + KV caches fit, and if not, say so with numbers.
+
+``plan_memory(target, drafter, ...)`` sizes a run before anything is loaded:
+
+* weights: the model is built from its config on the meta device with
+  accelerate's ``init_empty_weights`` (no memory, any architecture transformers
+  knows) and sized with accelerate's ``compute_module_sizes`` at the run's dtype;
+  a tied output head is counted once, as our forward shares it;
+* the drafter: ``ngram`` and ``none`` hold nothing; ``int8`` is a second copy of the
+  target's matrices in int8 (one byte per weight, a float32 scale per output
+  channel) plus its embedding at the activation dtype; ``model:<id>`` is sized like
+  a target;
+* KV caches: keys and values for every layer and KV head, for the prompt, the new
+  tokens and one verification pass of the draft budget (engine/decode.py sizes its
+  caches the same way), in the attention dtype (float32 on the CPU); a model
+  drafter has its own;
+* working memory: one target pass's logits and the target's p rows kept per tree
+  node (vocabulary-sized float32 rows);
+* the load peak: the checkpoint's tensors and our converted copy coexist briefly.
+
+The memory available comes from accelerate's ``get_max_memory`` (free GPU memory
+per device; available system memory via psutil), capped on Linux by the
+process's cgroup limit. ``check_memory`` raises ``MemoryPlanError`` (a
+ValueError) with the numbers when the plan needs more than ``USABLE_FRACTION`` of
+what is available: a clear refusal instead of an out-of-memory crash midway.
+
+Models too large for one device go to a vLLM deployment (README "Bigger
+models"): our own forward runs on one device and does not split a model across
+GPU and CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["USABLE_FRACTION", "MemoryPlan", "MemoryPlanError", "available_memory", "check_memory", "plan_memory"]
+
+USABLE_FRACTION = 0.9  # head-room for the allocator, the interpreter and the OS
+GIB = 1024**3
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class MemoryPlanError(ValueError):
+    """The planned run does not fit in the memory available; the message has the numbers."""
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes a run needs, by part, against what the device has free."""
+
+    target: str
+    drafter: str
+    device: str
+    dtype: str
+    target_bytes: int
+    drafter_bytes: int
+    kv_bytes: int
+    drafter_kv_bytes: int
+    working_bytes: int
+    load_peak_bytes: int  # transient, during the load
+    available_bytes: int
+    context_tokens: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steady_bytes(self) -> int:
+        return self.target_bytes + self.drafter_bytes + self.kv_bytes + self.drafter_kv_bytes + self.working_bytes
+
+    @property
+    def needed_bytes(self) -> int:
+        return max(self.steady_bytes, self.load_peak_bytes)
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.available_bytes * USABLE_FRACTION)
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.usable_bytes
+
+    def as_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "steady_bytes": self.steady_bytes,
+            "needed_bytes": self.needed_bytes,
+            "usable_bytes": self.usable_bytes,
+            "fits": self.fits,
+        }
+
+    def describe(self) -> str:
+        """One line for the Model panel or an error message."""
+        parts = [
+            f"target {_gib(self.target_bytes)}",
+            f"drafter {_gib(self.drafter_bytes)}",
+            f"KV cache {_gib(self.kv_bytes + self.drafter_kv_bytes)} ({self.context_tokens} tokens)",
+            f"working {_gib(self.working_bytes)}",
+        ]
+        peak = f", load peak {_gib(self.load_peak_bytes)}" if self.load_peak_bytes > self.steady_bytes else ""
+        return (
+            f"{self.target} + {self.drafter} in {self.dtype} on {self.device}: needs {_gib(self.needed_bytes)} "
+            f"({', '.join(parts)}{peak}); {_gib(self.available_bytes)} available, "
+            f"{_gib(self.usable_bytes)} usable ({USABLE_FRACTION:.0%})"
+        )
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def available_memory(device: str = "cpu") -> int:
+    """Free bytes on `device` ("cpu", "cuda", "cuda:N"): accelerate's get_max_memory (GPU free
+    memory, or psutil's available system memory), capped by this process's cgroup limit on the CPU."""
+    from accelerate.utils import get_max_memory
+
+    if device.startswith("cuda"):
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        memory = get_max_memory()
+        if index not in memory:
+            raise MemoryPlanError(f"no GPU {index} is visible")
+        return int(memory[index])
+    free = int(get_max_memory().get("cpu", 0))
+    limit = _cgroup_room()
+    return min(free, limit) if limit is not None else free
+
+
+def _cgroup_room() -> int | None:
+    """Bytes this process's cgroup (v2) may still allocate, None without a limit."""
+    root = Path("/sys/fs/cgroup")
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((root / "memory.current").read_text().strip()))
+    except (OSError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=32)
+def _config(target: str):
+    """(transformers config, checkpoint dtype name or None) of a target name, preset, Hub id or folder.
+    Reads only the config (the Hub's cache or network for an id)."""
+    from transformers import AutoConfig
+
+    from .models import DEFAULT_MODEL, PRESETS, ModelLoadError, cache_dir
+
+    if target in ("default", DEFAULT_MODEL):
+        folder = cache_dir() / "models" / DEFAULT_MODEL
+        if (folder / "config.json").is_file():
+            return AutoConfig.from_pretrained(str(folder)), "float32"  # the cache stores float32 weights
+        from .models import default_gguf_path
+
+        gguf = default_gguf_path()
+        return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name), "float32"
+    name = PRESETS.get(target, {}).get("hub_id", target)
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the config of {target!r} to plan its memory: {exc}") from None
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return config, (str(stored).removeprefix("torch.") if stored else None)
+
+
+@functools.lru_cache(maxsize=32)
+def _weights(target: str) -> dict:
+    """Parameter counts of a target from its config, built on the meta device (no memory)."""
+    import torch
+    from accelerate import init_empty_weights
+    from accelerate.utils import compute_module_sizes
+    from transformers import AutoModelForCausalLM
+
+    config, stored = _config(target)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    total = compute_module_sizes(model, dtype=torch.float32)[""] // 4  # parameters (float32 = 4 bytes each)
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    head_params = head.weight.numel() if head is not None else 0
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if tied and head is not None and head.weight is not embed:
+        total -= head_params  # our forward uses the embedding as the head: one copy
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = int(text.num_hidden_layers)
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    return {
+        "params": int(total),
+        "embed_params": int(embed.numel()),
+        "head_params": 0 if tied else int(head_params),
+        "vocab": int(text.vocab_size),
+        "layers": layers,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden": int(text.hidden_size),
+        "max_positions": int(getattr(text, "max_position_embeddings", 0) or 0),
+        "stored_dtype": stored,
+        "tied": tied,
+    }
+
+
+def _resolve(dtype: str, device: str) -> tuple[str, str]:
+    from .models import resolve_device, resolve_dtype
+
+    device = resolve_device(device)
+    return str(resolve_dtype(dtype, device)).removeprefix("torch."), device
+
+
+def plan_memory(
+    target: str = "default",
+    drafter: str = "ngram",
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    k: int = 4,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    max_new_tokens: int = 64,
+    prompt_tokens: int = 512,
+    concurrent_runs: int = 1,
+    available_bytes: int | None = None,
+) -> MemoryPlan:
+    """What a run of `target` with `drafter` needs, by part, before anything is loaded.
+
+    k, topk, num_draft_tokens: the tree (budget = num_draft_tokens or k * topk nodes per pass).
+    concurrent_runs: runs sharing the loaded weights, each with its own caches (app sessions).
+    available_bytes: override what the device has free (default: measured now).
+    """
+    dtype, device = _resolve(dtype, device)
+    if dtype not in _DTYPE_BYTES:
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    for name, value in (
+        ("k", k),
+        ("topk", topk),
+        ("max_new_tokens", max_new_tokens),
+        ("concurrent_runs", concurrent_runs),
+    ):
+        if not isinstance(value, int) or value < (0 if name == "k" else 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(prompt_tokens, int) or prompt_tokens < 1:
+        raise ValueError(f"prompt_tokens must be a positive integer, got {prompt_tokens!r}")
+    w = _weights(target)
+    wbytes = _DTYPE_BYTES[dtype]
+    attn_bytes = 4 if device == "cpu" else wbytes  # engine/transformer.py: float32 attention on the CPU
+    budget = num_draft_tokens if num_draft_tokens is not None else k * topk
+    if drafter in ("none", "", "baseline"):
+        budget = 0
+    width = budget + 1  # one target pass: the pending token plus the tree
+    # engine/decode.py: prompt + new tokens + one pass, plus a pass of slack for the drafter.
+    context = prompt_tokens + max_new_tokens + 2 * width + 1
+    notes: list[str] = []
+    if w["max_positions"] and prompt_tokens + max_new_tokens > w["max_positions"]:
+        notes.append(f"prompt + new tokens exceed the context window ({w['max_positions']})")
+    kv_per_token = 2 * w["layers"] * w["kv_heads"] * w["head_dim"] * attn_bytes
+    target_bytes = w["params"] * wbytes
+    kv = kv_per_token * context * concurrent_runs
+    drafter_bytes = drafter_kv = 0
+    if drafter == "int8":
+        matrices = w["params"] - w["embed_params"]  # every matrix of the layers (and an untied head)
+        scales = w["layers"] * 8 * w["hidden"] + w["vocab"]  # float32 per output channel, roughly
+        act = 4 if device == "cpu" else wbytes  # the int8 drafter computes in float32 on the CPU
+        drafter_bytes = matrices + 4 * scales + w["embed_params"] * act
+        drafter_kv = kv_per_token * context * concurrent_runs  # same layers, its own cache
+        notes.append("int8 drafter: an estimate (matrices in int8, per-channel scales, embedding unquantised)")
+    elif drafter.startswith("model:"):
+        dw = _weights(drafter.split(":", 1)[1].strip())
+        drafter_bytes = dw["params"] * wbytes
+        drafter_kv = 2 * dw["layers"] * dw["kv_heads"] * dw["head_dim"] * attn_bytes * context * concurrent_runs
+    elif drafter.split(":", 1)[0] not in ("ngram", "none", "", "baseline"):
+        raise ValueError(f"unknown drafter {drafter!r}; choose none, ngram, int8 or model:<id>")
+    # One pass's logits plus the p rows kept per tree position (float32, vocabulary-sized).
+    working = (2 * width) * w["vocab"] * 4 * concurrent_runs
+    stored = _DTYPE_BYTES.get(w["stored_dtype"] or "", wbytes)
+    load_peak = w["params"] * stored + target_bytes + drafter_bytes  # checkpoint tensors + our copy
+    if device.startswith("cuda"):
+        load_peak = target_bytes + drafter_bytes  # the checkpoint is read to the host, converted on the way
+    avail = int(available_bytes) if available_bytes is not None else available_memory(device)
+    return MemoryPlan(
+        target=target,
+        drafter=drafter,
+        device=device,
+        dtype=dtype,
+        target_bytes=int(target_bytes),
+        drafter_bytes=int(drafter_bytes),
+        kv_bytes=int(kv),
+        drafter_kv_bytes=int(drafter_kv),
+        working_bytes=int(working),
+        load_peak_bytes=int(load_peak),
+        available_bytes=avail,
+        context_tokens=int(context),
+        notes=notes,
+    )
+
+
+def check_memory(*args, **kwargs) -> MemoryPlan:
+    """plan_memory, then refuse (MemoryPlanError with the numbers) when it does not fit."""
+    plan = plan_memory(*args, **kwargs)
+    if not plan.fits:
+        raise MemoryPlanError(
+            f"not enough memory: {plan.describe()}. Try a smaller K, tree budget or max_new_tokens, "
+            "the n-gram drafter, bfloat16, or serve the model with vLLM (README: Bigger models) and "
+            "connect with --vllm-url."
+        )
+    return plan
