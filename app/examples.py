@@ -1,8 +1,9 @@
-"""Example prompts (assets/examples.json) and, for those that were recorded, the settings of the recording.
+"""Example prompts (assets/examples.json): each with its drafter, its settings and what it was measured to show.
 
-The Playground and the Race both offer the examples; picking one fills the prompt, its suggested
-drafter and, when assets/traces holds a recording of it, that recording's settings, so that Run
-reproduces it.
+The Playground and the Race both offer the examples; picking one fills the prompt, its drafter and
+every setting, so that Run reproduces what the example promises. scripts/record_traces.py measured
+each example on the default model (tokens per pass, α, speedup against the baseline, on the CPU it
+names) and recorded its trace; `example_note` says so next to the Run button.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from engine.trace import TraceError
 from .config import ASSETS
 from .traces import load_recorded, recorded_traces
 
-__all__ = ["EXAMPLE_SETTINGS", "example_values", "load_examples"]
+__all__ = ["EXAMPLE_SETTINGS", "example_note", "example_values", "load_examples"]
 
 log = logging.getLogger("speclens.app")
 
-# The settings an example fills, in the order `example_values` returns them.
+# The settings an example fills, in the order `example_values` returns them, and their values when an
+# example does not name them (so that a previous run's top-p or tree budget never leaks into it).
 EXAMPLE_SETTINGS = ["k", "topk", "num_draft_tokens", "temperature", "top_p", "top_k", "seed", "max_new_tokens"]
+EXAMPLE_DEFAULTS = {"topk": 1, "num_draft_tokens": 0, "top_p": 1.0, "top_k": 0, "seed": 0}
 
 
 def load_examples() -> list[dict]:
@@ -49,13 +52,45 @@ def _recorded_settings(prompt: str, drafter: str | None) -> dict | None:
     return None
 
 
+def _example(name: str) -> dict | None:
+    return next((e for e in load_examples() if e.get("name") == name), None)
+
+
 def example_values(name: str) -> dict | None:
-    """The example called `name` as {"prompt", "drafter" (or None), and each of EXAMPLE_SETTINGS that the
-    recording fixes}; None for an unknown name."""
-    for example in load_examples():
-        if example.get("name") == name:
-            drafter = example.get("drafter") or None
-            settings = _recorded_settings(example["prompt"], drafter) or {}
-            values = {key: settings[key] for key in EXAMPLE_SETTINGS if key in settings}
-            return {"prompt": example["prompt"], "drafter": drafter, **values}
-    return None
+    """The example called `name` as {"prompt", "drafter" (or None), and each of EXAMPLE_SETTINGS}: its own
+    settings, else those of a recorded trace of its prompt; None for an unknown name."""
+    example = _example(name)
+    if example is None:
+        return None
+    drafter = example.get("drafter") or None
+    if isinstance(example.get("settings"), dict):
+        settings = {**EXAMPLE_DEFAULTS, **example["settings"]}
+    else:
+        settings = _recorded_settings(example["prompt"], drafter) or {}
+    values = {key: settings[key] for key in EXAMPLE_SETTINGS if key in settings}
+    return {"prompt": example["prompt"], "drafter": drafter, **values}
+
+
+def example_note(name: str) -> str:
+    """Markdown: what the example shows and what it measured, where and when (live numbers differ by machine)."""
+    example = _example(name)
+    if example is None:
+        return ""
+    note = f"**{example['name']}.** {example.get('explain', '')}"
+    m = example.get("measured")
+    if isinstance(m, dict):
+        note += (
+            f" Measured on the default model ({m.get('dtype')}, {m.get('cpu')}, {m.get('threads')} threads, "
+            f"{m.get('recorded')}): **{m.get('tokens_per_pass')} tokens per target pass**, "
+            f"α = {m.get('alpha')} (accepted ÷ depths tried), {m.get('tokens_per_s')} vs "
+            f"{m.get('baseline_tokens_per_s')} tokens/s for the baseline = **{m.get('speedup')}×**, "
+            f"median of {m.get('repeats')} runs."
+        )
+        other = m.get("compare")
+        if isinstance(other, dict):
+            note += (
+                f" The {other.get('drafter')} drafter on the same prompt: {other.get('tokens_per_pass')} tokens "
+                f"per pass, {other.get('speedup')}×."
+            )
+        note += " On another machine, or while it is busy, live numbers differ."
+    return note

@@ -9,6 +9,7 @@ narration of one pass is in `narration`.
 from __future__ import annotations
 
 import html
+import time
 
 from engine.metrics import run_summary
 from engine.trace import start_event, step_events
@@ -155,8 +156,8 @@ def legend_html(baseline: bool = False) -> str:
 
 # ----------------------------------------------------------------------------- stats
 def _alpha_text(s: dict) -> str:
-    """α of a run summary; — while nothing was drafted (0 of 0 is no acceptance rate)."""
-    return f"{s['acceptance_rate']:.2f}" if s["drafted"] else "—"
+    """α (accepted ÷ depths tried, the α of the formula) of a run summary; — while nothing was tried."""
+    return f"{s['position_acceptance']:.2f}" if s["drafted"] else "—"
 
 
 def stats_line(trace: list[dict], running: bool = False) -> str:
@@ -169,11 +170,22 @@ def stats_line(trace: list[dict], running: bool = False) -> str:
         f"<b>{s['tokens_per_pass']:.2f}</b> tokens/pass",
     ]
     if s["mode"] != "baseline":
-        items.append(f"α = <b>{_alpha_text(s)}</b> ({s['accepted']} of {s['drafted']} drafts accepted)")
+        items.append(f"<b>{s['accepted']}</b> of {s['drafted']} drafts accepted, α = <b>{_alpha_text(s)}</b>")
     items.append(f"<b>{s['tokens_per_s']:.1f}</b> tokens/s")
     items.append(f"{s['wall_s']:.1f} s")
     badge = f'<span class="sl-badge sl-badge-{state.replace(" ", "-")}">{state}</span>' if state else ""
     return '<div class="sl-stats">' + badge + " · ".join(items) + "</div>"
+
+
+def recorded_where(trace: list[dict]) -> str:
+    """Where and when a run happened: drafter and settings, dtype, CPU (or GPU), kernel, date."""
+    start = start_event(trace or [])
+    host = start.get("host") or {}
+    machine = host.get("gpu") or host.get("cpu") or start.get("device", "?")
+    kernel = host.get("kernel")
+    kernel = f", our {kernel} kernels" if kernel else (", torch's ops" if "kernel" in host else "")
+    when = time.strftime("%Y-%m-%d", time.gmtime(start["started_at"])) if start.get("started_at") else "?"
+    return f"{trace_title(trace)}; {start.get('dtype', '?')} on {machine}{kernel}, {when}"
 
 
 def _card_header(start: dict, s: dict, source: str) -> list[str]:
@@ -187,9 +199,11 @@ def _card_header(start: dict, s: dict, source: str) -> list[str]:
     if source:
         lines.append(f"*{source}*")
     lines.append("")
+    host = start.get("host") or {}
+    machine = host.get("gpu") or host.get("cpu")
     lines.append(
         f"- **What ran:** {start.get('target', '?')} with drafter **{start.get('drafter', '?')}** "
-        f"({start.get('dtype', '?')} on {start.get('device', '?')})"
+        f"({start.get('dtype', '?')} on {start.get('device', '?')}{f', {machine}' if machine else ''})"
     )
     tree = start.get("tree") or {}
     shape = f"K = {tree.get('steps', settings.get('k'))}"
@@ -210,13 +224,16 @@ def _card_numbers(s: dict) -> list[str]:
     ]
     if s["mode"] != "baseline":
         lines.append(
-            f"- **Acceptance α:** {_alpha_text(s)} ({s['accepted']} of {s['drafted']} drafted tokens accepted)"
+            f"- **Acceptance:** {s['accepted']} of {s['drafted']} drafted tokens accepted (accepted ÷ drafted = "
+            f"{fmt_num(s['acceptance_rate'])}, vLLM's draft acceptance rate: drafts after a rejection were never "
+            f"tried); α = accepted ÷ depths tried = **{_alpha_text(s)}**"
         )
         if s["finished"]:
-            tree_note = " A tree beats it by offering several candidates per position." if s["tree_topk"] > 1 else ""
+            kind = "some sibling at a tried depth is kept" if s["tree_topk"] > 1 else "a tried draft is kept"
             lines.append(
-                f"- **Theory:** a K-token chain with this α gives (1 − α^(K+1)) / (1 − α) = "
-                f"{s['theoretical_tokens_per_pass']:.2f} tokens per pass.{tree_note}"
+                f"- **Theory:** with α = accepted ÷ depths tried = {fmt_num(s['position_acceptance'])} (the chance "
+                f"that {kind}), (1 − α^(K+1)) / (1 − α) = **{s['theoretical_tokens_per_pass']:.2f} tokens per "
+                f"pass** (measured {s['tokens_per_pass']:.2f})."
             )
     if s["finished"]:
         lines.append(

@@ -28,6 +28,7 @@ import torch
 
 from . import events
 from .drafters import Drafter, DraftTree, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_weights
+from .host import host_info
 from .metrics import summarize_steps
 from .models import LoadedModel, check_same_vocab, load_model
 from .sampling import SamplingParams, probs_from_logits
@@ -298,6 +299,7 @@ class SpeculativeEngine:
             "tree": {"steps": shape.steps, "topk": shape.topk, "budget": shape.max_tokens},
             "eos_ids": sorted(self.eos_ids),
             "max_new_tokens": max_new,
+            "host": host_info(model.device),
         }
 
     def _kept(self, emitted: list[dict], produced: int, max_new: int) -> tuple[int, bool]:

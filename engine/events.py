@@ -131,6 +131,7 @@ def step_event(
         "drafted": len(tree),
         "draft_depth": max(tree.depths, default=0),
         "accepted_len": len(verdict.path),
+        "extra_kind": verdict.extra["kind"],
         "draft_ms": round(draft_ms, 3),
         "verify_ms": round(verify_ms, 3),
         "target_passes": number,

@@ -41,8 +41,14 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
 
     target_passes counts verification passes (the prefill is reported apart);
     tokens_per_pass includes the resampled or bonus token of each pass;
-    acceptance_rate α = accepted / drafted; acceptance_by_position[i] is the share of
-    steps that drafted a token at depth i+1 whose accepted path reached depth i+1;
+    acceptance_rate = accepted / drafted (vLLM's draft acceptance rate: drafts never
+    tried, after a rejection or on side branches, count as not accepted);
+    position_acceptance α = accepted / positions tried, where a pass tries each depth
+    its accepted path reached plus the depth where it stopped on a rejection: the
+    per-token acceptance rate of E = (1 − α^(K+1)) / (1 − α) (for a tree, the chance
+    that some sibling at a tried depth is accepted), so theoretical_tokens_per_pass
+    uses it; acceptance_by_position[i] is the share of steps that drafted a token at
+    depth i+1 whose accepted path reached depth i+1 (the chain model predicts α^(i+1));
     draft_cost_ratio c = mean draft time per draft position / mean target pass time
     (an estimate from this run's timings, for the speedup formula).
     """
@@ -58,7 +64,8 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
             drafted_at[depth] += 1
         for depth in range(s["accepted_len"]):
             accepted_at[depth] += 1
-    alpha = accepted / drafted if drafted else 0.0
+    rejections = sum(1 for s in steps if s.get("extra_kind") == "resampled")
+    alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
     drafting = [s for s in steps if s.get("drafted")] or steps
     mean_draft_ms = _mean(s.get("draft_ms") for s in drafting)
     mean_verify_ms = _mean(s.get("verify_ms") for s in drafting)
@@ -69,7 +76,8 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
         "tokens_per_pass": tokens / passes if passes else 0.0,
         "drafted": drafted,
         "accepted": accepted,
-        "acceptance_rate": alpha,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "position_acceptance": alpha,
         "accepted_per_position": accepted_at,
         "drafted_per_position": drafted_at,
         "acceptance_by_position": [a / d if d else None for a, d in zip(accepted_at, drafted_at)],

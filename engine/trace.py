@@ -82,12 +82,22 @@ def _validate_step(event: dict, i: int) -> None:
 
 
 def _upgrade_v1(events: list[dict]) -> None:
-    """Version-1 traces predate the ``adjusted`` flag. Their numbers tell it: a
-    sibling's test was adjusted exactly when the p or q it compared (p_eff, q_eff)
-    differs from the node's own p or q. Filled in here, once, at load, so that no
-    reader ever derives it."""
+    """Version-1 traces predate the ``adjusted`` flag and ``extra_kind``. Their
+    numbers tell both: a sibling's test was adjusted exactly when the p or q it
+    compared (p_eff, q_eff) differs from the node's own p or q; a pass ended on a
+    rejection exactly when a child of the last accepted node (or of the root) was
+    rejected. Filled in here, once, at load, so that no reader ever derives them.
+    Their recorded theory used accepted ÷ drafted as α; it is dropped so that the
+    summary recomputes it with version 2's α (accepted ÷ depths tried)."""
     greedy = bool(events[0].get("greedy"))
+    finish = finish_event(events)
+    if finish is not None:
+        (finish.get("metrics") or {}).pop("theoretical_tokens_per_pass", None)
     for event in step_events(events):
+        accepted = [n for n in event["nodes"] if n.get("decision") == "accepted"]
+        end = max(accepted, key=lambda n: n.get("depth", 0))["id"] if accepted else -1
+        stopped = any(n.get("decision") == "rejected" and n.get("parent") == end for n in event["nodes"])
+        event.setdefault("extra_kind", "resampled" if stopped else "bonus")
         for node in event["nodes"]:
             if "adjusted" in node or node.get("accept_prob") is None:
                 continue

@@ -1,8 +1,24 @@
-"""Record the real traces shipped in assets/traces/ (they render the app before a
-model loads and serve as test fixtures). Run: python scripts/record_traces.py"""
+"""Record the example prompts' measurements and the real traces shipped in assets/.
 
+    .venv/bin/python scripts/record_traces.py [--repeats 3] [--dtype auto]
+
+For every example in assets/examples.json: run it on the default model with its
+settings and drafter, and the plain baseline with the same settings, alternating
+`--repeats` times; write the median tokens per target pass, acceptance rate α,
+tokens/s of both and the measured speedup into the example's ``measured`` entry
+(with the CPU, dtype and date, since speed depends on the machine). Some examples'
+first runs are also saved as traces in assets/traces/ (the app shows them before a
+model loads; the tests use them as fixtures), the first example's baseline as the
+recorded Race's opponent.
+"""
+
+from __future__ import annotations
+
+import argparse
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -10,34 +26,83 @@ sys.path.insert(0, str(ROOT))
 
 from engine import SpeculativeEngine  # noqa: E402
 from engine import trace as trace_io  # noqa: E402
+from engine.bench import machine_info  # noqa: E402
 
-EXAMPLES = {e["regime"]: e["prompt"] for e in json.loads((ROOT / "assets" / "examples.json").read_text())}
+EXAMPLES = ROOT / "assets" / "examples.json"
+TRACES = ROOT / "assets" / "traces"
 
-RUNS = [
-    ("code-edit-ngram-greedy", EXAMPLES["code-edit"], "ngram", dict(k=4, max_new_tokens=64, temperature=0.0, seed=0)),
-    ("code-edit-baseline-greedy", EXAMPLES["code-edit"], "none", dict(k=4, max_new_tokens=64, temperature=0.0, seed=0)),
-    (
-        "chat-int8-tree-sampling",
-        EXAMPLES["chat"],
-        "int8",
-        dict(k=3, topk=2, num_draft_tokens=6, max_new_tokens=40, temperature=0.8, seed=1),
-    ),
-    (
-        "summarize-ngram-sampling",
-        EXAMPLES["summarize"],
+
+def measure(engine: SpeculativeEngine, example: dict, repeats: int) -> tuple[dict, list[dict], list[dict]]:
+    settings = dict(example["settings"])
+    spec_runs, base_runs = [], []
+    for _ in range(repeats):  # alternate, so machine noise hits both alike
+        spec_runs.append(engine.run(example["prompt"], example["drafter"], **settings))
+        base_runs.append(engine.run(example["prompt"], "none", **settings))
+    compare = example.get("compare_drafter")
+    compare_runs = [engine.run(example["prompt"], compare, **settings) for _ in range(repeats)] if compare else []
+    spec = [r["metrics"] for r in spec_runs]
+    base = [r["metrics"] for r in base_runs]
+    spec_tps = statistics.median(m["tokens_per_s"] for m in spec)
+    base_tps = statistics.median(m["tokens_per_s"] for m in base)
+    summary = {
+        "tokens_per_pass": round(statistics.median(m["tokens_per_pass"] for m in spec), 2),
+        "alpha": round(statistics.median(m["position_acceptance"] for m in spec), 2),
+        "acceptance_rate": round(statistics.median(m["acceptance_rate"] for m in spec), 2),
+        "tokens_per_s": round(spec_tps, 1),
+        "baseline_tokens_per_s": round(base_tps, 1),
+        "speedup": round(spec_tps / base_tps, 2) if base_tps else None,
+        "repeats": repeats,
+    }
+    if compare_runs:  # the drafter the example is compared with, same settings
+        other = [r["metrics"] for r in compare_runs]
+        other_tps = statistics.median(m["tokens_per_s"] for m in other)
+        summary["compare"] = {
+            "drafter": compare,
+            "tokens_per_pass": round(statistics.median(m["tokens_per_pass"] for m in other), 2),
+            "speedup": round(other_tps / base_tps, 2) if base_tps else None,
+        }
+    return summary, spec_runs[0]["events"], base_runs[0]["events"]
+
+
+# Traces the app and the tests use: example index -> file name; the first example's baseline is the
+# recorded Race's opponent; one sampled n-gram tree that is not an example (point masses with siblings).
+EXAMPLE_TRACES = {0: "code-edit-ngram-greedy.json", 4: "chat-int8-tree-sampling.json"}
+RACE_BASELINE = "code-edit-baseline-greedy.json"
+EXTRA_TRACES = {
+    "summarize-ngram-sampling.json": (
+        "summarize",
         "ngram",
-        dict(k=4, topk=2, max_new_tokens=48, temperature=0.8, seed=3),
-    ),
-]
+        {"k": 4, "topk": 2, "max_new_tokens": 48, "temperature": 0.8, "seed": 3},
+    )
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="auto")
+    args = parser.parse_args()
+    engine = SpeculativeEngine.load(dtype=args.dtype)
+    machine = machine_info(engine)
+    examples = json.loads(EXAMPLES.read_text(encoding="utf-8"))
+    TRACES.mkdir(parents=True, exist_ok=True)
+    for index, example in enumerate(examples):
+        engine.run(example["prompt"], example["drafter"], max_new_tokens=4)  # build and warm the drafter
+        measured, events, baseline = measure(engine, example, args.repeats)
+        measured.update(cpu=machine["cpu"], threads=machine["threads"], dtype=machine["dtype"])
+        measured["recorded"] = time.strftime("%Y-%m-%d")
+        example["measured"] = measured
+        if index in EXAMPLE_TRACES:
+            trace_io.save(events, TRACES / EXAMPLE_TRACES[index])
+        if index == 0:
+            trace_io.save(baseline, TRACES / RACE_BASELINE)
+        print(f"{example['name']}: {json.dumps(measured)}", flush=True)
+    workloads = json.loads((ROOT / "assets" / "workloads.json").read_text(encoding="utf-8"))
+    for name, (workload, drafter, settings) in EXTRA_TRACES.items():
+        trace_io.save(engine.run(workloads[workload][0], drafter, **settings)["events"], TRACES / name)
+    EXAMPLES.write_text(json.dumps(examples, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return 0
+
 
 if __name__ == "__main__":
-    engine = SpeculativeEngine.load()
-    out = ROOT / "assets" / "traces"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, prompt, drafter, kw in RUNS:
-        run = engine.run(prompt, drafter, **kw)
-        trace_io.save(run["events"], out / f"{name}.json")
-        m = run["metrics"]
-        print(
-            f"{name}: {m['new_tokens']} tokens, {m['tokens_per_pass']:.2f} per pass, alpha {m['acceptance_rate']:.2f}"
-        )
+    sys.exit(main())

@@ -194,8 +194,11 @@ def test_cache_rollback_after_rejection_matches_recomputation(tiny_engine):
 def test_metrics_theory_column(tiny_engine):
     run = tiny_engine.run(PROMPT, "int8", max_new_tokens=30, k=4, temperature=1.0, seed=2)
     m = run["metrics"]
-    a = m["acceptance_rate"]
+    a = m["position_acceptance"]  # α of the formula: accepted / depths tried
     assert math.isclose(m["theoretical_tokens_per_pass"], (1 - a**5) / (1 - a) if a < 1 else 5.0)
+    steps = [e for e in run["events"] if e["type"] == "step"]
+    tried = sum(s["accepted_len"] + (s["extra_kind"] == "resampled") for s in steps)
+    assert math.isclose(a, m["accepted"] / tried)
     assert len(m["acceptance_by_position"]) == 4
 
 

@@ -268,18 +268,34 @@ def test_tree_figure_every_step(name):
             assert list(tr.x) == [next(n["depth"] for n in nodes if n["id"] == nid) for nid in ids]
 
 
+def _step_where(events, wanted) -> int:
+    """Index of the first step for which wanted(step) holds (the recorded traces are re-recorded
+    with each engine version, so tests find the pass they need by what happened in it)."""
+    return next(i for i, step in enumerate(step_events(events)) if wanted(step))
+
+
+def _siblings_rejected_then_resampled(step) -> bool:
+    rejected = [n for n in step["nodes"] if n["decision"] == "rejected"]
+    parents = [n["parent"] for n in rejected]
+    return step["extra_kind"] == "resampled" and any(parents.count(p) >= 2 for p in parents)
+
+
 def test_tree_hover_shows_p_q_accept_prob_u():
     events = RECORDED[CHAT]
-    fig = tree_figure(events, 3)  # pass 4: two rejected siblings, then a resampled token
+    index = _step_where(events, _siblings_rejected_then_resampled)
+    step = step_events(events)[index]
+    fig = tree_figure(events, index)
     (rej,) = by_role(fig, "nodes", decision="rejected")
+    first, second = [n for n in step["nodes"] if n["decision"] == "rejected"][:2]
     hover = rej.hovertext[0]
-    assert "p (target) = 0.111" in hover and "q (drafter) = 0.126" in hover
-    assert "min(1, p/q) = 0.881" in hover and "u = 0.898" in hover
+    assert f"p (target) = {fmt_prob(first['p'])}" in hover and f"q (drafter) = {fmt_prob(first['q'])}" in hover
+    assert f"min(1, p/q) = {fmt_prob(first['accept_prob'])}" in hover and f"u = {fmt_prob(first['u'])}" in hover
     assert "p_eff" in hover and "q_eff" in hover
-    assert "after an earlier sibling's rejection" in rej.hovertext[1]
+    assert second["adjusted"] and "after an earlier sibling's rejection" in rej.hovertext[1]
+    assert f"min(1, p_eff/q_eff) = {fmt_prob(second['accept_prob'])}" in rej.hovertext[1]
     (extra,) = by_role(fig, "extra")
     assert "residual" in extra.hovertext[0]
-    assert "Sunday" in extra.text[0] and extra.text[0].startswith("↻")
+    assert show_token(step["emitted"][-1]["text"], 16) in extra.text[0] and extra.text[0].startswith("↻")
 
 
 def test_tree_baseline_is_root_plus_bonus_and_chain_is_one_branch():
@@ -287,7 +303,8 @@ def test_tree_baseline_is_root_plus_bonus_and_chain_is_one_branch():
     assert by_role(fig, "nodes") == []
     (extra,) = by_role(fig, "extra")
     assert extra.meta["decision"] == "bonus" and list(extra.x) == [1]
-    chain = tree_figure(RECORDED[NGRAM_GREEDY], 3)  # 3 accepted, 1 rejected, resampled
+    index = _step_where(RECORDED[NGRAM_GREEDY], lambda st: st["accepted_len"] >= 2)
+    chain = tree_figure(RECORDED[NGRAM_GREEDY], index)  # a chain of accepted drafts
     ys = [y for tr in by_role(chain, "nodes", decision="accepted") for y in tr.y]
     assert len(set(ys)) == 1  # one straight branch
     assert "chain" in chain.layout.title.subtitle.text
@@ -378,22 +395,32 @@ def test_pq_figure_every_position(name):
 
 def test_pq_default_position_is_the_first_rejection():
     chat = RECORDED[CHAT]
-    assert default_position(step_events(chat)[3]) == 0
+    at_root = _step_where(chat, lambda st: any(n["decision"] == "rejected" and n["parent"] == -1 for n in st["nodes"]))
+    assert default_position(step_events(chat)[at_root]) == 0
     greedy = RECORDED[NGRAM_GREEDY]
-    step = step_events(greedy)[2]  # ' `' accepted, then 'calc' rejected at depth 2
+    index = _step_where(greedy, lambda st: st["extra_kind"] == "resampled")
+    step = step_events(greedy)[index]  # a greedy pass that ended on a rejected draft
     pos = default_position(step)
-    assert step["dists"][pos]["node"] == 0
-    fig = pq_figure(greedy, 2)
-    assert "after '␣`'" in fig.layout.title.text
+    rejected = next(n for n in step["nodes"] if n["decision"] == "rejected")
+    assert step["dists"][pos]["node"] == rejected["parent"]
+    fig = pq_figure(greedy, index)
+    if rejected["parent"] != -1:
+        parent_text = next(n["text"] for n in step["nodes"] if n["id"] == rejected["parent"])
+        assert f"after '{show_token(parent_text)}'" in fig.layout.title.text
     assert any("✗ rejected" in a.text and "greedy" in a.text for a in fig.layout.annotations)
     # No rejection in the step: the first position.
-    assert default_position(step_events(chat)[0]) == 0
+    clean = _step_where(chat, lambda st: not any(n["decision"] == "rejected" for n in st["nodes"]))
+    assert default_position(step_events(chat)[clean]) == 0
 
 
 def test_pq_resampled_rejection_has_residual_and_accept_prob_text():
-    fig = pq_figure(RECORDED[CHAT], 3)
+    events = RECORDED[CHAT]
+    index = _step_where(events, lambda st: st["extra_kind"] == "resampled" and st["emitted"][-1].get("residual_top"))
+    step = step_events(events)[index]
+    fig = pq_figure(events, index, default_position(step))
     texts = [a.text for a in fig.layout.annotations]
-    assert any("✗ rejected" in t and "min(1, p/q) = 0.881" in t for t in texts)
+    first = next(n for n in step["nodes"] if n["decision"] == "rejected")
+    assert any("✗ rejected" in t and f"min(1, p/q) = {fmt_prob(first['accept_prob'])}" in t for t in texts)
     assert any("↻ resampled" in t for t in texts)
     assert len(by_role(fig, "residual")) == 1
 
@@ -452,7 +479,7 @@ def test_tokens_per_pass_values(name):
     assert list(base.y) == [1.0, 1.0]
     (theory,) = by_role(fig, "theory")
     s = run_summary(events)
-    want = e_formula(s["acceptance_rate"], s["k"]) if s["drafted"] else 1.0
+    want = e_formula(s["position_acceptance"], s["k"]) if s["drafted"] else 1.0
     assert list(theory.y) == pytest.approx([want, want])
     assert "theory" in theory.name and theory.line.dash == "dash"
     (per_pass,) = by_role(fig, "per_pass")
@@ -498,7 +525,7 @@ def test_acceptance_bars(name):
     assert list(bar.y) == pytest.approx(want)
     assert list(bar.x) == list(range(1, len(want) + 1))
     (theory,) = by_role(fig, "theory")
-    alpha = run_summary(events)["acceptance_rate"]
+    alpha = run_summary(events)["position_acceptance"]
     assert list(theory.y) == pytest.approx([alpha**i for i in range(1, len(want) + 1)])
     if finish is not None:
         m = finish["metrics"]
@@ -600,7 +627,7 @@ def test_all_figures(name):
     assert f"pass {steps[first_rej]['step']}" in figs["tree"].layout.title.text.lower()
     s = run_summary(events)
     (e_chosen,) = [tr for tr in by_role(figs["speedup"], "chosen_k") if tr.xaxis in (None, "x")]
-    assert e_chosen.y[0] == pytest.approx(e_formula(s["acceptance_rate"], max(1, s["k"])))
+    assert e_chosen.y[0] == pytest.approx(e_formula(s["position_acceptance"], max(1, s["k"])))
     assert "estimated" in figs["speedup"].layout.title.subtitle.text
 
 

@@ -196,7 +196,7 @@ def _add_tpp_traces(fig: go.Figure, steps: list[dict], s: dict) -> list[float]:
     passes = [st.get("step", i + 1) for i, st in enumerate(steps)]
     per_pass = [len(st.get("emitted") or []) for st in steps]
     running = _running_mean(per_pass)
-    alpha, k, theory = s["acceptance_rate"], s["k"], s["theoretical_tokens_per_pass"]
+    alpha, k, theory = s["position_acceptance"], s["k"], s["theoretical_tokens_per_pass"]
     fig.add_trace(
         go.Bar(
             x=passes,
@@ -302,7 +302,7 @@ def acceptance_figure(trace) -> go.Figure:
     if not rates or not any(drafted):
         return message_figure(title, _nothing_drafted(events))
     source = "finish metrics" if s["finished"] else "step events"
-    alpha = s["acceptance_rate"]
+    alpha = s["position_acceptance"]
     pos = list(range(1, len(rates) + 1))
     fig = go.Figure()
     fig.add_trace(
@@ -332,9 +332,9 @@ def acceptance_figure(trace) -> go.Figure:
             meta={"role": "theory", "alpha": alpha},
         )
     )
-    subtitle = f"{mode_words(start_event(events))} · α = accepted ÷ drafted = {alpha:.3f} · source: {source}"
+    subtitle = f"{mode_words(start_event(events))} · α = accepted ÷ depths tried = {alpha:.3f} · source: {source}"
     if s["tree_topk"] > 1:
-        subtitle += " · tree: α counts side branches, so α^i understates how deep the best branch gets"
+        subtitle += " · tree: α = chance that some sibling at a tried depth is kept"
     fig.update_xaxes(title_text="draft position i (1 = first drafted token)", tickmode="array", tickvals=pos)
     fig.update_yaxes(title_text="share of passes (0 to 1)", range=[0, RATE_AXIS_TOP])
     apply_layout(fig, f"{title} Measured acceptance by draft position vs α^i", subtitle, height=ACCEPTANCE_HEIGHT)

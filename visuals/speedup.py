@@ -228,12 +228,12 @@ def run_speedup_figure(trace, baseline_trace=None) -> go.Figure:
     c = s["draft_cost_ratio"] if s["draft_cost_ratio"] is not None else 0.0
     measured = None
     if s["mode"] != "baseline" and step_events(events):
-        measured = {"alpha": s["acceptance_rate"], "k": k, "tokens_per_pass": s["tokens_per_pass"]}
+        measured = {"alpha": s["position_acceptance"], "k": k, "tokens_per_pass": s["tokens_per_pass"]}
         if baseline_trace is not None:
             b = run_summary(baseline_trace)
             if b["wall_s"] and s["wall_s"]:
                 measured["speedup"] = b["wall_s"] / s["wall_s"]
-    fig = speedup_figure(min(1.0, max(0.0, s["acceptance_rate"])), k, c, measured)
+    fig = speedup_figure(min(1.0, max(0.0, s["position_acceptance"])), k, c, measured)
     if s["mode"] == "baseline":  # no drafter: K is 0 and there is no draft cost to estimate
         note = "baseline run: nothing drafted, so α = 0 and c is not estimated (taken as 0)"
     elif s["draft_cost_ratio"] is not None:

@@ -63,7 +63,7 @@ def batch_refresh(trace, seen: str, k, alpha, draft_ms):
         note = f"{note} Until then α and the draft time are whatever you set here."
         return gr.skip(), gr.skip(), gr.skip(), note if summary is None else gr.skip(), seen
     k = int(min(MAX_K, max(1, summary["k"])))
-    alpha = round(min(MAX_ALPHA, max(0.0, summary["acceptance_rate"])), 2)
+    alpha = round(min(MAX_ALPHA, max(0.0, summary["position_acceptance"])), 2)
     per_token = (summary.get("mean_draft_ms") or 0.0) / max(1, summary["k"])
     return (
         k,

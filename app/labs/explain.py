@@ -112,7 +112,7 @@ def calculator(alpha, k, c, trace=None) -> tuple:
     measured = None
     if summary is not None:
         measured = {
-            "alpha": summary["acceptance_rate"],
+            "alpha": summary["position_acceptance"],
             "k": max(1, int(summary["k"])),
             "tokens_per_pass": summary["tokens_per_pass"],
         }
@@ -133,7 +133,7 @@ def explain_refresh(trace, seen: str, alpha, k, c):
     summary, _ = last_run(trace)
     if summary is None or summary["run_id"] == seen:
         return (gr.skip(),) * 6  # nothing new: keep what the user set
-    alpha = round(_clamp(summary["acceptance_rate"], 0.0, MAX_ALPHA), 2)
+    alpha = round(_clamp(summary["position_acceptance"], 0.0, MAX_ALPHA), 2)
     k = int(_clamp(summary["k"], 1, MAX_K))
     if summary.get("draft_cost_ratio") is not None:
         c = round(_clamp(summary["draft_cost_ratio"], 0.0, 1.0), 2)

@@ -33,5 +33,5 @@ def last_run(trace) -> tuple[dict | None, str]:
     return s, (
         f"Your last Playground run ({s.get('drafter')}, K = {s['k']}"
         + (f", tree top-k {s['tree_topk']}" if s.get("tree_topk", 1) > 1 else "")
-        + f"): α = {s['acceptance_rate']:.3f}, {s['tokens_per_pass']:.2f} tokens per target pass (measured)."
+        + f"): α = {s['position_acceptance']:.3f}, {s['tokens_per_pass']:.2f} tokens per target pass (measured)."
     )

@@ -21,7 +21,7 @@ from visuals.lab_figures import message_figure
 from .. import render
 from ..config import MAX_NEW_TOKENS
 from ..engine_access import builds_on_first_use, get_engine, is_loaded, make_settings, start_generation, use_drafter
-from ..examples import EXAMPLE_SETTINGS, example_values, load_examples
+from ..examples import EXAMPLE_SETTINGS, example_note, example_values, load_examples
 from ..figure_guard import guarded
 from ..inputs import as_int
 from ..pass_view import pass_figures, pass_slider, pass_slider_label
@@ -289,13 +289,13 @@ def show_play_step(trace: list[dict] | None, step_number):
 
 # -------------------------------------------------------------------------------- examples, model
 def pick_example(name: str):
-    """Example dropdown -> prompt, its suggested drafter and, when the example was recorded (assets/traces),
-    the settings of that recording (so Run reproduces it); otherwise the other settings stay as they are."""
+    """Example dropdown -> prompt, its drafter, its settings (so Run reproduces it) and, in the status line,
+    what the example shows and what it measured."""
     values = example_values(name)
     if values is None:
-        return (gr.skip(),) * (2 + len(EXAMPLE_SETTINGS))
+        return (gr.skip(),) * (3 + len(EXAMPLE_SETTINGS))
     settings = [values.get(key, gr.skip()) for key in EXAMPLE_SETTINGS]
-    return (values["prompt"], values["drafter"] or gr.skip(), *settings)
+    return (values["prompt"], values["drafter"] or gr.skip(), *settings, example_note(name))
 
 
 def suggest_drafter(target: str):
@@ -324,8 +324,7 @@ def _prompt_controls(c: dict, start: dict, init: dict) -> None:
         choices=[e["name"] for e in load_examples()],
         value=None,
         label="Example prompts",
-        info="Fills the prompt and the drafter that suits it; recorded examples also restore the settings "
-        "they were recorded with.",
+        info="Fills the prompt, the drafter that suits it and the settings it was measured with.",
         elem_id="sl-example",
     )
     c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Run", "sl-run", "sl-stop")
@@ -497,6 +496,6 @@ def wire(c: dict, st_source: gr.Radio) -> None:
         **PRIVATE,
     )
     example_outputs = [c[key] for key in ("prompt", "drafter", "k", "topk", "budget", "temperature", "top_p")]
-    example_outputs += [c[key] for key in ("top_k", "seed", "max_new")]
+    example_outputs += [c[key] for key in ("top_k", "seed", "max_new", "status")]
     c["example"].input(pick_example, [c["example"]], example_outputs, show_progress="hidden", queue=False, **PRIVATE)
     c["target"].input(suggest_drafter, [c["target"]], [c["drafter"]], show_progress="hidden", queue=False, **PRIVATE)

@@ -64,7 +64,7 @@ def _race_results(base: list[dict], spec: list[dict]) -> str:
         f"| tokens | {b['new_tokens']} | {s['new_tokens']} |",
         f"| target passes | {b['target_passes']} | {s['target_passes']} |",
         f"| tokens per pass | {b['tokens_per_pass']:.2f} | **{s['tokens_per_pass']:.2f}** |",
-        f"| acceptance α | — | {s['acceptance_rate']:.2f} |",
+        f"| α (accepted ÷ depths tried) | — | {s['position_acceptance']:.2f} |",
         f"| wall time | {b['wall_s']:.2f} s | {s['wall_s']:.2f} s |",
         f"| tokens / s | {b['tokens_per_s']:.1f} | {s['tokens_per_s']:.1f} |",
         f"| time drafting | — | {s['draft_s']:.2f} s |",
@@ -114,8 +114,8 @@ def initial_race() -> dict:
         return {}
     values, _ = race_outcome(base, spec, spec[0].get("drafter", "ngram"))
     values["race_status"] = (
-        "Showing a **recorded real race** (the first example, n-gram drafter, K = 4, greedy, seed 0). "
-        "Press **Race** to run it live on this machine."
+        f"Showing a **recorded real race**: {render.recorded_where(spec)}. "
+        "Press **Race** to run it live on this machine; live numbers on another machine, or a busy one, differ."
     )
     values["prompt"] = base[0].get("prompt") or ""
     return values
