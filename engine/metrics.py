@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from .trace import finish_event, start_event, step_events
 
-__all__ = ["expected_tokens_per_pass", "run_summary", "summarize_steps", "wall_clock_speedup"]
+__all__ = [
+    "batch_throughputs",
+    "expected_tokens_per_pass",
+    "run_summary",
+    "summarize_steps",
+    "wall_clock_speedup",
+]
 
 ALPHA_ONE = 1.0 - 1e-12  # α this close to 1: the series is K + 1 (avoids 0/0)
 
@@ -29,6 +35,46 @@ def expected_tokens_per_pass(alpha: float, k: int) -> float:
 def wall_clock_speedup(alpha: float, k: int, c: float) -> float:
     """E / (K·c + 1), with c = cost of one draft token relative to one target pass."""
     return expected_tokens_per_pass(alpha, k) / (int(k) * float(c) + 1.0)
+
+
+MS_PER_S = 1000.0
+
+
+def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float = 0.0) -> dict:
+    """Throughput with and without speculation at each batch size, computed from measured pass times.
+
+    pass_times: {"batch_sizes": [B...], "k": K, "pass_ms_1": [ms...], "pass_ms_k1": [ms...]} (measured:
+    one target pass over B rows of 1 token, and of K + 1 tokens). Without speculation a pass yields B
+    tokens: B / pass_ms_1. With it, B · E(α, K) tokens per pass that also pays K draft tokens per row:
+    B · E / (pass_ms_k1 + K · draft_ms). The verdict, computed once here and read by every view:
+    ``pays_at`` (batch sizes where speculation is faster) and ``stops_paying_at`` (the first measured B
+    where it is not, or None), with a sentence saying so.
+    """
+    sizes, k = [int(b) for b in pass_times["batch_sizes"]], int(pass_times["k"])
+    e = expected_tokens_per_pass(alpha, k)
+    plain = [b * MS_PER_S / ms for b, ms in zip(sizes, pass_times["pass_ms_1"])]
+    spec = [b * e * MS_PER_S / (ms + k * draft_ms_per_token) for b, ms in zip(sizes, pass_times["pass_ms_k1"])]
+    speedup = [s / p for s, p in zip(spec, plain)]
+    pays_at = [b for b, r in zip(sizes, speedup) if r > 1.0]
+    stops = next((b for b, r in zip(sizes, speedup) if r <= 1.0), None)
+    if stops is None:
+        verdict = "speculation pays at every batch size measured"
+    elif stops == sizes[0]:
+        verdict = "speculation does not pay at any batch size measured"
+    else:
+        verdict = f"speculation stops paying at batch size {stops}"
+    return {
+        **pass_times,
+        "alpha": alpha,
+        "draft_ms_per_token": draft_ms_per_token,
+        "expected_tokens_per_pass": e,
+        "throughput_plain": plain,
+        "throughput_speculative": spec,
+        "speedup": speedup,
+        "pays_at": pays_at,
+        "stops_paying_at": stops,
+        "verdict": verdict,
+    }
 
 
 def _mean(values) -> float | None:

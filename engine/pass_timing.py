@@ -5,7 +5,9 @@ memory-bound and the extra tokens ride almost for free; as B grows the pass
 becomes compute-bound and the extra K tokens per row start to cost real time.
 This module *measures* pass times for B rows x W tokens (W = 1 for plain
 decoding, W = K+1 for verification) on the loaded target; the throughput with
-and without speculation is then *computed* from those times and a measured α.
+and without speculation is then *computed* from those times and a measured α
+(``engine.metrics.batch_throughputs``, torch-free, so a view can recompute it
+for another α or draft cost without measuring again).
 
 B independent sequences share one forward: their tokens are concatenated and a
 block-diagonal mask keeps every row on its own prefix, so the matrix products
@@ -18,10 +20,50 @@ import time
 
 import torch
 
-from .metrics import expected_tokens_per_pass
+from .metrics import batch_throughputs
 from .transformer import Transformer
 
-__all__ = ["measure_pass_ms", "batch_tradeoff"]
+__all__ = ["batch_tradeoff", "measure_pass_ms", "measure_pass_times"]
+
+
+class _PassBench:
+    """One timed cell: a target pass over `batch` rows of `tokens_per_row` new tokens, each row
+    attending to its own cached prefix of `prefix_len` tokens (set up once, timed many times)."""
+
+    def __init__(self, model: Transformer, batch: int, tokens_per_row: int, prefix_len: int):
+        if not 1 <= batch <= 64 or not 1 <= tokens_per_row <= 64:
+            raise ValueError("batch and tokens_per_row must be between 1 and 64")
+        self.model = model
+        vocab = model.cfg.vocab_size
+        gen = torch.Generator().manual_seed(batch * 100 + tokens_per_row)
+        self.prefix_total = batch * prefix_len
+        self.cache = model.new_cache(self.prefix_total + batch * tokens_per_row)
+        # Fill the cache with B independent prefixes (one causal block each).
+        prefix_ids = torch.randint(0, vocab, (self.prefix_total,), generator=gen)
+        prefix_pos = torch.arange(prefix_len).repeat(batch)
+        mask = torch.zeros(self.prefix_total, self.prefix_total, dtype=torch.bool)
+        causal = torch.tril(torch.ones(prefix_len, prefix_len, dtype=torch.bool))
+        for b in range(batch):
+            s = b * prefix_len
+            mask[s : s + prefix_len, s : s + prefix_len] = causal
+        model.forward(prefix_ids, prefix_pos, self.cache, mask=mask, logits_rows=torch.tensor([0]))
+        rows = batch * tokens_per_row
+        self.ids = torch.randint(0, vocab, (rows,), generator=gen)
+        self.pos = (prefix_len + torch.arange(tokens_per_row)).repeat(batch)
+        self.mask = torch.zeros(rows, self.prefix_total + rows, dtype=torch.bool)
+        block = torch.tril(torch.ones(tokens_per_row, tokens_per_row, dtype=torch.bool))
+        for b in range(batch):
+            r = b * tokens_per_row
+            self.mask[r : r + tokens_per_row, b * prefix_len : (b + 1) * prefix_len] = True
+            self.mask[r : r + tokens_per_row, self.prefix_total + r : self.prefix_total + r + tokens_per_row] = block
+        self()  # the first call warms up
+
+    def __call__(self) -> float:
+        """Milliseconds of one pass."""
+        self.cache.length = self.prefix_total
+        t0 = time.perf_counter()
+        self.model.forward(self.ids, self.pos, self.cache, mask=self.mask)
+        return (time.perf_counter() - t0) * 1000.0
 
 
 def measure_pass_ms(
@@ -29,37 +71,44 @@ def measure_pass_ms(
 ) -> float:
     """Median milliseconds of one target pass over `batch` rows of `tokens_per_row` new tokens,
     each row attending to its own cached prefix of `prefix_len` tokens."""
-    if not 1 <= batch <= 64 or not 1 <= tokens_per_row <= 64:
-        raise ValueError("batch and tokens_per_row must be between 1 and 64")
-    vocab = model.cfg.vocab_size
-    gen = torch.Generator().manual_seed(batch * 100 + tokens_per_row)
-    prefix_total = batch * prefix_len
-    cache = model.new_cache(prefix_total + batch * tokens_per_row)
-    # Fill the cache with B independent prefixes (one causal block each).
-    prefix_ids = torch.randint(0, vocab, (prefix_total,), generator=gen)
-    prefix_pos = torch.arange(prefix_len).repeat(batch)
-    mask = torch.zeros(prefix_total, prefix_total, dtype=torch.bool)
-    for b in range(batch):
-        s = b * prefix_len
-        mask[s : s + prefix_len, s : s + prefix_len] = torch.tril(torch.ones(prefix_len, prefix_len, dtype=torch.bool))
-    model.forward(prefix_ids, prefix_pos, cache, mask=mask, logits_rows=torch.tensor([0]))
-    rows = batch * tokens_per_row
-    new_ids = torch.randint(0, vocab, (rows,), generator=gen)
-    new_pos = (prefix_len + torch.arange(tokens_per_row)).repeat(batch)
-    step_mask = torch.zeros(rows, prefix_total + rows, dtype=torch.bool)
-    for b in range(batch):
-        r = b * tokens_per_row
-        step_mask[r : r + tokens_per_row, b * prefix_len : (b + 1) * prefix_len] = True
-        block = torch.tril(torch.ones(tokens_per_row, tokens_per_row, dtype=torch.bool))
-        step_mask[r : r + tokens_per_row, prefix_total + r : prefix_total + r + tokens_per_row] = block
-    times = []
-    for _ in range(repeats + 1):
-        cache.length = prefix_total
-        t0 = time.perf_counter()
-        model.forward(new_ids, new_pos, cache, mask=step_mask)
-        times.append((time.perf_counter() - t0) * 1000.0)
-    times = sorted(times[1:])  # first call warms up
+    bench = _PassBench(model, batch, tokens_per_row, prefix_len)
+    times = sorted(bench() for _ in range(repeats))
     return times[len(times) // 2]
+
+
+def measure_pass_times(
+    model: Transformer, k: int, batch_sizes=(1, 2, 4, 8, 16), prefix_len: int = 64, repeats: int = 5, progress=None
+) -> dict:
+    """Pass times at each batch size for 1 and K+1 tokens per row, measured `repeats` times each.
+
+    The repeats run in rounds over every (B, width) cell, so a slow moment of a shared machine hits
+    all cells alike instead of bending the curve at one B; each cell reports its median and its
+    spread (min, max). Returns {"batch_sizes", "k", "prefix_len", "repeats", "pass_ms_1",
+    "pass_ms_k1", "spread_ms_1", "spread_ms_k1"} (all measured).
+    """
+    sizes = list(batch_sizes)
+    benches = {(b, w): _PassBench(model, b, w, prefix_len) for b in sizes for w in (1, k + 1)}
+    samples: dict[tuple[int, int], list[float]] = {cell: [] for cell in benches}
+    for done in range(repeats):
+        for cell, bench in benches.items():
+            samples[cell].append(bench())
+        if progress is not None:
+            progress(done + 1, repeats)
+
+    def median(cell) -> float:
+        values = sorted(samples[cell])
+        return values[len(values) // 2]
+
+    return {
+        "batch_sizes": sizes,
+        "k": k,
+        "prefix_len": prefix_len,
+        "repeats": repeats,
+        "pass_ms_1": [median((b, 1)) for b in sizes],
+        "pass_ms_k1": [median((b, k + 1)) for b in sizes],
+        "spread_ms_1": [[min(samples[(b, 1)]), max(samples[(b, 1)])] for b in sizes],
+        "spread_ms_k1": [[min(samples[(b, k + 1)]), max(samples[(b, k + 1)])] for b in sizes],
+    }
 
 
 def batch_tradeoff(
@@ -72,25 +121,7 @@ def batch_tradeoff(
     repeats: int = 3,
     progress=None,
 ) -> dict:
-    """Measured pass times at each batch size for 1 and K+1 tokens per row, plus the
-    computed throughputs (tokens/s) with and without speculation at acceptance α."""
-    pass_1, pass_k1 = [], []
-    for i, b in enumerate(batch_sizes):
-        pass_1.append(measure_pass_ms(model, b, 1, prefix_len, repeats))
-        pass_k1.append(measure_pass_ms(model, b, k + 1, prefix_len, repeats))
-        if progress is not None:
-            progress(i + 1, len(batch_sizes))
-    expected = expected_tokens_per_pass(alpha, k)
-    plain = [b * 1000.0 / ms for b, ms in zip(batch_sizes, pass_1)]
-    spec = [b * expected * 1000.0 / (ms + k * draft_ms_per_token) for b, ms in zip(batch_sizes, pass_k1)]
-    return {
-        "batch_sizes": list(batch_sizes),
-        "k": k,
-        "alpha": alpha,
-        "draft_ms_per_token": draft_ms_per_token,
-        "pass_ms_1": pass_1,  # measured
-        "pass_ms_k1": pass_k1,  # measured
-        "expected_tokens_per_pass": expected,  # computed from alpha
-        "throughput_plain": plain,  # computed
-        "throughput_speculative": spec,  # computed
-    }
+    """Measured pass times (``measure_pass_times``) plus the throughputs and verdict computed from
+    them at acceptance α (``metrics.batch_throughputs``)."""
+    measured = measure_pass_times(model, k, batch_sizes, prefix_len, repeats, progress)
+    return batch_throughputs(measured, alpha, draft_ms_per_token)

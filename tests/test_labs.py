@@ -179,8 +179,16 @@ def test_parity_lab_streams_identical_rows_in_float32():
 def test_batch_lab_measures_pass_times_and_computes_throughput():
     from app.labs import batch
 
-    (status, fig, rows), _ = _last(batch.run_batch(3, 0.7, [2, 1], 0.5, 1))
+    (status, fig, rows, measured), _ = _last(batch.run_batch(3, 0.7, [2, 1], 0.5, 1))
     assert [row[0] for row in rows] == [1, 2]
-    assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
+    assert all(float(row[1].split()[0]) > 0 and float(row[2].split()[0]) > 0 for row in rows)
     assert len(fig.data) >= 2 and all(len(t.y) == 2 for t in fig.data)
-    assert "measured on this machine now" in status and "computed" in status
+    assert "measured on this machine" in status and "computed" in status
+    # One verdict: the status and the figure's title say the same thing.
+    verdict = fig.layout.title.text.split(": ", 1)[1]
+    assert verdict in status
+    # Moving α recomputes at once from the same pass times (nothing is measured again).
+    status2, fig2, rows2 = batch.recompute(measured, 3, 0.05, 0.5)
+    assert [r[1] for r in rows2] == [r[1] for r in rows]  # the same measured pass times
+    assert fig2.layout.title.text.split(": ", 1)[1] in status2 and "α = 0.05" in status2
+    assert "Measure" in batch.recompute(measured, 4, 0.7, 0.5)[0]  # a new K needs new pass times

@@ -10,7 +10,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.metrics import expected_tokens_per_pass, run_summary, wall_clock_speedup
+from engine.metrics import batch_throughputs, expected_tokens_per_pass, run_summary, wall_clock_speedup
 from engine.trace import events_of, step_events
 
 from .style import LABEL_BG, NOTE_SIZE, PALETTE, SERIES, apply_layout, fmt_speedup
@@ -250,18 +250,21 @@ def run_speedup_figure(trace, baseline_trace=None) -> go.Figure:
 # ------------------------------------------------------------------------------------------- batch
 
 
-def _read_batch(measurements: dict) -> tuple[list[int], int, float, list[float], list[float], float]:
+def _batch_result(measurements: dict) -> dict:
+    """The engine's batch result (engine.metrics.batch_throughputs: throughputs, speedups, verdict), computed
+    from raw pass times + α when the caller passed only those."""
     try:
-        bs = [int(b) for b in measurements["batch_sizes"]]
-        k = int(measurements["k"])
-        alpha = float(measurements["alpha"])
-        t1 = [float(v) for v in measurements["pass_ms_1"]]
-        tk = [float(v) for v in measurements["pass_ms_k1"]]
+        sizes = [int(b) for b in measurements["batch_sizes"]]
+        n_1, n_k1 = len(measurements["pass_ms_1"]), len(measurements["pass_ms_k1"])
+        measurements["k"], measurements["alpha"]
     except (KeyError, TypeError) as exc:
         raise ValueError(f"batch measurements are incomplete: {exc}") from None
-    if not bs or len(t1) != len(bs) or len(tk) != len(bs):
+    if not sizes or n_1 != len(sizes) or n_k1 != len(sizes):
         raise ValueError("batch_sizes, pass_ms_1 and pass_ms_k1 must be non-empty lists of the same length")
-    return bs, k, alpha, t1, tk, float(measurements.get("draft_ms_per_token") or 0.0)
+    if "verdict" in measurements:
+        return measurements
+    draft_ms = float(measurements.get("draft_ms_per_token") or 0.0)
+    return batch_throughputs(measurements, float(measurements["alpha"]), draft_ms)
 
 
 def _throughput_line(bs, ys, role: str, name: str, colour: str, symbol: str, customdata, hover: str) -> go.Scatter:
@@ -313,13 +316,10 @@ def _add_batch_lines(fig: go.Figure, bs, t1, tk, without, with_spec, ratio, k: i
     fig.add_trace(line)
 
 
-def _batch_verdict(fig: go.Figure, bs: list[int], ratio: list) -> str:
-    """Where speculation stops paying (marked on the plot), in words."""
-    stop = next((b for b, r in zip(bs, ratio) if r is not None and r <= 1.0), None)
-    if stop is None:
-        return "speculation pays at every batch size measured"
-    if stop == bs[0]:
-        return "speculation does not pay at any batch size measured"
+def _mark_stop(fig: go.Figure, stop: int | None, first: int) -> None:
+    """A dashed line where the engine's verdict says speculation stops paying."""
+    if stop is None or stop == first:
+        return
     fig.add_vline(x=stop, line={"color": PALETTE["rejected"], "dash": "dash", "width": 2})
     fig.add_annotation(
         x=stop,
@@ -331,29 +331,30 @@ def _batch_verdict(fig: go.Figure, bs: list[int], ratio: list) -> str:
         yanchor="top",
         font={"color": PALETTE["rejected"]},
     )
-    return f"speculation stops paying at batch size {stop}"
 
 
 def batch_figure(measurements: dict) -> go.Figure:
     """Throughput vs batch size with and without speculation, from measured pass times.
 
-    measurements = {"batch_sizes", "k", "alpha", "pass_ms_1", "pass_ms_k1", "draft_ms_per_token" (optional)}.
-    Without: B / pass_ms_1 · 1000 tok/s. With: B · E(α, K) / (pass_ms_k1 + K · draft_ms) · 1000 tok/s.
+    measurements: engine.metrics.batch_throughputs' result (throughputs, speedups and the verdict, read
+    as they are), or its input {"batch_sizes", "k", "alpha", "pass_ms_1", "pass_ms_k1",
+    "draft_ms_per_token" (optional)}, which is passed through it first.
     """
-    bs, k, alpha, t1, tk, draft_ms = _read_batch(measurements)
-    e = expected_tokens_per_pass(alpha, k)
-    without = [b / t * MS_PER_S if t > 0 else None for b, t in zip(bs, t1)]
-    with_spec = [b * e / (t + k * draft_ms) * MS_PER_S if (t + k * draft_ms) > 0 else None for b, t in zip(bs, tk)]
-    ratio = [(w / o if w is not None and o else None) for w, o in zip(with_spec, without)]
+    r = _batch_result(measurements)
+    bs, k, alpha, e = r["batch_sizes"], int(r["k"]), float(r["alpha"]), r["expected_tokens_per_pass"]
+    draft_ms = float(r.get("draft_ms_per_token") or 0.0)
     fig = go.Figure()
-    _add_batch_lines(fig, bs, t1, tk, without, with_spec, ratio, k, e)
-    title = f"Throughput vs batch size: {_batch_verdict(fig, bs, ratio)}"
+    _add_batch_lines(
+        fig, bs, r["pass_ms_1"], r["pass_ms_k1"], r["throughput_plain"], r["throughput_speculative"], r["speedup"], k, e
+    )
+    _mark_stop(fig, r["stops_paying_at"], bs[0])
+    title = f"Throughput vs batch size: {r['verdict']}"
     subtitle = (
         f"pass times measured, throughput computed · E(α = {alpha:.3f}, K = {k}) = {e:.2f} tokens per pass (theory)"
         + (f" · draft {draft_ms:.2f} ms per token (measured)" if draft_ms else " · drafting cost taken as 0")
         + " · labels: speedup with ÷ without"
     )
-    log = all(b > 0 for b in bs) and len(bs) > 1 and max(bs) / max(min(bs), 1) >= LOG_SPAN
+    log = len(bs) > 1 and max(bs) / max(min(bs), 1) >= LOG_SPAN
     fig.update_xaxes(
         title_text="batch size B (sequences decoded together)",
         type="log" if log else "linear",

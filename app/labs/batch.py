@@ -1,8 +1,11 @@
 """The Batch lab: when does speculation stop paying? Pass times measured now, throughputs computed from them.
 
-engine.pass_timing.batch_tradeoff times one target pass for B sequences with 1 and with K + 1 tokens
-each, and computes the throughputs with and without speculation from those times and α. SpecLens
-decodes one sequence at a time, so batched speculative decoding is computed here, not run.
+engine.pass_timing.measure_pass_times times one target pass for B sequences with 1 and with K + 1 tokens
+each (interleaved repeats, median and spread); engine.metrics.batch_throughputs computes the throughputs
+with and without speculation and the verdict from those times, α and the draft time, once: the title,
+the text and the table all read that one result. Changing α or the draft time recomputes it at once from
+the session's last measurement. SpecLens decodes one sequence at a time, so batched speculative decoding
+is computed here, not run.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import time
 
 import gradio as gr
 
+from engine.metrics import batch_throughputs
 from visuals.lab_figures import batch_lab_figure
 
 from ..engine_access import get_engine, is_loaded
@@ -21,11 +25,11 @@ from ..wiring import PRIVATE, run_stop_buttons
 from .last_run import last_run
 from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
 
-__all__ = ["build_tab", "batch_refresh", "run_batch"]
+__all__ = ["build_tab", "batch_refresh", "recompute", "run_batch"]
 
 # The run"s inputs (controls, in the order the run takes them) and outputs (results).
 INPUTS = ["k", "alpha", "sizes", "draft_ms", "repeats"]
-OUTPUTS = ["status", "plot", "table"]
+OUTPUTS = ["status", "plot", "table", "measured"]
 
 MAX_K = 8
 MAX_ALPHA = 0.99
@@ -33,11 +37,11 @@ MAX_BATCH = 64
 MAX_REPEATS = 10
 MAX_DRAFT_MS = 10_000
 BATCH_SIZES = [1, 2, 4, 8, 16]
-START = {"k": 4, "alpha": 0.7, "draft_ms": 0, "repeats": 3}  # what the tab shows before the session has a run
+START = {"k": 4, "alpha": 0.7, "draft_ms": 0, "repeats": 5}  # what the tab shows before the session has a run
 BATCH_HEADERS = [
     "batch B",
-    "pass, 1 token per row (ms, measured)",
-    "pass, K+1 tokens per row (ms, measured)",
+    "pass, 1 token per row (ms, measured: median [min–max])",
+    "pass, K+1 tokens per row (ms, measured: median [min–max])",
     "without speculation (tok/s, computed)",
     "with speculation (tok/s, computed)",
     "speedup (computed)",
@@ -76,37 +80,65 @@ def batch_refresh(trace, seen: str, k, alpha, draft_ms):
     )
 
 
+def _ms(median: float, spread: list[float] | None) -> str:
+    return f"{median:.1f}" + (f" [{spread[0]:.1f}–{spread[1]:.1f}]" if spread else "")
+
+
 def _batch_table(result: dict) -> list[list]:
     rows = []
-    for b, t1, tk, plain, spec in zip(
+    spreads_1 = result.get("spread_ms_1") or [None] * len(result["batch_sizes"])
+    spreads_k1 = result.get("spread_ms_k1") or [None] * len(result["batch_sizes"])
+    for b, t1, s1, tk, sk, plain, spec, ratio in zip(
         result["batch_sizes"],
         result["pass_ms_1"],
+        spreads_1,
         result["pass_ms_k1"],
+        spreads_k1,
         result["throughput_plain"],
         result["throughput_speculative"],
+        result["speedup"],
     ):
-        rows.append([b, f"{t1:.1f}", f"{tk:.1f}", f"{plain:.1f}", f"{spec:.1f}", f"{spec / plain:.2f}×"])
+        rows.append([b, _ms(t1, s1), _ms(tk, sk), f"{plain:.1f}", f"{spec:.1f}", f"{ratio:.2f}×"])
     return rows
 
 
-def _status(engine, result: dict, seconds: float) -> str:
-    """What was measured, what computed, and where speculation pays."""
+def _status(result: dict) -> str:
+    """What was measured (where, when), what computed, and the verdict, all from one result."""
     sizes, k, alpha = result["batch_sizes"], result["k"], result["alpha"]
-    ratio = [s / p for s, p in zip(result["throughput_speculative"], result["throughput_plain"])]
-    pays = [b for b, r in zip(sizes, ratio) if r > 1.0]
     cost = result["pass_ms_k1"][0] / result["pass_ms_1"][0]
-    if pays and len(pays) < len(sizes):
-        where = f"pays at B = {', '.join(map(str, pays))} and not beyond."
-    else:
-        where = "pays at every batch size measured." if pays else "does not pay at any batch size measured."
     return (
-        f"**Pass times are measured on this machine now ({seconds:.0f} s, "
-        f"{engine.target.name}, {str(engine.target.model.dtype).removeprefix('torch.')}); throughputs are computed "
-        f"from them and α.** At B = {sizes[0]} a pass over K + 1 = {k + 1} tokens per row costs {cost:.2f}× a pass "
-        f"over one token; with E = {result['expected_tokens_per_pass']:.2f} tokens per pass (α = {alpha:.2f}, "
-        f"K = {k}) speculation {where}"
-        " The engine decodes one sequence at a time: batched speculative decoding is computed here, not run."
+        f"**Pass times measured on this machine ({result['measured_on']}; median of {result['repeats']} "
+        f"interleaved repeats, spread in the table); throughputs computed from them, α and the draft time.** "
+        f"At B = {sizes[0]} a pass over K + 1 = {k + 1} tokens per row costs {cost:.2f}× a pass over one token; "
+        f"with E = {result['expected_tokens_per_pass']:.2f} tokens per pass (α = {alpha:.2f}, K = {k}): "
+        f"**{result['verdict']}**. Move α or the draft time to recompute at once from these pass times. The engine "
+        "decodes one sequence at a time: batched speculative decoding is computed here, not run."
     )
+
+
+def _outputs(result: dict):
+    """(status, figure, table) of one computed result: the verdict is computed once, read by all three."""
+    return _status(result), guarded("Batch measurements", batch_lab_figure, result), _batch_table(result)
+
+
+def recompute(measured: dict | None, k, alpha, draft_ms):
+    """α, K or the draft time changed: the throughputs again from the session's last pass times."""
+    if not measured:
+        return gr.skip(), gr.skip(), gr.skip()
+    try:
+        k = number(k, "K", 1, MAX_K, integer=True)
+        alpha = number(alpha, "α", 0.0, MAX_ALPHA)
+        draft_ms = number(0 if draft_ms in (None, "") else draft_ms, "Draft time per token (ms)", 0, MAX_DRAFT_MS)
+    except gr.Error:
+        return gr.skip(), gr.skip(), gr.skip()
+    if k != measured["k"]:
+        return (
+            f"K is now {k}, but the pass times were measured with K + 1 = {measured['k'] + 1} tokens per row: "
+            "press **Measure** to time passes of the new width.",
+            gr.skip(),
+            gr.skip(),
+        )
+    return _outputs({**measured, **batch_throughputs(measured, alpha, draft_ms)})
 
 
 def _checked(k, alpha, batch_sizes, draft_ms, repeats) -> dict:
@@ -136,33 +168,33 @@ def run_batch(
     run_id: str = "",
     progress=gr.Progress(),  # noqa: B008
 ):
-    """Generator: measure pass times per batch size, then compute throughputs; yields (status, figure, rows)."""
-    from engine.pass_timing import batch_tradeoff
+    """Generator: measure pass times per batch size, then compute throughputs; yields (status, figure, rows,
+    the measured pass times kept for instant recomputation)."""
+    from engine.host import cpu_name
+    from engine.pass_timing import measure_pass_times
 
     lab = _checked(k, alpha, batch_sizes, draft_ms, repeats)
     if not is_loaded("default", "auto"):
-        yield "Loading the model (once per server)…", gr.skip(), gr.skip()
+        yield "Loading the model (once per server)…", gr.skip(), gr.skip(), gr.skip()
     engine = get_engine("default", "auto", progress)
-    yield f"Measuring pass times for B = {', '.join(map(str, lab['sizes']))}…", gr.skip(), gr.skip()
-    tracker = ProgressReporter(progress, "batch sizes measured", run_id, interval=0.0)
+    sizes = ", ".join(map(str, lab["sizes"]))
+    yield f"Measuring pass times for B = {sizes} ({lab['repeats']} rounds)…", gr.skip(), gr.skip(), gr.skip()
+    tracker = ProgressReporter(progress, "rounds measured", run_id, interval=0.0)
     started = time.perf_counter()
     try:
-        result = batch_tradeoff(
-            engine.target.model,
-            lab["k"],
-            lab["alpha"],
-            lab["sizes"],
-            lab["draft_ms"],
-            repeats=lab["repeats"],
-            progress=tracker,
+        measured = measure_pass_times(
+            engine.target.model, lab["k"], lab["sizes"], repeats=lab["repeats"], progress=tracker
         )
     except Stopped:
-        yield "■ Stopped. Nothing is computed from an unfinished measurement.", gr.skip(), gr.skip()
+        yield "■ Stopped. Nothing is computed from an unfinished measurement.", gr.skip(), gr.skip(), gr.skip()
         return
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    fig = guarded("Batch measurements", batch_lab_figure, result)
-    yield _status(engine, result, time.perf_counter() - started), fig, _batch_table(result)
+    dtype = str(engine.target.model.dtype).removeprefix("torch.")
+    measured["measured_on"] = (
+        f"{engine.target.name}, {dtype}, {cpu_name()}, {time.perf_counter() - started:.0f} s, {time.strftime('%H:%M')}"
+    )
+    yield *_outputs({**measured, **batch_throughputs(measured, lab["alpha"], lab["draft_ms"])}), measured
 
 
 def _controls() -> dict:
@@ -186,7 +218,9 @@ def _controls() -> dict:
         minimum=0,
         elem_id="bl-draft",
     )
-    c["repeats"] = gr.Slider(1, 5, START["repeats"], step=1, label="Repeats per measurement (median)")
+    c["repeats"] = gr.Slider(
+        1, MAX_REPEATS, START["repeats"], step=1, label="Rounds of measurements (median, spread shown)"
+    )
     c["note"] = gr.Markdown(
         "No Playground run in this session yet: α = 0.7 and free drafting are assumed.", elem_id="bl-note"
     )
@@ -200,7 +234,7 @@ def _results() -> dict:
     plot = results_plot("Throughput vs batch size", "Press Measure to time real target passes", "bl-plot")
     widths = ["10%", "18%", "18%", "18%", "18%", "18%"]
     table = results_table([["—"] * 5 + ["not run"]], BATCH_HEADERS, "Measured and computed", widths, "bl-table")
-    return {"status": status, "plot": plot, "table": table}
+    return {"status": status, "plot": plot, "table": table, "measured": gr.State(None)}
 
 
 def build_tab(trace_state: gr.State) -> gr.Tab:
@@ -210,6 +244,15 @@ def build_tab(trace_state: gr.State) -> gr.Tab:
         seen = gr.State("")  # the run whose K, α and draft time were last taken
         wire_lab_run(c, out, run_batch, INPUTS, OUTPUTS)
         refreshed = [c["k"], c["alpha"], c["draft_ms"]]
+        for control in (c["k"], c["alpha"], c["draft_ms"]):
+            control.change(
+                recompute,
+                [out["measured"], c["k"], c["alpha"], c["draft_ms"]],
+                [out["status"], out["plot"], out["table"]],
+                show_progress="hidden",
+                concurrency_limit=None,
+                **PRIVATE,
+            )
         c["tab"].select(
             batch_refresh,
             [trace_state, seen, *refreshed],
