@@ -83,6 +83,12 @@ def _top_token(step: dict, parent: int) -> list | None:
     return None
 
 
+GREEDY_HINT = (
+    "  *Greedy (temperature 0): a draft is accepted iff it is the target's top token, so no random test u "
+    "is drawn. Set temperature > 0 to see the test u < p/q.*"
+)
+
+
 def _greedy_decision(pp: _Pass, node: dict, token: str, verdict: str) -> str:
     if node.get("decision") == "accepted":
         return f"- Drafted {token}; it is the target's top token here → {verdict}."
@@ -129,7 +135,7 @@ def _decisions(pp: _Pass) -> list[str]:
     """One line per tried draft, shallowest first."""
     tried = [n for n in pp.step.get("nodes") or [] if n.get("decision") in ("accepted", "rejected")]
     tried.sort(key=lambda n: (n.get("depth") or 0, n.get("id") or 0))
-    lines = []
+    lines = [GREEDY_HINT] if pp.greedy and tried else []
     for node in tried:
         token = md_token(node.get("text"))
         verdict = f"{MARKS[node['decision']]} **{node['decision']}**"

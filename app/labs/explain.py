@@ -39,12 +39,19 @@ EXPLAIN_TEXT = r"""
 A cheap **drafter** proposes a token $x$ drawn from its distribution $q$. The **target** computes its own
 distribution $p$ at the same position, in the same pass that checks the draft. Then:
 
-1. **Accept** the draft with probability $\min\left(1, \dfrac{p(x)}{q(x)}\right)$.
-2. **Otherwise** reject it and draw a replacement from the **residual**
+1. **Accept** the draft with probability $\min\left(1, \dfrac{p(x)}{q(x)}\right)$ (in practice: draw
+   $u$ uniform in $[0, 1)$ and accept when $u < p(x)/q(x)$), then check the next draft the same way.
+2. At the **first rejection** stop checking: the rejected draft and every draft after it are dropped, and
+   the pass emits a **replacement** drawn from the **residual**
    $r = \operatorname{norm}\big(\max(0,\ p - q)\big)$, that is
    $r(y) = \dfrac{\max(0,\ p(y) - q(y))}{\sum_z \max(0,\ p(z) - q(z))}$.
-3. After the last accepted draft the pass adds one more token drawn from $p$ (the **bonus**), so a pass
-   always emits at least one token.
+3. If **every** draft was accepted, the pass still has the target's $p$ at the position after the last
+   draft, and emits one token drawn from it: the **bonus**.
+
+So every pass emits its accepted drafts plus **exactly one** token of the target's own: a replacement
+after a rejection, *or* a bonus after full acceptance, never both. That is why a pass always emits at
+least one token. (Greedy decoding, temperature 0, is the limit case: a draft is accepted exactly when it
+is the target's most likely token, and the replacement or bonus is that token; no $u$ is drawn.)
 
 ### Why the output follows $p$ exactly
 A token $x$ comes out either as an accepted draft or as a resampled token:
@@ -61,7 +68,8 @@ sample. A bad drafter only costs speed (more rejections).
 
 ### How many tokens per target pass
 If each of the $K$ drafts in a chain is accepted with probability $\alpha$ (independently), a pass emits the
-accepted prefix plus one more token:
+accepted prefix plus its one extra token (replacement or bonus). SpecLens measures $\alpha$ as accepted
+drafts ÷ drafts tried (a draft after the first rejection is never tried):
 
 $$E[\text{tokens per pass}] \;=\; 1 + \alpha + \alpha^2 + \dots + \alpha^K \;=\; \frac{1 - \alpha^{K+1}}{1 - \alpha}.$$
 

@@ -1,7 +1,7 @@
 """The Race tab: plain decoding against speculative decoding, the same prompt and seed, both measured.
 
 The baseline runs first, then the speculative decoder, one after the other on the same machine;
-the speedup shown is measured wall-clock time. With greedy decoding both texts must be identical:
+the speedup shown is measured wall-clock time. With greedy decoding both texts should be identical:
 when they are not, the parity check (engine.parity) says whether a numerical near-tie or a real
 mismatch caused it.
 """
@@ -288,7 +288,7 @@ def _controls(c: dict, init: dict, examples: list[dict]) -> None:
         )
         c["race_k"] = gr.Slider(1, 16, value=4, step=1, label="K (draft depth)", info="Tokens guessed ahead per pass.")
         c["race_temp"] = gr.Slider(
-            0, 2, value=0.0, step=0.05, label="Temperature", info="0 = greedy: both outputs must then be identical."
+            0, 2, value=0.0, step=0.05, label="Temperature", info="0 = greedy: both outputs are then identical, up to rare numerical near-ties (see the Parity lab)."
         )
         c["race_seed"] = gr.Number(value=0, precision=0, label="Seed", info="Shared by both runs; -1 = random.")
         c["race_max"] = gr.Slider(1, MAX_NEW_TOKENS, value=64, step=1, label="Max new tokens", elem_id="race-max")
