@@ -288,7 +288,12 @@ def _controls(c: dict, init: dict, examples: list[dict]) -> None:
         )
         c["race_k"] = gr.Slider(1, 16, value=4, step=1, label="K (draft depth)", info="Tokens guessed ahead per pass.")
         c["race_temp"] = gr.Slider(
-            0, 2, value=0.0, step=0.05, label="Temperature", info="0 = greedy: both outputs are then identical, up to rare numerical near-ties (see the Parity lab)."
+            0,
+            2,
+            value=0.0,
+            step=0.05,
+            label="Temperature",
+            info="0 = greedy: both outputs are then identical, up to rare numerical near-ties (see the Parity lab).",
         )
         c["race_seed"] = gr.Number(value=0, precision=0, label="Seed", info="Shared by both runs; -1 = random.")
         c["race_max"] = gr.Slider(1, MAX_NEW_TOKENS, value=64, step=1, label="Max new tokens", elem_id="race-max")
