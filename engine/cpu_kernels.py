@@ -57,6 +57,7 @@ import platform
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,9 @@ _OFF = ("0", "off", "false", "no", "none", "torch")
 _AUTO = ("", "1", "auto", "on", "true", "yes")
 
 _state: dict = {}  # "lib", "variant", "why", "reason"; "built": {name: lib or error string}
+# The first choice builds and self-checks; the app's preload thread and a request may
+# both get there first (the build's temporary file is named by pid, shared by threads).
+_LOCK = threading.RLock()
 
 
 def _is_x86() -> bool:
@@ -327,6 +331,11 @@ def _self_check(lib) -> None:
 def load_variant(name: str) -> ctypes.CDLL:
     """Variant `name`'s library, built and self-checked (once per process); raises
     RuntimeError saying why where it cannot run here."""
+    with _LOCK:
+        return _load_variant(name)
+
+
+def _load_variant(name: str) -> ctypes.CDLL:
     built = _state.setdefault("built", {})
     if name not in built:
         why = variant_support(name)
@@ -372,10 +381,13 @@ def _choose() -> tuple[str | None, ctypes.CDLL | None, str]:
 def _load() -> None:
     if "why" in _state:
         return
-    name, lib, reason = _choose()
-    _state.update(variant=name, reason=reason, why=None if lib is not None else reason)
-    if lib is not None:
-        _state["lib"] = lib
+    with _LOCK:
+        if "why" in _state:
+            return
+        name, lib, reason = _choose()
+        if lib is not None:
+            _state["lib"] = lib
+        _state.update(variant=name, reason=reason, why=None if lib is not None else reason)
 
 
 def available() -> bool:
