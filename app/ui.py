@@ -11,7 +11,7 @@ import gradio as gr
 
 from .config import CSS_PATH
 from .labs import batch, explain, lossless, parity
-from .tabs import api, playground, race, step_through
+from .tabs import api, playground, race, step_through, workshop
 
 __all__ = ["SpecLensBlocks", "build_demo", "theme"]
 
@@ -21,7 +21,8 @@ A big **target** model normally produces one token per forward pass. With **spec
 **drafter** guesses the next few tokens and the target checks all the guesses in **one** pass, keeping the ones it
 agrees with. Every kept token follows the target's own distribution exactly, so the text is what the target
 would have written anyway; it just needs fewer target passes. Everything below runs a real model on this
-machine (SmolLM2-135M-Instruct); nothing is simulated.
+machine (SmolLM2-135M-Instruct); nothing is simulated. New here? The **Workshop** tab is a guided class in
+eight one-click steps.
 """
 
 
@@ -56,8 +57,9 @@ def build_demo() -> gr.Blocks:
     first = {"play": playground.initial_values(), "steps": step_through.initial_values(), "race": race.initial_race()}
     with SpecLensBlocks(title="SpecLens: speculative decoding, made visible") as demo:
         gr.Markdown(INTRO, elem_classes=["sl-intro"])
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             play = playground.layout(first["play"])
+            class_steps = workshop.layout()
             steps = step_through.layout(first["steps"])
             races = race.layout(first["race"])
             explain.build_tab(play["trace"])
@@ -68,5 +70,6 @@ def build_demo() -> gr.Blocks:
         playground.wire(play, steps["st_source"])
         step_through.wire(steps, play["trace"])
         race.wire(races)
+        workshop.wire(class_steps, tabs, play)
         api.register()
     return demo

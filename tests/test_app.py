@@ -227,3 +227,21 @@ def test_preload_loads_in_the_background_and_survives_a_bad_model(caplog):
         preload("not-a-real/model-id").join(timeout=60)  # logged, never raised
     assert "preloading not-a-real/model-id failed" in caplog.text
     assert not REGISTRY.is_loaded("not-a-real/model-id")
+
+
+def test_workshop_steps_load_their_settings_and_open_existing_tabs():
+    """Every Workshop step opens a tab that exists and fills the Playground from a real example or its own
+    settings; the examples it names exist (a step that silently loaded nothing would strand a class)."""
+    import app as app_module
+    from app.tabs import workshop
+
+    demo = app_module.build_demo()
+    tab_ids = {block.id for block in demo.blocks.values() if type(block).__name__ == "Tab"}
+    for index, step in enumerate(workshop.STEPS):
+        selected, *values = workshop.load_step(index)
+        assert selected.selected in tab_ids, step["title"]
+        filled = dict(zip(workshop.PLAYGROUND_KEYS, values))
+        if "example" in step or "settings" in step:
+            assert isinstance(filled["drafter"], str) and isinstance(filled["k"], int), step["title"]
+            assert isinstance(filled["temperature"], float), step["title"]
+        assert step["question"].endswith("?") and step["answer"]
