@@ -176,6 +176,8 @@ class VllmServer:
     process: subprocess.Popen | None = field(default=None, init=False, repr=False)
     log_path: Path | None = field(default=None, init=False)
     start_s: float | None = field(default=None, init=False)  # seconds from launch to ready
+    _launched: float = field(default=0.0, init=False, repr=False)
+    _ready: bool = field(default=False, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -240,6 +242,12 @@ class VllmServer:
         return env
 
     def start(self) -> VllmServer:
+        """Launch and wait until the server answers (VllmServerError with its log tail if not)."""
+        return self.launch().wait()
+
+    def launch(self) -> VllmServer:
+        """Start the process without waiting (start several, then wait() for each: their
+        start-ups overlap)."""
         reason = why_unavailable()
         if reason:
             raise VllmServerError(reason)
@@ -252,7 +260,7 @@ class VllmServer:
         logs.mkdir(parents=True, exist_ok=True)
         self.log_path = logs / f"server-{self.port}.log"
         cmd = self.command()
-        t0 = time.monotonic()
+        self._launched = time.monotonic()
         with open(self.log_path, "w") as log:
             log.write(" ".join(cmd) + "\n")
             log.flush()
@@ -267,12 +275,20 @@ class VllmServer:
                 start_new_session=True,
                 cwd=str(ROOT),
             )
+        return self
+
+    def wait(self) -> VllmServer:
+        if self.process is None:
+            raise VllmServerError("the server was not launched")
+        if self._ready:
+            return self
         try:
-            self._wait_ready(t0)
+            self._wait_ready(self._launched)
         except BaseException:
             self.stop()
             raise
-        self.start_s = time.monotonic() - t0
+        self.start_s = time.monotonic() - self._launched
+        self._ready = True
         return self
 
     def _wait_ready(self, t0: float) -> None:
@@ -299,6 +315,7 @@ class VllmServer:
     def stop(self) -> None:
         """SIGTERM to the server's process group, then SIGKILL to whatever is left of it."""
         proc, self.process = self.process, None
+        self._ready = False
         if proc is None:
             return
         pgid = proc.pid  # start_new_session: the group id is the leader's pid
@@ -327,7 +344,9 @@ class VllmServer:
         if self.model is None:
             generation = json.loads((default_model_folder() / "generation_config.json").read_text())
             eos = list(generation["eos_token_id"])
-        return VllmBackend(self.url, model=self.served_name, speculative_config=self.speculative or None, eos_ids=eos)
+        return VllmBackend(
+            self.url, model=self.served_name, speculative_config=self.speculative or None, eos_ids=eos, dtype=self.dtype
+        )
 
     def __enter__(self) -> VllmServer:
         return self.start()

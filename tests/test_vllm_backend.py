@@ -1,10 +1,10 @@
 """The vLLM backend against a real vLLM server (the CPU build in .venv-vllm), no mocks.
 
-One n-gram speculative server and one plain server are started once (module-scoped
-fixtures: every vLLM test is in this module, so that is once per session, and the
-servers, ~4 GB each, are stopped by process group as soon as the module is done
-rather than idling through the rest of the suite) on free loopback ports
-(engine/vllm_server.py). The traces must agree with what vLLM itself reports: its text, its token
+One n-gram speculative server and one plain server are launched together, once
+(module-scoped fixtures: every vLLM test is in this module, so that is once per
+session, and the servers, ~4 GB each, are stopped by process group as soon as the
+module is done rather than idling through the rest of the suite), on free loopback
+ports (engine/vllm_server.py). The traces must agree with what vLLM itself reports: its text, its token
 count, its per-request per-step counts and its Prometheus counters; greedy output
 with speculation must equal the output without; the batch measurement must return
 both modes for every B. The step-placement rule and the refusal of unreachable
@@ -41,42 +41,49 @@ PARITY_PROMPTS = [
 NEAR_TIE = 0.01
 
 
-def _server(speculative):
-    from engine.vllm_server import VllmServer, VllmServerError, why_unavailable
+@pytest.fixture(scope="module")
+def vllm_servers():
+    """Both servers, launched together (their start-ups overlap), stopped by process group."""
+    from engine.vllm_server import VllmServer, VllmServerError, ngram_config, why_unavailable
 
     reason = why_unavailable()
     if reason:
         if os.environ.get("CI") and platform.system() == "Linux" and platform.machine() == "x86_64":
             pytest.fail(f"vLLM must run on an x86_64 Linux CI host: {reason}")
         pytest.skip(reason)
-    server = VllmServer(speculative=speculative, dtype="float32")
+    servers = {"ngram": VllmServer(speculative=ngram_config(K)), "baseline": VllmServer(speculative=None)}
     try:
-        server.start()
+        for server in servers.values():
+            server.launch()
+        yield servers
     except VllmServerError as exc:
         pytest.fail(f"vLLM did not start: {exc}")
-    label = f"ngram K={K}" if speculative else "no speculation"
-    print(f"\nvLLM server ({label}) ready in {server.start_s:.0f} s")
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def _ready(server):
+    from engine.vllm_server import VllmServerError
+
+    if server.start_s is None:
+        try:
+            server.wait()
+        except VllmServerError as exc:
+            pytest.fail(f"vLLM did not start: {exc}")
+        label = f"ngram K={K}" if server.speculative else "no speculation"
+        print(f"\nvLLM server ({label}) ready {server.start_s:.0f} s after launch")
     return server
 
 
 @pytest.fixture(scope="module")
-def ngram_server():
-    from engine.vllm_server import ngram_config
-
-    server = _server(ngram_config(K))
-    try:
-        yield server
-    finally:
-        server.stop()
+def ngram_server(vllm_servers):
+    return _ready(vllm_servers["ngram"])
 
 
 @pytest.fixture(scope="module")
-def baseline_server():
-    server = _server(None)
-    try:
-        yield server
-    finally:
-        server.stop()
+def baseline_server(vllm_servers):
+    return _ready(vllm_servers["baseline"])
 
 
 # --------------------------------------------------------------- no server needed
@@ -290,6 +297,7 @@ def test_bench_runs_a_vllm_row_beside_the_engine(ngram_server, real_engine, monk
         max_new_tokens=16,
         workloads_subset=["code-edit"],
         events_check=False,
+        pass_costs=False,
         progress=False,
     )
     rows = {r["system"]: r for r in report["rows"]}
