@@ -210,6 +210,8 @@ def _vllm_backends(engine, systems: list[str], notes: list[str]) -> tuple[dict, 
                 notes.append(f"{name}: the server at {ENV_URL} ({info['model']}, K = {info['k']})")
         except VllmError as exc:
             notes.append(f"vllm: {ENV_URL} unusable ({exc})")
+    dtype = str(engine.target.dtype).removeprefix("torch.")
+    launched = {}
     for name in wanted:
         if name in backends:
             continue
@@ -217,18 +219,18 @@ def _vllm_backends(engine, systems: list[str], notes: list[str]) -> tuple[dict, 
         if reason:
             notes.append(f"{name}: not run ({reason})")
             continue
-        dtype = str(engine.target.dtype).removeprefix("torch.")
         spec = ngram_config(k) if name == "vllm-ngram" else None
-        server = VllmServer(speculative=spec, dtype=dtype)
+        launched[name] = VllmServer(speculative=spec, dtype=dtype).launch()  # start-ups overlap
+    for name, server in launched.items():
+        servers.append(server)
         try:
-            server.start()
+            server.wait()
         except VllmServerError as exc:
             notes.append(f"{name}: vLLM did not start ({str(exc).splitlines()[0]})")
             continue
-        servers.append(server)
         backends[name] = server.backend()
         notes.append(
-            f"{name}: vLLM {backends[name].info()['version']} on this CPU, {dtype}, started in {server.start_s:.0f} s"
+            f"{name}: vLLM {backends[name].info()['version']} on this CPU, {dtype}, ready {server.start_s:.0f} s after launch"
         )
     for name in wanted:
         if name not in backends:
@@ -245,11 +247,13 @@ def run_bench(
     progress=True,
     workloads_subset=None,
     events_check: bool = True,
+    pass_costs: bool = True,
 ) -> dict:
     """Run the suite; returns the report (see format_table and docs in README).
 
     events_check adds a short measurement of the event stream's cost: engine-int8
-    on the chat prompts with payload off, reduced and full, interleaved.
+    on the chat prompts with payload off, reduced and full, interleaved; pass_costs
+    the target's pass time by tokens in the pass.
     """
     workloads = json.loads((ROOT / "assets" / "workloads.json").read_text())
     if workloads_subset:
@@ -290,7 +294,20 @@ def run_bench(
     vllm, servers = _vllm_backends(engine, systems, notes) if any(s in VLLM_SYSTEMS for s in systems) else ({}, [])
     try:
         return _run_suite(
-            engine, workloads, systems, hf, llm, vllm, repeats, max_new, quick, machine, notes, progress, events_check
+            engine,
+            workloads,
+            systems,
+            hf,
+            llm,
+            vllm,
+            repeats,
+            max_new,
+            quick,
+            machine,
+            notes,
+            progress,
+            events_check,
+            pass_costs,
         )
     finally:
         for server in servers:
@@ -298,7 +315,20 @@ def run_bench(
 
 
 def _run_suite(
-    engine, workloads, systems, hf, llm, vllm, repeats, max_new, quick, machine, notes, progress, events_check
+    engine,
+    workloads,
+    systems,
+    hf,
+    llm,
+    vllm,
+    repeats,
+    max_new,
+    quick,
+    machine,
+    notes,
+    progress,
+    events_check,
+    pass_costs,
 ):
     # Warm up every system once (first calls allocate and build the int8 drafter).
     warm = engine.encode_prompt("Hello")
@@ -329,7 +359,7 @@ def _run_suite(
     if progress:
         print(file=sys.stderr)
     events = _event_overhead(engine, workloads, repeats, max_new, progress) if events_check else None
-    pass_cost = pass_cost_ms(engine)
+    pass_cost = pass_cost_ms(engine) if pass_costs else None
     rows = []
     for (name, workload), runs in samples.items():
         tokens = sum(r["new_tokens"] for r in runs)
