@@ -194,6 +194,7 @@ class VllmBackend:
         model: str | None = None,
         speculative_config: dict | None = None,
         eos_ids: list[int] | None = None,
+        dtype: str | None = None,
         tokenizer=None,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         read_timeout_s: float = READ_TIMEOUT_S,
@@ -213,6 +214,7 @@ class VllmBackend:
         self._model = model
         self._given_spec = speculative_config
         self._eos_ids = list(eos_ids) if eos_ids is not None else None
+        self._dtype = dtype
         self._tokenizer = tokenizer
         self._info: dict | None = None
         self._texts: dict[int, str] = {}
@@ -272,12 +274,14 @@ class VllmBackend:
         speculative = None if counters is None else "num_drafts" in counters
         k = len(counters["per_pos"]) if counters and counters.get("per_pos") else None
         config, source = self._given_spec, "given by the caller" if self._given_spec else None
-        if config is None:
+        dtype = self._dtype
+        if config is None or dtype is None:
             status_i, server_info = self._request("GET", "/server_info?config_format=json", timeout=10.0)
-            if status_i == 200 and isinstance(server_info, dict):
-                vllm_config = server_info.get("vllm_config") or {}
-                config = vllm_config.get("speculative_config") if isinstance(vllm_config, dict) else None
-                source = "/server_info"
+            vllm_config = server_info.get("vllm_config") if status_i == 200 and isinstance(server_info, dict) else None
+            if isinstance(vllm_config, dict):  # dev mode only (VLLM_SERVER_DEV_MODE=1)
+                if config is None:
+                    config, source = vllm_config.get("speculative_config"), "/server_info"
+                dtype = dtype or (vllm_config.get("model_config") or {}).get("dtype")
         if config is None and speculative:
             source = "not reported (vLLM shows its speculative config only in dev mode, /server_info)"
         if speculative is None and config is not None:
@@ -287,6 +291,7 @@ class VllmBackend:
             "model": entry.get("id"),
             "root": entry.get("root"),
             "max_model_len": entry.get("max_model_len"),
+            "dtype": str(dtype).removeprefix("torch.") if dtype else None,
             "version": version.get("version") if status == 200 and isinstance(version, dict) else None,
             "speculative": speculative,
             "k": k or (config or {}).get("num_speculative_tokens"),
@@ -297,8 +302,8 @@ class VllmBackend:
         return self._info
 
     def spec_counters(self) -> dict | None:
-        """vLLM's speculative counters from /metrics; {} when the server has none (it does not
-        speculate), None when /metrics is unavailable."""
+        """vLLM's speculative counters from /metrics (parse_prometheus); only ``per_pos`` (empty)
+        when the server has none (it does not speculate), None when /metrics is unavailable."""
         status, text = self._request("GET", "/metrics", timeout=10.0)
         if status != 200 or not isinstance(text, str):
             return None
@@ -463,6 +468,8 @@ class VllmBackend:
             raise ValueError(f"payload must be 'full', 'reduced' or 'off', got {pay!r}")
         if not 1 <= max_new <= 4096:
             raise ValueError(f"max_new_tokens must be between 1 and 4096, got {max_new}")
+        if temp < 0 or not 0 < topp <= 1 or topk < 0:
+            raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temp}, {topp}, {topk}")
         info = self.info()
         # full: p and its top alternatives; reduced: p of each emitted token; off: no logprobs.
         top_n = {"full": TOP_N, "reduced": 0, "off": None}[pay]
@@ -480,7 +487,7 @@ class VllmBackend:
             "mode": "speculative" if spec else "baseline",
             "target": info["model"],
             "drafter": ("vllm:" + (method or "unknown")) if spec else "none",
-            "dtype": ((info.get("speculative_config") or {}).get("dtype")) or None,
+            "dtype": info.get("dtype"),  # None when the server does not say
             "device": "vllm",
             "backend": "vllm",
             "settings": {
@@ -501,7 +508,7 @@ class VllmBackend:
             "tree": {"steps": k, "topk": 1, "budget": k},
             "eos_ids": sorted(self._eos_ids or []),
             "max_new_tokens": max_new,
-            "server": {key: info[key] for key in ("url", "model", "root", "max_model_len", "version")},
+            "server": {key: info[key] for key in ("url", "model", "root", "max_model_len", "dtype", "version")},
             "speculative_config": info.get("speculative_config"),
             "speculative_config_source": info.get("speculative_config_source"),
             "absent": list(ABSENT) + ([] if self._eos_ids is not None else ["eos ids (vLLM does not report them)"]),

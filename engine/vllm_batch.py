@@ -34,14 +34,15 @@ def _backend(server) -> VllmBackend:
     return server if isinstance(server, VllmBackend) else VllmBackend(server)
 
 
-def _run_batch(backend: VllmBackend, prompts: list, batch: int, kw: dict) -> dict:
-    """B requests released at once; their results and the batch's wall time."""
+def _run_batch(backend: VllmBackend, prompts: list, batch: int, kw: dict, offset: int = 0) -> dict:
+    """B requests released at once (request i gets prompts[(offset + i) % len]); their results
+    and the batch's wall time."""
     results: list[dict | None] = [None] * batch
     errors: list[BaseException] = []
     gate = threading.Barrier(batch + 1)
 
     def worker(i: int) -> None:
-        prompt = prompts[i % len(prompts)]
+        prompt = prompts[(offset + i) % len(prompts)]
         gate.wait()
         try:
             res = backend.complete(prompt, **kw)
@@ -91,7 +92,8 @@ def measure_batches(
     """Measured throughput and latency per batch size, for each server.
 
     servers: {mode name: URL or VllmBackend}, e.g. {"baseline": url, "speculative": url}.
-    prompts: texts (chat) or token-id lists; request i of a batch gets prompts[i % len].
+    prompts: texts (chat) or token-id lists; request i of a batch in repeat r gets
+    prompts[(r * B + i) % len]. max_num_seqs of the server must allow B at once.
     Returns {"batch_sizes", "modes": {name: {"url", "speculative", "k", "tok_per_s",
     "tok_per_s_min", "tok_per_s_max", "latency_s" (median per-request latency),
     "latency_min_s", "latency_max_s", "acceptance_rate"}}, "speedup" (speculative ÷
@@ -124,7 +126,9 @@ def measure_batches(
         for batch in sizes:
             order = names[rep % len(names) :] + names[: rep % len(names)]
             for name in order:
-                runs.setdefault((name, batch), []).append(_run_batch(backends[name], prompts, batch, kw))
+                # Each repeat starts further along the prompts (small B still sees all of them);
+                # both modes get the same prompts at the same (B, repeat).
+                runs.setdefault((name, batch), []).append(_run_batch(backends[name], prompts, batch, kw, rep * batch))
                 done += 1
                 if progress is not None:
                     progress(done, total, name, batch)
