@@ -6,7 +6,9 @@
     product bit for bit; the packed layout unpacks to the original weight.
 (c) Attention matches torch's SDPA, causal and under tree masks.
 (d) A whole bf16 pass is shape-invariant: a K-token pass equals K one-token
-    passes, and a tree node equals the chain of its path, bit for bit.
+    passes, and a tree node equals the chain of its path, bit for bit; with Q4_1
+    matrices too, and the default model runs on its GGUF's own Q4_1 blocks with
+    greedy speculation equal to its baseline.
 (e) A bf16 model uses the kernels when they are available, and without them
     (disabled, a compiler that fails, a CPU without a variant, ARM64) falls back
     to torch and says why; SPECLENS_CPU_KERNEL forces a variant; dtype=auto
@@ -126,7 +128,7 @@ def test_int8_linear_runs_on_the_kernel(variant):
     assert rel < 0.03, float(rel)
 
 
-@pytest.mark.parametrize("kind", ["bf16", "bf16-float32-normed", "int8"])
+@pytest.mark.parametrize("kind", ["bf16", "bf16-float32-normed", "int8", "q4_1"])
 def test_rows_are_shape_invariant(variant, kind):
     """Each row of a 16-row product equals its one-row product bit for bit, whatever tiles
     the rows and outputs land in (3072 outputs: full tiles, 200: tails on each thread).
@@ -138,6 +140,9 @@ def test_rows_are_shape_invariant(variant, kind):
         if kind == "int8":
             q = torch.randint(-127, 128, (n_out, 576), generator=torch.Generator().manual_seed(7), dtype=torch.int8)
             packed = cpu_kernels.PackedInt8Weight(q, torch.rand(n_out) / 64, b)
+            x = x.float() * torch.linspace(0.1, 30.0, 576)
+        elif kind == "q4_1":
+            packed = cpu_kernels.PackedQ4_1Weight(*_q4_1_fields(n_out, 576, seed=7), b)
             x = x.float() * torch.linspace(0.1, 30.0, 576)
         else:
             packed = cpu_kernels.PackedWeight(w, b)
@@ -211,8 +216,9 @@ def test_without_the_kernel_bf16_falls_back_and_says_why(tmp_path, env, why):
     assert "WHY:" in done.stdout and why in done.stdout, done.stdout
 
 
+@pytest.mark.parametrize("weights", ["bf16", "q4_1"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
-def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type):
+def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type, weights):
     """With our kernels every piece of a bf16 pass on the CPU treats each token on its
     own (products, fused RMSNorm, rotary, attention), so the logits of a token do not
     depend on how many tokens share the pass: a K-token verification pass agrees bit
@@ -225,6 +231,13 @@ def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type):
     hf = tiny_hf_model(model_type, 512, 0)
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
     assert model.act_dtype == torch.float32
+    if weights == "q4_1":  # every layer matrix quantised to Q4_1 blocks (Qwen2's q/k/v bias kept)
+        from engine.transformer import Q4Linear
+
+        for layer in model.layers:
+            for attr in ("qkv", "o", "gate_up", "down"):
+                lin = getattr(layer, attr)
+                setattr(layer, attr, Q4Linear(cpu_kernels.PackedQ4_1Weight.quantize(lin.weight, lin.bias)))
     prompt = list(range(3, 40))
     cache = model.new_cache(64)
     model.prefill(prompt, cache)
@@ -381,3 +394,120 @@ def test_speclens_cpu_kernel_forces_a_variant(setting):
     assert f"VARIANT: {want} True torch.bfloat16" in done.stdout, done.stdout
     if setting == "bogus":
         assert "'bogus' is not 0, auto or a variant" in done.stdout, done.stdout
+
+
+# ---- Q4_1 weights ------------------------------------------------------------------
+
+
+def _q4_1_fields(n_out, n_in, seed):
+    """Random Q4_1 blocks: q uint8 [out, in] in 0..15, d and m float16 [out, in / 32]."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = n_in // 32
+    q = torch.randint(0, 16, (n_out, n_in), generator=gen, dtype=torch.uint8)
+    return (
+        q,
+        (torch.rand(n_out, groups, generator=gen) / 8).half(),
+        (torch.randn(n_out, groups, generator=gen) / 4).half(),
+    )
+
+
+def _dequantised(q, d, m):
+    return d.float().repeat_interleave(32, 1) * q.float() + m.float().repeat_interleave(32, 1)
+
+
+@pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (5, 1536, 40), (16, 64, 200), (3, 96, 7)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_q4_1_matches_the_dequantised_product(variant, rows, n_in, n_out, with_bias):
+    """x is quantised per row to int16 (|xq| <= 32767) and the nibbles multiply it exactly:
+    the result is the float32 product with the GGUF's weights, w = d q + m, up to that
+    rounding (against outlier channels), far below bf16's."""
+    q, d, m = _q4_1_fields(n_out, n_in, seed=1)
+    b = _bf16(n_out, seed=3) if with_bias else None
+    packed = cpu_kernels.PackedQ4_1Weight(q, d, m, b)
+    w = _dequantised(q, d, m)
+    assert torch.equal(packed.unpack(), w)
+    x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.1, 30.0, n_in)
+    ref = x.double() @ w.double().t() + (b.double() if b is not None else 0)
+    got = cpu_kernels.skinny_gemm_q4_1(x, packed)
+    assert got.dtype == torch.float32 and got.shape == (rows, n_out)
+    assert float((got.double() - ref).abs().max() / ref.abs().max()) < 1e-4
+    as_bf16 = cpu_kernels.skinny_gemm_q4_1(x.to(torch.bfloat16), packed, out_dtype=torch.float32)
+    assert torch.equal(as_bf16, cpu_kernels.skinny_gemm_q4_1(x.to(torch.bfloat16).float(), packed))
+    g = torch.rand(n_in, generator=torch.Generator().manual_seed(4)) + 0.5
+    normed = cpu_kernels.skinny_gemm_q4_1(x, packed, norm_weight=g, eps=1e-5)
+    ref = torch.nn.functional.rms_norm(x, (n_in,), g, 1e-5).double() @ w.double().t()
+    ref += b.double() if b is not None else 0
+    assert float((normed.double() - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+def test_q4_1_quantises_any_matrix_and_pads_odd_widths(variant):
+    w = torch.randn(50, 70, generator=torch.Generator().manual_seed(5))  # 70 inputs: padded to 96
+    packed = cpu_kernels.PackedQ4_1Weight.quantize(w)
+    deq = packed.unpack()
+    blocks = torch.nn.functional.pad(w, (0, 26)).view(50, 3, 32)  # zero padding takes part in min / max
+    step = ((blocks.amax(2) - blocks.amin(2)) / 15).repeat_interleave(32, 1)[:, :70]
+    assert deq.shape == (50, 70) and bool(((deq - w).abs() <= 0.51 * step + 2e-3).all())  # half a step
+    x = torch.randn(3, 70, generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(cpu_kernels.skinny_gemm_q4_1(x, packed), x @ deq.t(), rtol=1e-3, atol=1e-3)
+
+
+def test_q4_1_gives_the_same_bits_on_every_variant():
+    """Integer sums, one quantisation of x and the same float ops per lane: the Q4_1
+    product does not depend on the instruction set (bf16's does, in the last bits)."""
+    names = [n for n in cpu_kernels.VARIANTS if cpu_kernels.variant_support(n) is None]
+    if len(names) < 2:
+        pytest.skip(f"fewer than two variants here ({names})")
+    packed = cpu_kernels.PackedQ4_1Weight(*_q4_1_fields(960, 576, seed=8), _bf16(960, seed=9))
+    x = torch.randn(7, 576, generator=torch.Generator().manual_seed(10)) * torch.linspace(0.1, 30.0, 576)
+    outs = []
+    for name in names:
+        with cpu_kernels.using(name):
+            outs.append(cpu_kernels.skinny_gemm_q4_1(x, packed))
+    assert all(torch.equal(outs[0], other) for other in outs[1:]), names
+
+
+def test_q4_1_reads_gguf_blocks():
+    """GGUF's Q4_1 block: d, m float16, then qs[16] with weight j in the low nibble of
+    qs[j] and weight j + 16 in the high one."""
+    q, d, m = _q4_1_fields(40, 96, seed=11)
+    qb = q.view(40, 3, 32)
+    raw = torch.cat(
+        [d.view(torch.uint8).view(40, 3, 2), m.view(torch.uint8).view(40, 3, 2), qb[..., :16] | (qb[..., 16:] << 4)],
+        dim=2,
+    ).reshape(40, 60)
+    from_raw = cpu_kernels.PackedQ4_1Weight.from_gguf_blocks(raw, 96)
+    assert torch.equal(from_raw.data, cpu_kernels.PackedQ4_1Weight(q, d, m).data)
+    assert torch.equal(cpu_kernels.dequantize_q4_1(raw, 96), _dequantised(q, d, m))
+
+
+def test_default_model_runs_on_its_gguf_q4_1_blocks():
+    """The default model's 210 Q4_1 matrices (fused into 120) run from the GGUF's own
+    blocks: 123 MB of weights per pass instead of 269 MB in bf16, and greedy speculation
+    reproduces the baseline bit for bit (the kernel is row-invariant; the n-gram drafter
+    needs no weights, the tiny-model tests above cover its pass shapes)."""
+    if not cpu_kernels.available():
+        pytest.skip(f"no CPU kernel here: {cpu_kernels.why_unavailable()}")
+    from engine import SpeculativeEngine
+    from engine.models import ModelLoadError, default_gguf_path
+    from engine.parity import parity_check
+    from engine.transformer import Q4Linear, use_gguf_q4_1
+
+    try:
+        path = default_gguf_path()
+    except ModelLoadError as exc:
+        pytest.skip(str(exc))
+    engine = SpeculativeEngine.load(dtype="bfloat16")
+    model = engine.target.model
+    bf16_bytes = model.weight_bytes
+    prompt = "Rename x to total: x = 1\nprint(x)"
+    before = engine.next_token_distribution(prompt)
+    assert use_gguf_q4_1(model, path) == 4 * model.cfg.num_layers
+    assert isinstance(model.layers[0].qkv, Q4Linear) and model.weight_bytes < 0.5 * bf16_bytes
+    after = engine.next_token_distribution(prompt)
+    assert int(torch.as_tensor(before).argmax()) == int(torch.as_tensor(after).argmax())
+    # the int8 drafter is built from the Q4_1 matrices (dequantised, then int8 per channel)
+    results = list(parity_check(engine, [prompt], "int8", max_new_tokens=12, k=3))
+    assert all(r["identical"] for r in results), results
+    with pytest.raises(ValueError, match="do not match"):  # another model's file would be refused
+        model.layers[0].qkv = Linear(model.layers[0].qkv.weight.flip(0).to(torch.bfloat16))
+        use_gguf_q4_1(model, path)

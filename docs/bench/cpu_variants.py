@@ -4,7 +4,8 @@
 
 For every SPECLENS_CPU_KERNEL setting (a variant, or 0 = torch's ops) a child
 process loads the default model (bf16 on a kernel; float32 with 0, what an
-AVX2-only CPU ran before the avx2 variant existed) and measures
+AVX2-only CPU ran before the avx2 variant existed; ``<variant>+q4_1``: bf16 with
+every layer matrix on the GGUF's own Q4_1 blocks, ``use_gguf_q4_1``) and measures
 
 * ms of one target pass over W new tokens after a 128-token prefix (W = 1 is
   plain decoding, W = K + 1 verifies K drafts), median of 15 after a warm-up;
@@ -47,8 +48,13 @@ def child(dtype: str, max_new: int, threads: int | None, clock_name: str) -> dic
     from engine import cpu_kernels
     from engine.decode import GenerationSettings, SpeculativeEngine
 
-    engine = SpeculativeEngine.load(dtype=dtype)
+    engine = SpeculativeEngine.load(dtype="bfloat16" if dtype == "q4_1" else dtype)
     model = engine.target.model
+    if dtype == "q4_1":
+        from engine.models import default_gguf_path
+        from engine.transformer import use_gguf_q4_1
+
+        use_gguf_q4_1(model, default_gguf_path())
     gen = torch.Generator().manual_seed(0)
     cache = model.new_cache(256)
     model.prefill(torch.randint(0, model.cfg.vocab_size, (128,), generator=gen).tolist(), cache)
@@ -82,7 +88,7 @@ def child(dtype: str, max_new: int, threads: int | None, clock_name: str) -> dic
         speed[name] = {"tok_s": new / wall, "tokens_per_pass": new / target_passes}
     return {
         "variant": cpu_kernels.variant(),
-        "dtype": str(model.dtype),
+        "dtype": "q4_1" if dtype == "q4_1" else str(model.dtype),
         "pass_ms": passes,
         "speed": speed,
         "threads": torch.get_num_threads(),
@@ -107,8 +113,9 @@ def main() -> None:
     runs: dict[str, list[dict]] = {s: [] for s in settings}
     for _ in range(args.rounds):
         for setting in settings:
-            env = {**os.environ, "SPECLENS_CPU_KERNEL": setting}
-            dtype = "float32" if setting == "0" else "bfloat16"
+            kernel, _, weights = setting.partition("+")
+            env = {**os.environ, "SPECLENS_CPU_KERNEL": kernel}
+            dtype = weights or ("float32" if kernel == "0" else "bfloat16")
             cmd = [sys.executable, __file__, "--child", dtype, "--max-new-tokens", str(args.max_new_tokens)]
             cmd += ["--clock", args.clock] + (["--threads", str(args.threads)] if args.threads else [])
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)

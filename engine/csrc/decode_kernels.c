@@ -61,25 +61,93 @@
 
 #define LANES 16 /* outputs per packed block */
 
-/* The two kinds of weights share one tiled loop; the ISA header says what a line
- * of W does for each (KIND = bf16 or i8):
- *   xel_KIND            element of the kernel's x rows (bf16/float32 for bf16, int16 for i8)
+/* The three kinds of weights share one tiled loop; the ISA header says what a line
+ * of W does for each (KIND = bf16, i8 or q4):
+ *   xel_KIND            element of the kernel's x rows (bf16/float32 for bf16, int16 for i8,
+ *                       float32 for q4)
  *   xload_KIND(row, p)  input pair p of a row, broadcast
- *   wload_KIND(line)    a line of W, loaded (and widened)
+ *   wload_KIND(line)    a line of W, loaded (and widened); q4: q4_line, see below
  *   acc_KIND            a vector of accumulators; ACC_VECS of them hold a block's 16 outputs
  *   dot_KIND(acc, x, w) acc[l] += W[l][2p] x[2p] + W[l][2p + 1] x[2p + 1], acc updated in place
  *   acc_to_blk_KIND     the accumulators as 16 float32 (int8: times the row's scale sx)
  * (Accumulators are plain arrays of vectors, not structs: GCC kept an array of
  * structs in memory, spilling every accumulator once per input pair.)
- */
+ *
+ * Q4_1 (the GGUF's kind: blocks of 32 weights along the input, w = d q + m with q
+ * in 0..15 and float16 d, m) is packed per 16-output block and 32-input group as
+ * Q4_BLOCK bytes: d[16] and m[16] float16, then 8 chunks of 32 bytes, chunk c byte
+ * [l][e] = q[l][2c + e] | q[l][2c + 16 + e] << 4 (the low nibbles are input pairs
+ * 0-7 of the group, the high ones pairs 8-15), so wp is [out/16, in/32, 320 bytes]:
+ * 0.625 bytes per weight against bf16's 2. The rows of x are quantised to int16 as
+ * for int8 weights (here |xq| <= 32767: a group's sum stays below 15 * 32767 * 32 <
+ * 2^24), each line's nibbles are zero-extended to int16 in registers (q4_pair) and
+ * multiplied exactly (dot_i8); per group, y += s * d * sx + m * sum(x) (q4_fold):
+ * sum_i (d q_i + m) x_i with q_i x_i summed exactly. Dequantising every line to
+ * float32 instead (two FMAs per line for d q + m, two conversions) made one-row
+ * passes compute bound: 8.5 ms per sweep of the layers (66 MB) against bf16's 7.7
+ * ms for 212 MB, one thread. */
 typedef int16_t xel_i8;
+typedef int16_t xel_q4;
+typedef xv_i8 xv_q4;
+typedef acc_f32 acc_q4;
+#define xload_q4 xload_i8
+#define acc_zero_q4 acc_zero_f32
+#define acc_to_blk_q4 acc_to_blk_f32
 #define W_ELEM_bf16 uint16_t
 #define W_ELEM_i8 int8_t
+#define Q4_GROUP 32                               /* inputs per Q4_1 block */
+#define Q4_BLOCK (2 * LANES * 2 + LANES * Q4_GROUP / 2) /* bytes per 16 outputs x 32 inputs: 320 */
 
-/* Accumulate x rows [t0, t0 + NT) against output blocks [ob, ob + NB), then store
- * y = acc (* sx[t]) (* scale) (+ b), float32 or rounded to bf16. A macro stamps one
- * function per (KIND, NB, NT) so that the loops unroll and the accumulators stay
- * in registers. */
+/* The per-tile loops: accumulate x rows [t0, t0 + NT) against output blocks [ob, ob + NB). */
+#define PAIR_LOOP(KIND, NB, NT)                                                                                 \
+    const int64_t pairs = in / 2;                                                                               \
+    const W_ELEM_##KIND *w = (const W_ELEM_##KIND *)wp;                                                         \
+    for (int64_t p = 0; p < pairs; p++) {                                                                       \
+        xv_##KIND xv[NT];                                                                                       \
+        _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_##KIND(xr[j], p);                   \
+        _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
+            const wv_##KIND wv = wload_##KIND(w + ((ob + g) * pairs + p) * 2 * LANES);                          \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) dot_##KIND(acc[g][j], xv[j], wv);             \
+        }                                                                                                       \
+    }
+/* Q4_1: per 32-input group, exact int32 sums over pairs 0-15 in order (pair p is
+ * chunk p % 8, low nibbles for p < 8), folded into the float accumulators with the
+ * blocks' scales. sx is per row [sx, sum of x over group 0, 1, ...] (groups + 1). */
+#define Q4_LOOP(KIND, NB, NT)                                                                                   \
+    const int64_t groups = in / Q4_GROUP;                                                                       \
+    const uint8_t *w = (const uint8_t *)wp;                                                                     \
+    const float *info[NT];                                                                                      \
+    _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) info[j] = sx + (t0 + j) * (groups + 1);               \
+    for (int64_t gi = 0; gi < groups; gi++) {                                                                   \
+        const uint8_t *blocks[NB];                                                                              \
+        acc_i8 s[NB][NT][ACC_VECS];                                                                             \
+        _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
+            blocks[g] = w + ((ob + g) * groups + gi) * Q4_BLOCK;                                                \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
+                _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++) s[g][j][h] = acc_zero_i8();          \
+        }                                                                                                       \
+        _Pragma("GCC unroll 2") for (int high = 0; high < 2; high++) {                                         \
+            for (int c = 0; c < 8; c++) {                                                                       \
+                const int64_t p = gi * (Q4_GROUP / 2) + high * 8 + c;                                           \
+                xv_q4 xv[NT];                                                                                   \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_q4(xr[j], p);               \
+                _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                         \
+                    const wv_i8 wv = q4_pair(blocks[g] + 4 * LANES + 32 * c, high);                             \
+                    _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) dot_i8(s[g][j], xv[j], wv);           \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                                   \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
+                q4_fold(acc[g][j], s[g][j], blocks[g], info[j][0], info[j][1 + gi]);                            \
+    }
+#define LOOP_bf16 PAIR_LOOP
+#define LOOP_i8 PAIR_LOOP
+#define LOOP_q4 Q4_LOOP
+
+/* One tile: the kind's loop, then y = acc (* sx[t]) (* scale) (+ b), float32 or
+ * rounded to bf16. A macro stamps one function per (KIND, NB, NT) so that the loops
+ * unroll and the accumulators stay in registers. */
 #define DEFINE_TILE(KIND, NB, NT) DEFINE_TILE_(KIND, NB, NT)
 #define TILE(KIND, NB, NT) TILE_(KIND, NB, NT)
 #define TILE_(KIND, NB, NT) tile_##KIND##_##NB##x##NT
@@ -87,22 +155,13 @@ typedef int16_t xel_i8;
     static void TILE_(KIND, NB, NT)(const void *x, const float *sx, const void *wp, const float *scale,         \
                                     const uint16_t *b, void *y, int y_f32, int64_t in, int64_t out, int64_t ob, \
                                     int64_t t0) {                                                               \
-        const int64_t pairs = in / 2;                                                                           \
-        const W_ELEM_##KIND *w = (const W_ELEM_##KIND *)wp;                                                     \
         acc_##KIND acc[NB][NT][ACC_VECS];                                                                       \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                                   \
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
                 _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++) acc[g][j][h] = acc_zero_##KIND();    \
         const xel_##KIND *xr[NT];                                                                               \
         _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xr[j] = (const xel_##KIND *)x + (t0 + j) * in;    \
-        for (int64_t p = 0; p < pairs; p++) {                                                                   \
-            xv_##KIND xv[NT];                                                                                   \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_##KIND(xr[j], p);               \
-            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                             \
-                const wv_##KIND wv = wload_##KIND(w + ((ob + g) * pairs + p) * 2 * LANES);                      \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) dot_##KIND(acc[g][j], xv[j], wv);         \
-            }                                                                                                   \
-        }                                                                                                       \
+        LOOP_##KIND(KIND, NB, NT)                                                                               \
         for (int g = 0; g < NB; g++) {                                                                          \
             const blk bias = b ? blk_load_bf16(b + (ob + g) * LANES) : blk_zero();                             \
             for (int j = 0; j < NT; j++) {                                                                      \
@@ -115,37 +174,25 @@ typedef int16_t xel_i8;
         }                                                                                                       \
     }
 
-#if T_TILE < 1 || T_TILE > 4
-#error "T_TILE (rows per tile) must be 1-4: the tile functions below go up to 4"
-#endif
 #define TILE_ARGS x, sx, wp, scale, b, y, y_f32, in, out
+/* The tiles of NBT blocks x 1-4 rows (rows per tile, TT, at most 4). */
+#define DEFINE_TILES(KIND, NBT)                                                                                 \
+    DEFINE_TILE(KIND, NBT, 1) DEFINE_TILE(KIND, NBT, 2) DEFINE_TILE(KIND, NBT, 3) DEFINE_TILE(KIND, NBT, 4)
 
-#if NB_TILE > 1 /* the 1-block tiles double as the tails */
-#define DEFINE_WIDE_TILES(KIND)                                                                                 \
-    DEFINE_TILE(KIND, NB_TILE, 1) DEFINE_TILE(KIND, NB_TILE, 2) DEFINE_TILE(KIND, NB_TILE, 3)                  \
-        DEFINE_TILE(KIND, NB_TILE, 4)
-#else
-#define DEFINE_WIDE_TILES(KIND)
-#endif
-
-/* Every tile of output blocks [ob, ob + nb) (nb == NB_TILE, or a shorter tail) for
- * every row of x, and the threaded driver over all output blocks. */
-#define DEFINE_KIND(KIND)                                                                                       \
-    DEFINE_TILE(KIND, 1, 1)                                                                                     \
-    DEFINE_TILE(KIND, 1, 2)                                                                                     \
-    DEFINE_TILE(KIND, 1, 3)                                                                                     \
-    DEFINE_TILE(KIND, 1, 4)                                                                                     \
-    DEFINE_WIDE_TILES(KIND)                                                                                     \
+/* Every tile of output blocks [ob, ob + nb) (nb == NBT, or a shorter tail: 1-block
+ * tiles) for every row of x, and the threaded driver over all output blocks. */
+#define DEFINE_DRIVER(KIND, NBT, TT) DEFINE_DRIVER_(KIND, NBT, TT)
+#define DEFINE_DRIVER_(KIND, NBT, TT)                                                                           \
     static void tiles_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b, \
                              void *y, int y_f32, int64_t in, int64_t out, int64_t rows, int64_t ob, int64_t nb) { \
-        for (int64_t t0 = 0; t0 < rows; t0 += T_TILE) {                                                         \
-            int64_t nt = rows - t0 < T_TILE ? rows - t0 : T_TILE;                                               \
-            if (nb == NB_TILE) {                                                                                \
+        for (int64_t t0 = 0; t0 < rows; t0 += TT) {                                                             \
+            int64_t nt = rows - t0 < TT ? rows - t0 : TT;                                                       \
+            if (nb == NBT) {                                                                                    \
                 switch (nt) {                                                                                   \
-                case 1: TILE(KIND, NB_TILE, 1)(TILE_ARGS, ob, t0); break;                                       \
-                case 2: TILE(KIND, NB_TILE, 2)(TILE_ARGS, ob, t0); break;                                       \
-                case 3: TILE(KIND, NB_TILE, 3)(TILE_ARGS, ob, t0); break;                                       \
-                default: TILE(KIND, NB_TILE, 4)(TILE_ARGS, ob, t0); break;                                      \
+                case 1: TILE(KIND, NBT, 1)(TILE_ARGS, ob, t0); break;                                           \
+                case 2: TILE(KIND, NBT, 2)(TILE_ARGS, ob, t0); break;                                           \
+                case 3: TILE(KIND, NBT, 3)(TILE_ARGS, ob, t0); break;                                           \
+                default: TILE(KIND, NBT, 4)(TILE_ARGS, ob, t0); break;                                          \
                 }                                                                                               \
             } else {                                                                                            \
                 for (int64_t g = 0; g < nb; g++) {                                                              \
@@ -169,15 +216,29 @@ typedef int16_t xel_i8;
             /* One row (plain decoding, drafting) streams one block at a time: measured    \
              * faster, most for int8 (7.5-10 ms -> 5.1-5.6 ms per sweep, one thread). The    \
              * tile shape never changes a sum's order, only which sums run together. */      \
-            const int64_t nb = rows == 1 ? 1 : NB_TILE;                                                         \
+            const int64_t nb = rows == 1 ? 1 : NBT;                                                             \
             int64_t ob = begin;                                                                                 \
             for (; ob + nb <= end; ob += nb) tiles_##KIND(TILE_ARGS, rows, ob, nb);                             \
             if (ob < end) tiles_##KIND(TILE_ARGS, rows, ob, end - ob);                                          \
         }                                                                                                       \
     }
 
-DEFINE_KIND(bf16)
-DEFINE_KIND(i8)
+#if T_TILE < 1 || T_TILE > 4 || Q4_T_TILE < 1 || Q4_T_TILE > 4
+#error "rows per tile must be 1-4: the tile functions go up to 4"
+#endif
+DEFINE_TILES(bf16, 1)
+DEFINE_TILES(i8, 1)
+DEFINE_TILES(q4, 1)
+#if NB_TILE > 1 /* the 1-block tiles double as the tails */
+DEFINE_TILES(bf16, NB_TILE)
+DEFINE_TILES(i8, NB_TILE)
+#endif
+#if Q4_NB_TILE > 1
+DEFINE_TILES(q4, Q4_NB_TILE)
+#endif
+DEFINE_DRIVER(bf16, NB_TILE, T_TILE)
+DEFINE_DRIVER(i8, NB_TILE, T_TILE)
+DEFINE_DRIVER(q4, Q4_NB_TILE, Q4_T_TILE)
 
 /* RMSNorm of one float32 row into `dst` (float32, may be x): dst = x / sqrt(mean(x^2) + eps) * g.
  * The sum of squares runs in VL lanes, then a fixed reduction, then the scalar tail:
@@ -248,17 +309,13 @@ void skinny_gemm_bf16(const void *x, int x_f32, const uint16_t *wp, const uint16
  * in = 1536: 11008, 13.4 bits), far finer than the 8-bit activations that made
  * per-tensor int8 drafts useless. y = sx * sum(xq * q) * scale[o] (+ b). */
 
-/* y = (x Q^T) * scale (+ b), Q packed int8 [out/16, in/2, 16, 2], scale float32 [out].
- * x float32 (x_f32) or bf16 [rows, in], RMS-normalised first when norm_w != NULL. */
-void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *scale, const uint16_t *b, void *y,
-                       int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
-    int16_t small[4096];
-    float small_sx[64];
-    int16_t *xq = rows * in <= 4096 ? small : malloc(sizeof(int16_t) * rows * in);
-    float *sx = rows <= 64 ? small_sx : malloc(sizeof(float) * rows);
-    if (!xq || !sx) abort();
-    double limit = 2147483647.0 / (127.0 * (double)in);
-    const float xmax = (float)(limit < 32767.0 ? (double)(int64_t)limit : 32767.0);
+/* Rows of x [rows, in] (float32 when x_f32, else bf16; RMS-normalised first when
+ * norm_w != NULL) quantised per row to int16: x ~= sx[t] * xq[t], |xq| <= xmax, to
+ * nearest even. With sums != NULL, also each row's float32 sums over groups of
+ * Q4_GROUP inputs, in order: sums[t * (groups + 1) + 1 + g], after sx[t] at
+ * sums[t * (groups + 1)] (the Q4_1 product's per-row record). */
+static void quantise_rows(const void *x, int x_f32, const float *norm_w, float eps, int64_t rows, int64_t in,
+                          float xmax, int16_t *xq, float *sx, float *sums) {
     float row[in];
     for (int64_t t = 0; t < rows; t++) {
         for (int64_t i = 0; i < in; i++)
@@ -281,10 +338,52 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
             float r = nearbyintf(row[i] * inv);
             dst[i] = (int16_t)(r > xmax ? xmax : (r < -xmax ? -xmax : r));
         }
+        if (sums) {
+            const int64_t groups = in / Q4_GROUP;
+            float *info = sums + t * (groups + 1);
+            info[0] = s;
+            for (int64_t g = 0; g < groups; g++) {
+                float total = 0.0f; /* sequential: the same order on every variant */
+                for (int64_t k = 0; k < Q4_GROUP; k++) total += row[g * Q4_GROUP + k];
+                info[1 + g] = total;
+            }
+        }
     }
+}
+
+/* y = (x Q^T) * scale (+ b), Q packed int8 [out/16, in/2, 16, 2], scale float32 [out].
+ * x float32 (x_f32) or bf16 [rows, in], RMS-normalised first when norm_w != NULL. */
+void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *scale, const uint16_t *b, void *y,
+                       int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
+    int16_t small[4096];
+    float small_sx[64];
+    int16_t *xq = rows * in <= 4096 ? small : malloc(sizeof(int16_t) * rows * in);
+    float *sx = rows <= 64 ? small_sx : malloc(sizeof(float) * rows);
+    if (!xq || !sx) abort();
+    const double limit = 2147483647.0 / (127.0 * (double)in);
+    const float xmax = (float)(limit < 32767.0 ? (double)(int64_t)limit : 32767.0);
+    quantise_rows(x, x_f32, norm_w, eps, rows, in, xmax, xq, sx, NULL);
     run_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out);
     if (xq != small) free(xq);
     if (sx != small_sx) free(sx);
+}
+
+/* y = x W^T (+ b), W Q4_1 packed [out/16, in/32, 320 bytes] (see Q4_BLOCK; in a
+ * multiple of 32), b bf16 [out] or NULL. x float32 (x_f32) or bf16 [rows, in], RMS-
+ * normalised first when norm_w != NULL; y float32 or bf16. */
+void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_t *b, void *y, int y_f32,
+                      int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
+    int16_t small[4096];
+    float small_info[1024];
+    const int64_t record = in / Q4_GROUP + 1;
+    int16_t *xq = rows * in <= 4096 ? small : malloc(sizeof(int16_t) * rows * in);
+    float *info = rows * record <= 1024 ? small_info : malloc(sizeof(float) * rows * record);
+    if (!xq || !info) abort();
+    float sx[rows];
+    quantise_rows(x, x_f32, norm_w, eps, rows, in, 32767.0f, xq, sx, info);
+    run_q4(xq, info, wp, NULL, b, y, y_f32, rows, in, out);
+    if (xq != small) free(xq);
+    if (info != small_info) free(info);
 }
 
 /* ---- attention of a few new tokens over the cache --------------------------------

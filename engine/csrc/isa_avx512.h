@@ -10,6 +10,9 @@
  *     the top half of a float32: the even input is the pair shifted left by 16, the
  *     odd one the pair with its low half cleared) and multiplied by two FMAs; int8
  *     on vpmaddwd + vpaddd (what vpdpwssd fuses), exact int32 sums either way.
+ * All three run Q4_1 weights as integers: the nibbles zero-extended to int16 and
+ * multiplied by the int16 rows like int8 weights, the float16 scales applied once
+ * per 32-input group (q4_fold).
  */
 #include <immintrin.h>
 
@@ -22,6 +25,12 @@
 #endif
 #ifndef T_TILE
 #define T_TILE 4 /* rows per tile */
+#endif
+#ifndef Q4_NB_TILE
+#define Q4_NB_TILE 4 /* Q4_1 tiles: 16 int32 group sums + 16 float accumulators */
+#endif
+#ifndef Q4_T_TILE
+#define Q4_T_TILE 4
 #endif
 #define ATTN_CHAINS 2  /* independent output accumulators in attention (even/odd keys) */
 #define ACC_VECS 1     /* vectors per 16-output accumulator */
@@ -120,6 +129,25 @@ static inline void blk_store(void *y, blk v, int y_f32) {
         _mm256_storeu_si256((void *)y, to_bf16(v));
 }
 
+/* ---- float32 weights x float32 rows: the widened bf16 pairs and the dequantised
+ * Q4_1 pairs both end here. One line = W[16 outputs][2 inputs] as two vectors. */
+typedef struct {
+    __m512 even, odd; /* x[2p], x[2p + 1] broadcast */
+} xv_f32;
+typedef struct {
+    __m512 even, odd; /* W[l][2p], W[l][2p + 1] for l in 0-15 */
+} wv_f32;
+typedef __m512 acc_f32;
+static inline xv_f32 xload_f32(const float *row, int64_t p) {
+    return (xv_f32){_mm512_set1_ps(row[2 * p]), _mm512_set1_ps(row[2 * p + 1])};
+}
+#define acc_zero_f32() _mm512_setzero_ps()
+/* acc[l] += W[l][2p + 1] x[2p + 1], then += W[l][2p] x[2p] (vdpbf16ps's order) */
+static inline void dot_f32(acc_f32 *acc, xv_f32 x, wv_f32 w) {
+    acc[0] = _mm512_fmadd_ps(w.even, x.even, _mm512_fmadd_ps(w.odd, x.odd, acc[0]));
+}
+#define acc_to_blk_f32(acc, sx) ((void)(sx), (acc)[0])
+
 /* ---- the bf16 product: one 64-byte line = W[16 outputs][2 inputs] ----------------- */
 #ifdef __AVX512BF16__
 #define X_ROWS_BF16 1 /* x rows are rounded to bf16 for vdpbf16ps */
@@ -146,34 +174,26 @@ static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
         _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
     }
 }
+#define acc_to_blk_bf16(acc, sx) ((void)(sx), (acc)[0])
 #else
 #define X_ROWS_BF16 0 /* x rows stay float32 */
 typedef float xel_bf16;
-typedef struct {
-    __m512 even, odd;
-} xv_bf16;
-typedef struct {
-    __m512 even, odd;
-} wv_bf16;
-typedef __m512 acc_bf16;
-static inline xv_bf16 xload_bf16(const xel_bf16 *row, int64_t p) {
-    return (xv_bf16){_mm512_set1_ps(row[2 * p]), _mm512_set1_ps(row[2 * p + 1])};
-}
+typedef xv_f32 xv_bf16;
+typedef wv_f32 wv_bf16;
+typedef acc_f32 acc_bf16;
+#define xload_bf16 xload_f32
+#define acc_zero_bf16 acc_zero_f32
+#define dot_bf16 dot_f32
+#define acc_to_blk_bf16 acc_to_blk_f32
 static inline wv_bf16 wload_bf16(const uint16_t *line) {
     const __m512i w = _mm512_loadu_si512(line);
     return (wv_bf16){_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)),
                      _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)))};
 }
-#define acc_zero_bf16() _mm512_setzero_ps()
-/* acc[l] += W[l][2p + 1] x[2p + 1], then += W[l][2p] x[2p] (vdpbf16ps's order) */
-static inline void dot_bf16(acc_bf16 *acc, xv_bf16 x, wv_bf16 w) {
-    acc[0] = _mm512_fmadd_ps(w.even, x.even, _mm512_fmadd_ps(w.odd, x.odd, acc[0]));
-}
 static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
     if (src != dst) memcpy(dst, src, sizeof(float) * n);
 }
 #endif
-#define acc_to_blk_bf16(acc, sx) ((void)(sx), (acc)[0])
 
 /* ---- the int8 product: x rows int16, one 32-byte line = Q[16 outputs][2 inputs] --- */
 typedef __m512i xv_i8; /* the int16 input pair in every 32-bit lane */
@@ -192,4 +212,22 @@ static inline void dot_i8(acc_i8 *acc, xv_i8 x, wv_i8 w) {
 }
 static inline blk acc_to_blk_i8(const acc_i8 *acc, float sx) {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(acc[0]), _mm512_set1_ps(sx));
+}
+
+/* ---- Q4_1 weights: integer dot products per 32-input group -----------------------
+ * A 16-output x 32-input block (320 bytes, see decode_kernels.c): d[16], m[16]
+ * float16, then 8 chunks of 32 bytes, chunk c byte [l][e] = q[l][2c + e] |
+ * q[l][2c + 16 + e] << 4. The line of input pair c (high = 0) or c + 8 (high = 1)
+ * as int16 [l][e], ready for dot_i8. */
+static inline wv_i8 q4_pair(const uint8_t *chunk, int high) {
+    const __m512i z = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const void *)chunk));
+    return high ? _mm512_srli_epi16(z, 4) : _mm512_and_si512(z, _mm512_set1_epi16(0x0f));
+}
+/* acc += float(s) * (d * sx) + m * xsum, s the group's exact int32 sums of q * xq
+ * (|s| <= 15 * 32767 * 32 < 2^24: exact in float32), xsum the group's sum of x. */
+static inline void q4_fold(acc_f32 *acc, const acc_i8 *s, const uint8_t *block, float sx, float xsum) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)block));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(block + 32)));
+    acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0]), _mm512_mul_ps(d, _mm512_set1_ps(sx)), acc[0]);
+    acc[0] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum), acc[0]);
 }
