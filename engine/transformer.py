@@ -20,7 +20,16 @@ import torch.nn.functional as F
 
 from . import cpu_kernels
 
-__all__ = ["ModelConfig", "KVCache", "Transformer", "Linear", "Int8Linear", "Q4Linear", "use_gguf_q4_1"]
+__all__ = [
+    "ModelConfig",
+    "KVCache",
+    "Transformer",
+    "Linear",
+    "Int8Linear",
+    "Q4Linear",
+    "quantize_q4_1",
+    "use_gguf_q4_1",
+]
 
 
 @dataclass(frozen=True)
@@ -290,6 +299,23 @@ class Q4Linear:
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes
+
+
+def quantize_q4_1(model: Transformer) -> int:
+    """Quantise every layer matrix of `model` to Q4_1 blocks (llama.cpp's rule) on a
+    Q4Linear, for models that do not come from a Q4_1 GGUF (the default model has its
+    own blocks: use_gguf_q4_1). The embedding / output projection stays as loaded.
+    Returns how many fused matrices were quantised."""
+    count = 0
+    for layer in model.layers:
+        for attr in ("qkv", "o", "gate_up", "down"):
+            current = getattr(layer, attr)
+            if isinstance(current, Q4Linear):
+                continue
+            bias = current.bias.to(torch.bfloat16) if getattr(current, "bias", None) is not None else None
+            setattr(layer, attr, Q4Linear(cpu_kernels.PackedQ4_1Weight.quantize(current.weight, bias)))
+            count += 1
+    return count
 
 
 def use_gguf_q4_1(model: Transformer, gguf_path) -> int:

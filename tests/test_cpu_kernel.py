@@ -232,12 +232,9 @@ def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type, weights
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
     assert model.act_dtype == torch.float32
     if weights == "q4_1":  # every layer matrix quantised to Q4_1 blocks (Qwen2's q/k/v bias kept)
-        from engine.transformer import Q4Linear
+        from engine.transformer import quantize_q4_1
 
-        for layer in model.layers:
-            for attr in ("qkv", "o", "gate_up", "down"):
-                lin = getattr(layer, attr)
-                setattr(layer, attr, Q4Linear(cpu_kernels.PackedQ4_1Weight.quantize(lin.weight, lin.bias)))
+        assert quantize_q4_1(model) == 4 * model.cfg.num_layers
     prompt = list(range(3, 40))
     cache = model.new_cache(64)
     model.prefill(prompt, cache)
