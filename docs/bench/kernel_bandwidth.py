@@ -8,7 +8,9 @@ down 576x1536, then the 49152x576 vocabulary projection): 269 MB of bf16 weights
 538 MB in float32. Random weights of those shapes (the speed does not depend on
 the values). Reported: the median sweep in ms and the weight bytes read per
 second at each pass width, for every kernel variant this CPU runs (selected with
-cpu_kernels.using) and for torch (float32 on MKL, the fallback; bf16 on oneDNN's
+cpu_kernels.using), the same with the layer matrices in Q4_1 (``<variant> q4_1``:
+random 4-bit blocks; the vocabulary projection stays bf16, as for the default
+model, whose GGUF stores it in Q8_0: 123 MB), and for torch (float32 on MKL, the fallback; bf16 on oneDNN's
 packed layout where torch has it).
 
 On a machine shared with other work, wall-clock times of 2 OpenMP threads blow up
@@ -28,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from engine import cpu_kernels
-from engine.transformer import Linear
+from engine.transformer import Linear, Q4Linear
 
 E, F, V, LAYERS, KV = 576, 1536, 49152, 30, 192  # hidden, MLP, vocabulary, layers, K+V width
 SHAPES = [(E + 2 * KV, E), (E, E), (2 * F, E), (E, F)] * LAYERS + [(V, E)]  # (out, in), pass order
@@ -70,7 +72,7 @@ def main() -> None:
     for name in cpu_kernels.VARIANTS:
         why = cpu_kernels.variant_support(name)
         if why is None:
-            systems.append((name, name, torch.float32, 1))
+            systems += [(name, name, torch.float32, 1), (f"{name} q4_1", name, torch.float32, 1)]
         else:
             print(f"{name}: skipped ({why})")
     systems += [("torch-float32", None, torch.float32, 2), ("torch-bf16 (oneDNN)", None, torch.bfloat16, 1)]
@@ -80,14 +82,24 @@ def main() -> None:
         with ctx:
             if variant is None and act == torch.float32:
                 linears = [Linear(w.float()) for w in weights]
+            elif label.endswith("q4_1"):
+                linears = [Q4Linear(_random_q4_1(*w.shape)) for w in weights[:-1]] + [Linear(weights[-1])]
             else:
                 linears = [Linear(w) for w in weights]
+            read = sum(lin.nbytes for lin in linears) if label.endswith("q4_1") else nbytes * width
             cells = []
             for rows in rows_list:
                 ms = sweep_ms(linears, rows, act, args.repeats, clock)
-                cells.append(f"{ms:6.1f} ms {nbytes * width / ms / 1e6:3.0f} GB/s")
+                cells.append(f"{ms:6.1f} ms {read / ms / 1e6:3.0f} GB/s")
             print(f"{label:<22}" + "".join(f"{c:>19}" for c in cells))
         del linears
+
+
+def _random_q4_1(out: int, n_in: int) -> cpu_kernels.PackedQ4_1Weight:
+    gen = torch.Generator().manual_seed(out * n_in)
+    q = torch.randint(0, 16, (out, n_in), generator=gen, dtype=torch.uint8)
+    d = (torch.rand(out, n_in // 32, generator=gen) / 64).half()
+    return cpu_kernels.PackedQ4_1Weight(q, d, (-8 * d.float()).half())
 
 
 class _no_kernel:
