@@ -198,7 +198,10 @@ print("WHY:", cpu_kernels.why_unavailable())
 
 @pytest.mark.parametrize(
     "env,why",
-    [({"SPECLENS_CPU_KERNEL": "0"}, "SPECLENS_CPU_KERNEL=0"), ({"CC": "/bin/false"}, None)],
+    [
+        ({"SPECLENS_CPU_KERNEL": "0"}, "SPECLENS_CPU_KERNEL=0"),
+        ({"CC": "/bin/false", "SPECLENS_CPU_KERNEL": "auto"}, None),
+    ],
     ids=["disabled", "compiler-fails"],
 )
 def test_without_the_kernel_bf16_falls_back_and_says_why(tmp_path, env, why):
