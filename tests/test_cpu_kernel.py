@@ -390,9 +390,10 @@ def test_speclens_cpu_kernel_forces_a_variant(setting):
         [sys.executable, "-c", VARIANT_SNIPPET], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    want = "avx2" if setting == "avx2" else cpu_kernels.variant()
-    assert f"VARIANT: {want} True torch.bfloat16" in done.stdout, done.stdout
-    if setting == "bogus":
+    if setting == "avx2":
+        assert "VARIANT: avx2 True torch.bfloat16" in done.stdout, done.stdout
+    else:  # ignored: the automatic choice runs (whichever this CPU's best is)
+        assert "VARIANT: None" not in done.stdout and " True torch.bfloat16" in done.stdout, done.stdout
         assert "'bogus' is not 0, auto or a variant" in done.stdout, done.stdout
 
 
