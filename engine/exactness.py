@@ -9,6 +9,7 @@ claim empirically, and this module holds the parts that are mathematics rather t
   drafts and tokens resampled from the residual.
 * ``overlap``: Σ min(p, q), the probability that a single draft x ~ q is accepted.
 * ``as_distribution``: a [V] probability tensor as {token: probability} over its support.
+* ``pair_distribution``: the exact joint law of the first two tokens, p(x1, x2) = p(x1) p(x2 | x1).
 * ``chi_square_test``: goodness of fit of sampled counts against an exact p, with the total
   variation distance; ``TEST_LEVEL`` is the one significance level the labs use.
 """
@@ -22,7 +23,15 @@ import torch
 from .acceptance import verify_children
 from .sampling import sample
 
-__all__ = ["MIN_EXPECTED", "TEST_LEVEL", "as_distribution", "chi_square_test", "overlap", "toy_sampling"]
+__all__ = [
+    "MIN_EXPECTED",
+    "TEST_LEVEL",
+    "as_distribution",
+    "chi_square_test",
+    "overlap",
+    "pair_distribution",
+    "toy_sampling",
+]
 
 # Below this p-value a histogram is called different from p. 1e-3 keeps false alarms of the
 # exact samplers to one run in a thousand while the lossy shortcut still shows at a few hundred samples.
@@ -66,6 +75,17 @@ def as_distribution(probs: torch.Tensor) -> dict[int, float]:
     p = {t: float(probs[t]) for t in support}
     total = sum(p.values())
     return {t: v / total for t, v in p.items()}
+
+
+def pair_distribution(first: dict[int, float], second_given) -> dict[tuple[int, int], float]:
+    """The exact law of the first two tokens: p(x1, x2) = p(x1) · p(x2 | x1).
+
+    first: {x1: p(x1)}; second_given(x1) -> {x2: p(x2 | x1)} (the target's p after the prompt plus x1,
+    one forward pass each). Testing pairs checks what a first-token test cannot: that the token after
+    an accepted (or resampled) first token is also distributed as the target's, i.e. that the KV caches
+    and the second draft position are handled exactly.
+    """
+    return {(x1, x2): p1 * p2 for x1, p1 in first.items() for x2, p2 in second_given(x1).items()}
 
 
 def _pooled_cells(counts: dict[int, int], p: dict[int, float], n: int) -> list[list[float]]:

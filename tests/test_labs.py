@@ -141,8 +141,9 @@ def test_bad_lab_input_fails_fast_with_a_clear_error(call, message):
 # ------------------------------------------------------------------------------ the real model
 @pytest.mark.slow
 def test_lossless_lab_passes_the_exact_sampler_and_catches_the_broken_one():
-    """N = 300 real samples per sampler with the tab's defaults (int8, K = 1, two drafts per guess). Plain
-    sampling is left out to save a minute: it is the engine's baseline, tested in test_real_model.py."""
+    """N = 300 real samples of the first two tokens per sampler with the tab's defaults (pairs, int8, K = 2,
+    two drafts per guess). Plain sampling is left out to save time: it is the engine's baseline, tested in
+    test_real_model.py."""
     from app.labs import lossless
 
     d = lossless.LOSSLESS_DEFAULTS

@@ -12,7 +12,7 @@ from collections import Counter
 
 import gradio as gr
 
-from engine.exactness import TEST_LEVEL, as_distribution, chi_square_test
+from engine.exactness import TEST_LEVEL, as_distribution, chi_square_test, pair_distribution
 from visuals.lab_figures import fmt_pvalue, lossless_figure
 
 from ..config import LAB_SAMPLES_FLOOR, MAX_LAB_SAMPLES
@@ -25,11 +25,22 @@ from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_r
 __all__ = ["LOSSLESS_DEFAULTS", "SAMPLERS", "build_tab", "run_lossless"]
 
 # The run"s inputs (controls, in the order the run takes them) and outputs (results).
-INPUTS = ["prompt", "temperature", "top_k", "drafter", "k", "topk", "n", "seed", "samplers"]
+INPUTS = ["prompt", "temperature", "top_k", "drafter", "k", "topk", "n", "seed", "samplers", "tokens"]
 OUTPUTS = ["status", "plot", "table"]
 
 LOSSLESS_PROMPTS = ["Hi!", "What colour is the sky?", "Name a colour.", "Name a planet."]
-LOSSLESS_DEFAULTS = {"prompt": "Hi!", "temperature": 1.0, "top_k": 8, "drafter": "int8", "k": 1, "topk": 2, "n": 300}
+LOSSLESS_DEFAULTS = {
+    "prompt": "Hi!",
+    "temperature": 1.0,
+    "top_k": 8,
+    "drafter": "int8",
+    "k": 2,
+    "topk": 2,
+    "n": 300,
+    "tokens": 2,
+}
+TOKENS_TESTED = {1: "the first token", 2: "the first two tokens, jointly (pairs)"}
+SHOWN_PAIRS = 16  # the chart shows the most likely pairs; the test uses all of them
 SAMPLERS = {
     "plain": "Plain sampling (no drafter)",
     "exact": "Speculative sampling (exact rule)",
@@ -46,20 +57,23 @@ MAX_K, MAX_TREE_TOPK = 4, 4
 SAMPLES_STEP = 50
 
 LOSSLESS_TEXT = f"""
-**Is speculative sampling really lossless? Sample it and test it.** Each run draws **N real samples of the next
-token** after your prompt from three samplers, each sample a real target pass on this machine:
+**Is speculative sampling really lossless? Sample it and test it.** Each run draws **N real samples of the first
+two tokens** of the answer (or of the first token only) from three samplers, each sample real target passes on
+this machine:
 **plain sampling** (no drafter), **speculative sampling** with the exact rule (accept with min(1, p/q), else
 resample from norm(max(0, p − q))), and a **deliberately broken verifier** that ignores q (accepts with
-min(1, p), resamples from p itself, a tempting shortcut). The target's **exact p** is computed from one
-forward pass (softmax of its logits with your temperature and top-k). A chi-square test (cells with fewer
-than 5 expected samples pooled) and the total-variation distance compare each histogram with p; below
-p-value {TEST_LEVEL:g} a histogram is called different from p.
+min(1, p), resamples from p itself, a tempting shortcut). The target's **exact p** is computed from its
+logits with your temperature and top-k: for pairs, p(x1, x2) = p(x1) · p(x2 | x1), one forward pass per
+first token. Testing pairs also checks the second draft position and the caches after an accepted or
+resampled first token. A chi-square test (cells with fewer than 5 expected samples pooled) and the
+total-variation distance compare each histogram with p; below p-value {TEST_LEVEL:g} a histogram is called
+different from p.
 
 The broken verifier always uses the **int8** drafter: an n-gram draft is a point mass (q = 1 on the copied
 token), so accepting with min(1, p/q) or with min(1, p) is the same thing and dropping q changes nothing
 for n-gram drafts. With the int8 drafter q is close to p, so the shortcut's error is small (a total-variation
 distance around 0.1): the defaults (a peaked p, 2 alternative drafts per guess) make it show at N = 300;
-with other prompts raise N. Only the first drafted position can decide the first token, so K = 1 is enough here.
+with other prompts raise N. K = 2 lets one pass draft both tokens of a pair.
 """
 
 
@@ -130,7 +144,7 @@ def _lossless_summary(results: dict, n: int, seed: int, drafter: str, k: int, to
 
 
 # ------------------------------------------------------------------------------------------- run
-def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samplers) -> dict:
+def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samplers, tokens) -> dict:
     """The lab's inputs, checked (gr.Error naming the field otherwise)."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise gr.Error("Type a prompt (or pick one): the lab samples the token that follows it.")
@@ -147,6 +161,7 @@ def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samp
         "n": number(n_samples, "Samples N", MIN_SAMPLES, MAX_LAB_SAMPLES, integer=True),
         "seed": seed_or_random(seed),
         "drafter": (drafter or "int8").strip(),
+        "tokens": number(tokens, "Tokens tested", 1, max(TOKENS_TESTED), integer=True),
     }
     if lab["drafter"] not in ("int8", "ngram"):
         raise gr.Error(f"Choose the int8 or the ngram drafter for this lab, got {lab['drafter']!r}.")
@@ -176,7 +191,7 @@ def _sample(engine, lab: dict, run: tuple, tracker) -> dict:
             lab["prompt"],
             spec,
             n_samples=lab["n"],
-            n_tokens=1,
+            n_tokens=lab["tokens"],
             verifier=verifier,
             progress=tracker,
             seed=lab["seed"],
@@ -185,7 +200,7 @@ def _sample(engine, lab: dict, run: tuple, tracker) -> dict:
         )
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    counts = Counter(int(s[0]) for s in samples)
+    counts = Counter(_key(s, lab["tokens"]) for s in samples)
     return {
         "counts": dict(counts),
         "test": chi_square_test(counts, lab["p"], lab["n"]),
@@ -194,14 +209,47 @@ def _sample(engine, lab: dict, run: tuple, tracker) -> dict:
     }
 
 
+def _key(sample: tuple[int, ...], tokens: int):
+    """A sample's histogram cell: its first token, or its first two tokens as a pair."""
+    return int(sample[0]) if tokens == 1 else tuple(int(t) for t in sample[:2])
+
+
+def _label(engine, key) -> str:
+    return engine.token_text(key) if isinstance(key, int) else " · ".join(engine.token_text(t) for t in key)
+
+
 def _exact_p(engine, lab: dict) -> None:
-    """The target's exact next-token p after the prompt, and the texts of its tokens, into `lab`."""
+    """The target's exact law of the first token (or pair) after the prompt, and the cells' texts, into `lab`."""
+
+    def after(prefix: list[int]) -> dict[int, float]:
+        probs = engine.next_token_distribution(lab["prompt"], prefix, seed=lab["seed"], **lab["settings"])
+        return as_distribution(probs)
+
     try:
-        probs = engine.next_token_distribution(lab["prompt"], seed=lab["seed"], **lab["settings"])
+        first = after([])
+        lab["p"] = first if lab["tokens"] == 1 else pair_distribution(first, lambda x1: after([x1]))
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    lab["p"] = as_distribution(probs)
-    lab["labels"] = {t: engine.token_text(t) for t in lab["p"]}
+    lab["labels"] = {key: _label(engine, key) for key in lab["p"]}
+
+
+OTHER_PAIRS = "other"  # the chart's cell for every pair beyond the SHOWN_PAIRS most likely ones
+
+
+def _figure(lab: dict, results: dict):
+    """The histograms. For pairs the SHOWN_PAIRS most likely cells are drawn and the rest pooled into one
+    "other pairs" cell, so bars still sum to 1 (the test itself uses every cell)."""
+    p, labels = lab["p"], lab["labels"]
+    if lab["tokens"] == 1 or len(p) <= SHOWN_PAIRS:
+        return lossless_figure(p, labels, results, lab["n"], SAMPLERS)
+    shown = dict(sorted(p.items(), key=lambda item: -item[1])[:SHOWN_PAIRS])
+    shown[OTHER_PAIRS] = max(0.0, 1.0 - sum(shown.values()))
+    pooled = {}
+    for kind, res in results.items():
+        counts = {key: res["counts"].get(key, 0) for key in shown if key != OTHER_PAIRS}
+        counts[OTHER_PAIRS] = lab["n"] - sum(counts.values())
+        pooled[kind] = {**res, "counts": counts}
+    return lossless_figure(shown, {**labels, OTHER_PAIRS: "(other pairs)"}, pooled, lab["n"], SAMPLERS)
 
 
 def run_lossless(
@@ -214,6 +262,7 @@ def run_lossless(
     n_samples,
     seed,
     samplers=None,
+    tokens=LOSSLESS_DEFAULTS["tokens"],
     run_id: str = "",
     progress=gr.Progress(),  # noqa: B008 (gradio injects the tracker)
 ):
@@ -222,7 +271,7 @@ def run_lossless(
     samplers: the subset of SAMPLERS' keys to run (None = all three).
     Yields (status markdown, figure, table rows) after each sampler.
     """
-    lab = _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samplers)
+    lab = _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samplers, tokens)
     n = lab["n"]
     if not is_loaded("default", "auto"):
         yield "Loading the model (once per server)…", gr.skip(), gr.skip()
@@ -242,18 +291,18 @@ def run_lossless(
         try:
             results[kind] = _sample(engine, lab, run, tracker)
         except Stopped:
-            figure = lossless_figure(lab["p"], lab["labels"], results, n, SAMPLERS)
+            figure = _figure(lab, results)
             yield (
                 f"■ Stopped during {SAMPLERS[kind]}. Results above cover the samplers that finished.",
                 figure,
                 _lossless_table(results, n),
             )
             return
-        for t in results[kind]["counts"]:
-            lab["labels"].setdefault(t, engine.token_text(t))
+        for key in results[kind]["counts"]:
+            lab["labels"].setdefault(key, _label(engine, key))
         yield (
             status.replace(f": sampling {n}…", f": done in {results[kind]['seconds']:.1f} s."),
-            lossless_figure(lab["p"], lab["labels"], results, n, SAMPLERS),
+            _figure(lab, results),
             _lossless_table(results, n),
         )
     seconds = time.perf_counter() - started
@@ -300,6 +349,12 @@ def _controls() -> dict:
         c["topk"] = gr.Slider(
             1, MAX_TREE_TOPK, d["topk"], step=1, label="Tree top-k", info="Alternative drafts per guess.", min_width=140
         )
+    c["tokens"] = gr.Radio(
+        [(label, n) for n, label in TOKENS_TESTED.items()],
+        value=d["tokens"],
+        label="Test",
+        info="Pairs also test the second position; each cell of the chart is a pair of tokens.",
+    )
     c["seed"] = gr.Number(0, precision=0, label="Seed", info="-1 = random")
     c["samplers"] = gr.CheckboxGroup(
         [(name, kind) for kind, name in SAMPLERS.items()],
