@@ -27,9 +27,12 @@ def _models():
 
 
 def resolve_dtype_name(dtype: str) -> str:
-    """'auto' -> the concrete dtype the engine would pick here, as a string (the registry key)."""
-    resolved = _models().resolve_dtype(dtype or "auto")
-    return str(resolved).removeprefix("torch.")
+    """'auto' -> the concrete dtype the engine would pick here, as a string (the registry key);
+    q4_1 keeps its name (its layer matrices differ from bfloat16's)."""
+    models = _models()
+    if str(dtype).lower() == models.Q4_1:
+        return models.Q4_1
+    return str(models.resolve_dtype(dtype or "auto")).removeprefix("torch.")
 
 
 class ModelRegistry:

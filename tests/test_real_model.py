@@ -269,3 +269,19 @@ def test_cli_parity_one_prompt():
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.splitlines()[0])
     assert row["identical"] and row["verdict"] == "identical"
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason=f"CPU kernel unavailable: {cpu_kernels.why_unavailable()}")
+def test_q4_1_weights_run_every_drafter_with_bitwise_greedy_parity():
+    """--dtype q4_1: the default model's own GGUF blocks on our kernels; the start event says so, and
+    greedy speculation (n-gram chain, int8 chain, int8 tree) equals the q4_1 baseline bit for bit."""
+    from engine import SpeculativeEngine
+
+    engine = SpeculativeEngine.load(dtype="q4_1")
+    assert engine.target.weight_kind == "q4_1"
+    prompt = "Rewrite this list in reverse order: apple, banana, cherry, date, elderberry."
+    baseline = engine.run(prompt, "none", max_new_tokens=24)
+    assert baseline["events"][0]["dtype"] == "q4_1"
+    for drafter, shape in (("ngram", {}), ("int8", {}), ("int8", {"topk": 2, "num_draft_tokens": 4})):
+        run = engine.run(prompt, drafter, max_new_tokens=24, k=3, **shape)
+        assert run["token_ids"] == baseline["token_ids"], (drafter, shape)

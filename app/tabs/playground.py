@@ -13,7 +13,7 @@ import time
 import gradio as gr
 
 from engine.metrics import run_summary
-from engine.models import DEFAULT_MODEL, PRESETS
+from engine.models import DEFAULT_MODEL, DTYPES, PRESETS
 from engine.trace import step_events
 from visuals import acceptance_figure, interesting_step_index, tokens_per_pass_figure
 from visuals.lab_figures import message_figure
@@ -21,7 +21,7 @@ from visuals.lab_figures import message_figure
 from .. import render
 from ..config import MAX_NEW_TOKENS
 from ..engine_access import builds_on_first_use, get_engine, is_loaded, make_settings, start_generation, use_drafter
-from ..examples import EXAMPLE_SETTINGS, example_note, example_values, load_examples
+from ..examples import EXAMPLE_SETTINGS, example_dropdown, example_note, example_values
 from ..figure_guard import guarded
 from ..inputs import as_int
 from ..pass_view import pass_figures, pass_slider, pass_slider_label
@@ -139,8 +139,9 @@ def initial_playground(name: str = DEFAULT_TRACE) -> dict:
     values = finished_outputs(
         trace,
         status=(
-            f"Showing a **recorded real run** (`{name}`): {render.trace_title(trace)}. "
-            "Press **Run** to generate live with the real model (it loads on first use)."
+            f"Showing a **recorded real run** (`{name}`): {render.recorded_where(trace)}. "
+            "Press **Run** to generate live with the real model (it loads on first use); live numbers on "
+            "another machine, or a busy one, differ."
         ),
         step_index=index,
     )
@@ -320,13 +321,7 @@ def _prompt_controls(c: dict, start: dict, init: dict) -> None:
         placeholder="Ask the model something…",
         elem_id="sl-prompt",
     )
-    c["example"] = gr.Dropdown(
-        choices=[e["name"] for e in load_examples()],
-        value=None,
-        label="Example prompts",
-        info="Fills the prompt, the drafter that suits it and the settings it was measured with.",
-        elem_id="sl-example",
-    )
+    c["example"] = example_dropdown("sl-example")
     c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Run", "sl-run", "sl-stop")
     c["status"] = gr.Markdown(init.get("status", ""), elem_id="sl-status", elem_classes=["sl-status"])
 
@@ -408,6 +403,16 @@ def _sampling_controls(c: dict, s: dict) -> None:
         )
 
 
+def _kernel_note() -> str:
+    """Which of our CPU kernel variants computes the passes here, and why (or why none)."""
+    from engine import cpu_kernels
+
+    kernel = cpu_kernels.describe()
+    if kernel["variant"] is None:
+        return f"*CPU kernels: none here ({kernel['reason']}); torch's own ops compute the passes.*"
+    return f"*CPU kernels: **{kernel['variant']}**, {kernel['label']} ({kernel['reason']}).*"
+
+
 def _model_controls(c: dict) -> None:
     with gr.Accordion("Model", open=False):
         c["target"] = gr.Dropdown(
@@ -418,11 +423,13 @@ def _model_controls(c: dict) -> None:
             "others download from the Hugging Face Hub.",
         )
         c["dtype"] = gr.Radio(
-            ["auto", "float32", "bfloat16"],
+            list(DTYPES),
             value="auto",
             label="Precision (dtype)",
-            info="auto = bfloat16 where the hardware is fast at it, else float32.",
+            info="auto = bfloat16 where our CPU kernels (or a GPU) run, else float32. q4_1 = the default model's "
+            "own 4-bit GGUF blocks on our kernels: fewest bytes per token.",
         )
+        gr.Markdown(_kernel_note(), elem_id="sl-kernel")
 
 
 def _outputs(c: dict, init: dict, n_steps: int) -> None:
