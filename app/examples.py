@@ -18,7 +18,7 @@ from engine.trace import TraceError
 from .config import ASSETS
 from .traces import load_recorded, recorded_traces
 
-__all__ = ["EXAMPLE_SETTINGS", "example_note", "example_values", "load_examples"]
+__all__ = ["EXAMPLE_SETTINGS", "example_dropdown", "example_note", "example_values", "load_examples"]
 
 log = logging.getLogger("speclens.app")
 
@@ -94,3 +94,14 @@ def example_note(name: str) -> str:
             )
         note += " On another machine, or while it is busy, live numbers differ."
     return note
+
+
+def example_dropdown(elem_id: str) -> gr.Dropdown:
+    """The examples' picker (the Playground's and the Race's)."""
+    return gr.Dropdown(
+        choices=[e["name"] for e in load_examples()],
+        value=None,
+        label="Example prompts",
+        info="Fills the prompt, the drafter that suits it and the settings it was measured with.",
+        elem_id=elem_id,
+    )

@@ -20,7 +20,7 @@ from visuals.lab_figures import race_figure
 from .. import render
 from ..config import MAX_NEW_TOKENS
 from ..engine_access import builds_on_first_use, get_engine, is_loaded, make_settings, start_generation, use_drafter
-from ..examples import example_values, load_examples
+from ..examples import example_dropdown, example_values, load_examples
 from ..inputs import random_seed
 from ..stopping import stop_requested
 from ..traces import load_recorded
@@ -269,13 +269,7 @@ def _controls(c: dict, init: dict, examples: list[dict]) -> None:
         max_lines=8,
         elem_id="race-prompt",
     )
-    c["race_example"] = gr.Dropdown(
-        choices=[e["name"] for e in examples],
-        value=None,
-        label="Example prompts",
-        info="Fills the prompt, its drafter and the settings it was recorded with.",
-        elem_id="race-example",
-    )
+    c["race_example"] = example_dropdown("race-example")
     c["race_btn"], c["race_stop"] = run_stop_buttons("▶ Race", "race-run", "race-stop")
     c["race_status"] = gr.Markdown(init.get("race_status", ""), elem_id="race-status", elem_classes=["sl-status"])
     with gr.Accordion("Settings", open=True):
