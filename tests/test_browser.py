@@ -247,3 +247,94 @@ def test_eight_browser_sessions_each_get_their_own_run(app_url, browser):
     finally:
         for c in contexts:
             c.close()
+
+
+# Layout checks run in the page: plot titles inside their figure, table headers that never break inside a
+# word, no toast over the content. Each returns a list of what is wrong (empty = fine).
+LAYOUT_CHECKS = r"""
+() => {
+  const problems = [];
+  const visible = (el) => { const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
+  for (const plot of document.querySelectorAll('.js-plotly-plot')) {
+    if (!visible(plot)) continue;
+    const box = plot.getBoundingClientRect();
+    for (const t of plot.querySelectorAll('.gtitle, .g-gtitle text')) {
+      const r = t.getBoundingClientRect();
+      if (r.width > 0 && (r.right > box.right + 2 || r.left < box.left - 2)) {
+        problems.push(`plot title overflows its figure: "${t.textContent.slice(0, 60)}"`);
+      }
+    }
+  }
+  for (const th of document.querySelectorAll('th')) {
+    if (!visible(th)) continue;
+    const walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
+    let node;
+    while ((node = walker.nextNode())) {
+      const re = /[^\s\-–]+/g; let m;  // a line may break after a hyphen or a dash, never inside a word
+      while ((m = re.exec(node.textContent))) {
+        const range = document.createRange();
+        range.setStart(node, m.index); range.setEnd(node, m.index + m[0].length);
+        const lines = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+        if (lines.size > 1) problems.push(`table header breaks inside the word "${m[0]}"`);
+      }
+    }
+  }
+  for (const th of document.querySelectorAll('th')) {
+    if (!visible(th)) continue;
+    for (const el of [th, ...th.querySelectorAll('*')]) {
+      if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX === 'hidden' && el.innerText.trim()) {
+        problems.push(`table header text is cut off: "${th.innerText.trim().slice(0, 40)}"`);
+        break;
+      }
+    }
+  }
+  for (const toast of document.querySelectorAll('.toast-body, [data-testid="toast-body"]')) {
+    if (visible(toast)) problems.push(`a toast is showing: "${toast.innerText.slice(0, 60)}"`);
+  }
+  return problems;
+}
+"""
+TABS = [
+    ("Playground", "#sl-tree .main-svg"),
+    ("Workshop", "#ws-step-1"),
+    ("Step-through", "#st-tree .main-svg"),
+    ("Race", "#race-plot .main-svg"),
+    ("Explain", "#ex-calc .main-svg"),
+    ("Lossless lab", "#ll-plot .main-svg"),
+    ("Parity lab", "#pl-table table"),
+    ("Batch lab", "#bl-plot .main-svg"),
+]
+
+
+def _open_tab(page, name: str) -> None:
+    """Click a tab; on a narrow screen gradio moves the tabs that do not fit into its "More tabs" menu."""
+    tab = page.get_by_role("tab", name=name, exact=True)
+    if tab.count() and tab.first.is_visible():
+        tab.first.click()
+        return
+    page.get_by_role("button", name="More tabs").click()
+    page.locator(".overflow-menu button:visible", has_text=name).first.click()
+
+
+@pytest.mark.parametrize("width", [1440, 390], ids=["desktop-1440", "phone-390"])
+def test_every_tab_is_laid_out_cleanly(app_url, browser, width):
+    """Screenshots of every tab at a desktop and a phone width (artifacts/screenshots/layout-*), and the page's
+    own geometry checked: no plot title overflows its figure, no table header breaks inside a word, no toast
+    covers the content."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    page.goto(app_url, wait_until="domcontentloaded")
+    page.wait_for_selector("#sl-output .sl-tok", timeout=60_000)
+    problems = []
+    wide = page.evaluate("() => document.documentElement.scrollWidth")
+    if wide > width + 1:
+        problems.append(f"the page is {wide} px wide on a {width} px screen (it scrolls sideways)")
+    for tab, ready in TABS:
+        _open_tab(page, tab)
+        page.wait_for_selector(ready, timeout=30_000)
+        page.wait_for_timeout(700)  # plotly's relayout after the tab becomes visible
+        slug = tab.lower().replace(" ", "-")
+        page.screenshot(path=str(SHOTS / f"layout-{width}-{slug}.png"), full_page=True)
+        problems += [f"{tab} at {width} px: {p}" for p in page.evaluate(LAYOUT_CHECKS)]
+    page.close()
+    assert not problems, "\n".join(problems)

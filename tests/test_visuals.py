@@ -44,6 +44,11 @@ NGRAM_GREEDY = "code-edit-ngram-greedy"
 NGRAM_SAMPLING = "summarize-ngram-sampling"
 
 
+def plain(text: str | None) -> str:
+    """A figure's title or subtitle as one line (titles are wrapped with <br> to fit phone screens)."""
+    return (text or "").replace("<br>", " ")
+
+
 def _all_rejected(events: list[dict]) -> list[dict]:
     """Every drafted token rejected; each pass emits one resampled token; no finish event."""
     out = [copy.deepcopy(events[0])]
@@ -307,7 +312,7 @@ def test_tree_baseline_is_root_plus_bonus_and_chain_is_one_branch():
     chain = tree_figure(RECORDED[NGRAM_GREEDY], index)  # a chain of accepted drafts
     ys = [y for tr in by_role(chain, "nodes", decision="accepted") for y in tr.y]
     assert len(set(ys)) == 1  # one straight branch
-    assert "chain" in chain.layout.title.subtitle.text
+    assert "chain" in plain(chain.layout.title.subtitle.text)
 
 
 def test_tree_big_tree_is_laid_out_without_overlap():
@@ -370,7 +375,7 @@ def test_pq_figure_every_position(name):
                 for child in (n for n in step["nodes"] if n["parent"] == dist["node"]):
                     assert q_by_id[child["token_id"]] == pytest.approx(child["q"])
             if step["point_mass"]:
-                assert "point mass" in fig.layout.title.text
+                assert "point mass" in plain(fig.layout.title.text)
             children = [n for n in step["nodes"] if n["parent"] == dist["node"]]
             extra = extra_token(step)
             extra_here = extra is not None and extra["from_node"] == dist["node"]
@@ -406,7 +411,7 @@ def test_pq_default_position_is_the_first_rejection():
     fig = pq_figure(greedy, index)
     if rejected["parent"] != -1:
         parent_text = next(n["text"] for n in step["nodes"] if n["id"] == rejected["parent"])
-        assert f"after '{show_token(parent_text)}'" in fig.layout.title.text
+        assert f"after '{show_token(parent_text)}'" in plain(fig.layout.title.text)
     assert any("✗ rejected" in a.text and "greedy" in a.text for a in fig.layout.annotations)
     # No rejection in the step: the first position.
     clean = _step_where(chat, lambda st: not any(n["decision"] == "rejected" for n in st["nodes"]))
@@ -490,12 +495,12 @@ def test_tokens_per_pass_measured_speedup_vs_baseline():
     spec, base = RECORDED[NGRAM_GREEDY], RECORDED[BASELINE]
     fig = tokens_per_pass_figure(spec, base)
     speed = base[-1]["metrics"]["wall_s"] / spec[-1]["metrics"]["wall_s"]
-    assert f"measured wall-clock speedup vs baseline {speed:.2f}×" in fig.layout.title.text
+    assert f"measured wall-clock speedup vs baseline {speed:.2f}×" in plain(fig.layout.title.text)
     # A partial spec trace uses its last step's elapsed_s.
     partial = spec[:4]
     fig = tokens_per_pass_figure(partial, base)
     speed = base[-1]["metrics"]["wall_s"] / partial[-1]["elapsed_s"]
-    assert f"{speed:.2f}×" in fig.layout.title.text
+    assert f"{speed:.2f}×" in plain(fig.layout.title.text)
 
 
 # -------------------------------------------------------------------------------------- acceptance
@@ -558,7 +563,7 @@ def test_speedup_formula(alpha, k, c):
     measured = by_role(fig, "measured")
     assert {tr.meta["panel"] for tr in measured} == {"E", "speedup"}
     assert all(tr.name == "your run (measured)" for tr in measured)
-    assert "theory" in fig.layout.title.text and "K·c + 1" in fig.layout.title.subtitle.text
+    assert "theory" in plain(fig.layout.title.text) and "K·c + 1" in plain(fig.layout.title.subtitle.text)
 
 
 def test_speedup_rejects_bad_input():
@@ -598,14 +603,14 @@ def test_batch_throughputs_and_crossover():
     assert list(with_spec.y) == pytest.approx(want_with)
     ratios = [w / o for w, o in zip(want_with, want_without)]
     stop = next(b for b, r in zip(m["batch_sizes"], ratios) if r <= 1)
-    assert f"stops paying at batch size {stop}" in fig.layout.title.text
+    assert f"stops paying at batch size {stop}" in plain(fig.layout.title.text)
     assert any(sh.x0 == stop for sh in fig.layout.shapes)
-    assert "measured" in fig.layout.title.subtitle.text and "computed" in fig.layout.title.subtitle.text
+    assert "measured" in plain(fig.layout.title.subtitle.text) and "computed" in plain(fig.layout.title.subtitle.text)
 
 
 def test_batch_always_pays_and_bad_input():
     fig = batch_figure(_batch(pass_ms_k1=[21.0] * 6, draft_ms_per_token=None))
-    assert "pays at every batch size" in fig.layout.title.text
+    assert "pays at every batch size" in plain(fig.layout.title.text)
     with pytest.raises(ValueError):
         batch_figure(_batch(pass_ms_1=[1.0]))
     with pytest.raises(ValueError):
@@ -624,11 +629,11 @@ def test_all_figures(name):
     first_rej = next(
         (i for i, st in enumerate(steps) if any(n["decision"] == "rejected" for n in st["nodes"])), len(steps) - 1
     )
-    assert f"pass {steps[first_rej]['step']}" in figs["tree"].layout.title.text.lower()
+    assert f"pass {steps[first_rej]['step']}" in plain(figs["tree"].layout.title.text).lower()
     s = run_summary(events)
     (e_chosen,) = [tr for tr in by_role(figs["speedup"], "chosen_k") if tr.xaxis in (None, "x")]
     assert e_chosen.y[0] == pytest.approx(e_formula(s["position_acceptance"], max(1, s["k"])))
-    assert "estimated" in figs["speedup"].layout.title.subtitle.text
+    assert "estimated" in plain(figs["speedup"].layout.title.subtitle.text)
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))

@@ -16,7 +16,7 @@ from engine.trace import load as load_trace
 from engine.trace import validate as validate_events
 
 from .distributions import pq_figure
-from .lab_figures import batch_lab_figure, fmt_pvalue, lossless_figure, race_figure, toy_figure
+from .lab_figures import fmt_pvalue, lossless_figure, race_figure, toy_figure
 from .report import all_figures
 from .run_charts import acceptance_figure, timeline_figure, tokens_per_pass_figure
 from .speedup import batch_figure, speedup_figure
@@ -53,6 +53,5 @@ __all__ = [
     "race_figure",
     "toy_figure",
     "lossless_figure",
-    "batch_lab_figure",
     "fmt_pvalue",
 ]

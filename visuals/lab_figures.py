@@ -13,11 +13,9 @@ from plotly.subplots import make_subplots
 
 from engine.trace import step_events
 
-from .speedup import batch_figure
 from .style import PALETTE, SERIES, apply_layout, message_figure, show_token
 
 __all__ = [
-    "batch_lab_figure",
     "fmt_pvalue",
     "lossless_figure",
     "message_figure",
@@ -28,6 +26,7 @@ __all__ = [
 RACE_HEIGHT = 380
 TOY_HEIGHT = 440
 LOSSLESS_HEIGHT = 500
+SUBPLOT_TITLE_ROOM = 35  # the samplers' names above their panels
 TOY_LABEL_LEN = 14  # characters of a toy token shown on the axis
 LOSSLESS_LABEL_LEN = 10  # characters of a sampled token shown on the axis
 # y axes: probabilities, so at most a little above 1, and room above the highest bar for the labels on it.
@@ -193,7 +192,7 @@ def _exact_p_marks(order: list[int], p: dict[int, float], ticks: list[str], firs
 
 
 def lossless_figure(
-    p: dict[int, float], labels: dict[int, str], results: dict, n: int, samplers: dict[str, str]
+    p: dict, labels: dict, results: dict, n: int, samplers: dict[str, str], cells: str = "Next-token"
 ) -> go.Figure:
     """One histogram per sampler (samplers: kind -> name, in panel order) against the exact p.
 
@@ -228,8 +227,8 @@ def lossless_figure(
         fig.add_trace(_exact_p_marks(order, p, ticks, col == 1), row=1, col=col)
         fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=ticks, tickangle=-45, row=1, col=col)
     subtitle = f"bars: frequencies of {n} real samples each · dashes: the exact p"
-    apply_layout(fig, "Next-token histograms against the target's exact p", subtitle, height=LOSSLESS_HEIGHT)
-    fig.update_layout(margin={"t": 130})
+    apply_layout(fig, f"{cells} histograms against the target's exact p", subtitle, height=LOSSLESS_HEIGHT)
+    fig.update_layout(margin={"t": fig.layout.margin.t + SUBPLOT_TITLE_ROOM})
     fig.update_yaxes(title_text="probability / frequency", row=1, col=1)
     fig.update_yaxes(range=[0, min(LOSSLESS_Y_CEILING, top * LOSSLESS_HEADROOM + 0.01)])
     for ann in fig.layout.annotations or ():
@@ -238,10 +237,3 @@ def lossless_figure(
 
 
 # --------------------------------------------------------------------------------------- batch lab
-def batch_lab_figure(measurements: dict) -> go.Figure:
-    """batch_figure for the Batch lab's narrow column: its subtitle on two lines instead of one."""
-    fig = batch_figure(measurements)
-    subtitle = fig.layout.title.subtitle.text if fig.layout.title and fig.layout.title.subtitle else None
-    if subtitle and " · labels:" in subtitle:
-        fig.update_layout(title_subtitle_text=subtitle.replace(" · labels:", "<br>labels:"), margin={"t": 115})
-    return fig

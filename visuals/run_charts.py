@@ -271,7 +271,7 @@ def tokens_per_pass_figure(trace, baseline_trace=None) -> go.Figure:
         title += _vs_baseline(fig, s, run_summary(baseline_trace))
     subtitle = f"{mode_words(start)} · more tokens per pass = fewer slow target passes for the same text"
     if s["tree_topk"] > 1 and s["drafted"]:
-        subtitle += " · tree: α counts side branches too, so the chain theory underestimates"
+        subtitle += " · tree: α = chance that some sibling at a tried depth is kept"
     if not s["finished"]:
         subtitle += " · run not finished"
     fig.update_xaxes(title_text="target pass", rangemode="tozero")

@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 from engine.metrics import batch_throughputs, expected_tokens_per_pass, run_summary, wall_clock_speedup
 from engine.trace import events_of, step_events
 
-from .style import LABEL_BG, NOTE_SIZE, PALETTE, SERIES, apply_layout, fmt_speedup
+from .style import LABEL_BG, NOTE_SIZE, PALETTE, SERIES, apply_layout, fmt_speedup, set_subtitle
 
 __all__ = ["speedup_figure", "run_speedup_figure", "batch_figure"]
 
@@ -28,7 +28,6 @@ LABEL_RUN = 28  # pixels sideways
 FAR_RIGHT = 0.7  # a label for a K past this share of the axis points left, so that it stays inside
 FINE_TICKS_UP_TO = 16  # one tick per K up to this K, every other K beyond
 SPEEDUP_HEIGHT = 560
-RUN_SUBTITLE_TOP = 125  # top margin for the speedup figure of a run: a second subtitle line
 BATCH_HEIGHT = 540
 LOG_SPAN = 4  # batch sizes spanning at least this ratio get a log axis
 E_PANEL, SPEEDUP_PANEL = 1, 2  # subplot columns
@@ -243,7 +242,7 @@ def run_speedup_figure(trace, baseline_trace=None) -> go.Figure:
         )
     else:
         note = "c unknown (no timings yet): taken as 0"
-    fig.update_layout(title_subtitle_text=f"{fig.layout.title.subtitle.text}<br>{note}", margin={"t": RUN_SUBTITLE_TOP})
+    set_subtitle(fig, f"{fig.layout.title.subtitle.text}<br>{note}")
     return fig
 
 

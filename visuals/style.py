@@ -101,8 +101,16 @@ MESSAGE_SIZE = 14  # the one line of a message figure
 # Figure heights and margins, in pixels.
 DEFAULT_HEIGHT = 450
 MESSAGE_HEIGHT = 320
-TOP_MARGIN = 60  # room for the title
-TOP_MARGIN_SUBTITLE = 95  # title plus a subtitle line
+TOP_MARGIN = 60  # room for a one-line title
+# Titles and subtitles are wrapped so that every line fits a figure on a 390 px phone screen (about
+# 330 px of figure): plotly does not wrap text, and a longer line runs out of the figure.
+TITLE_CHARS = 38  # characters per title line at TITLE_SIZE
+SUBTITLE_CHARS = 52  # characters per subtitle line at SUBTITLE_SIZE
+TITLE_PAD = 12  # from the figure's top edge to its title
+TITLE_LINE = 21  # pixels per title line
+SUBTITLE_LINE = 16  # pixels per subtitle line
+SUBTITLE_GAP = 6  # between the title and its subtitle
+TITLE_TO_PLOT = 22  # from the last title or subtitle line to the plot area
 SIDE_MARGINS = {"l": 70, "r": 30}
 BOTTOM_MARGIN = 60  # room for the x-axis title
 BOTTOM_MARGIN_LEGEND = 130  # x-axis title plus a legend below it
@@ -189,6 +197,42 @@ def _template(c: dict) -> go.layout.Template:
 _LIGHT_TEMPLATE = _template(LIGHT)
 
 
+def wrap_text(text: str, width: int) -> tuple[str, int]:
+    """(text with <br> so that no line exceeds `width` characters, number of lines). Breaks at the
+    figures' " · " separators first, then between words; explicit <br> are kept."""
+    lines: list[str] = []
+    for paragraph in (text or "").split("<br>"):
+        line = ""
+        for piece in paragraph.split(" · "):
+            for index, word in enumerate(piece.split(" ")):
+                joint = " · " if index == 0 else " "
+                if line and len(line) + len(joint) + len(word) > width:
+                    lines.append(line)
+                    line = word
+                else:
+                    line = f"{line}{joint}{word}" if line else word
+        lines.append(line)
+    return "<br>".join(lines), len(lines)
+
+
+def title_block(title: str, subtitle: str) -> tuple[str, str, int]:
+    """(wrapped title, wrapped subtitle, the top margin they need)."""
+    title, title_lines = wrap_text(title, TITLE_CHARS)
+    subtitle, subtitle_lines = wrap_text(subtitle, SUBTITLE_CHARS) if subtitle else ("", 0)
+    top = TITLE_PAD + title_lines * TITLE_LINE + TITLE_TO_PLOT
+    if subtitle_lines:
+        top += SUBTITLE_GAP + subtitle_lines * SUBTITLE_LINE
+    return title, subtitle, max(top, TOP_MARGIN)
+
+
+def set_subtitle(fig: go.Figure, subtitle: str) -> go.Figure:
+    """Replace a laid-out figure's subtitle, wrapped, with the top margin it needs."""
+    title = fig.layout.title.text or ""
+    _, subtitle, top = title_block(title.replace("<br>", " "), subtitle)
+    fig.update_layout(title_subtitle_text=subtitle, margin={"t": top})
+    return fig
+
+
 def apply_layout(
     fig: go.Figure,
     title: str,
@@ -200,7 +244,8 @@ def apply_layout(
     """The common look: opaque light card (readable inside light and dark pages), explicit font colours."""
     c = LIGHT
     height = int(height) if height is not None else DEFAULT_HEIGHT
-    top = TOP_MARGIN_SUBTITLE if subtitle else TOP_MARGIN
+    title, subtitle, top = title_block(title, subtitle)
+    height += top - TOP_MARGIN  # the plot area keeps its size however many lines the titles take
     bottom = BOTTOM_MARGIN_LEGEND if legend_bottom else BOTTOM_MARGIN
     layout = {
         "template": _LIGHT_TEMPLATE,
@@ -209,6 +254,9 @@ def apply_layout(
             "subtitle": {"text": subtitle, "font": {"size": SUBTITLE_SIZE, "color": c["font"]}},
             "x": 0.01,
             "xanchor": "left",
+            "yref": "container",
+            "y": 1.0 - TITLE_PAD / height,  # the title block starts at the top; the margin below is sized for it
+            "yanchor": "top",
             "font": {"size": TITLE_SIZE, "color": c["font"]},
         },
         "font": {"family": FONT_FAMILY, "size": FONT_SIZE, "color": c["font"]},

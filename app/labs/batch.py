@@ -15,7 +15,7 @@ import time
 import gradio as gr
 
 from engine.metrics import batch_throughputs
-from visuals.lab_figures import batch_lab_figure
+from visuals import batch_figure
 
 from ..engine_access import get_engine, is_loaded
 from ..figure_guard import guarded
@@ -118,7 +118,7 @@ def _status(result: dict) -> str:
 
 def _outputs(result: dict):
     """(status, figure, table) of one computed result: the verdict is computed once, read by all three."""
-    return _status(result), guarded("Batch measurements", batch_lab_figure, result), _batch_table(result)
+    return _status(result), guarded("Batch measurements", batch_figure, result), _batch_table(result)
 
 
 def recompute(measured: dict | None, k, alpha, draft_ms):

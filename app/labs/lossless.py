@@ -249,7 +249,7 @@ def _figure(lab: dict, results: dict):
         counts = {key: res["counts"].get(key, 0) for key in shown if key != OTHER_PAIRS}
         counts[OTHER_PAIRS] = lab["n"] - sum(counts.values())
         pooled[kind] = {**res, "counts": counts}
-    return lossless_figure(shown, {**labels, OTHER_PAIRS: "(other pairs)"}, pooled, lab["n"], SAMPLERS)
+    return lossless_figure(shown, {**labels, OTHER_PAIRS: "(other pairs)"}, pooled, lab["n"], SAMPLERS, "Token-pair")
 
 
 def run_lossless(

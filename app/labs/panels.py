@@ -44,14 +44,21 @@ def status_box(text: str, elem_id: str) -> gr.Markdown:
     return gr.Markdown(text, elem_id=elem_id, elem_classes=["sl-status"])
 
 
+TABLE_WIDTH_PX = 960  # the results column's width on a desktop: what the tables' percentages refer to
+MIN_COLUMN_PX = 72
+
+
 def results_table(value: list[list], headers: list[str], label: str, widths: list[str], elem_id: str) -> gr.Dataframe:
+    """A results table; `widths` are shares of a desktop-wide table ("22%"), given to gradio in pixels so
+    that on a narrow screen the table scrolls sideways instead of squeezing its columns into letters."""
+    pixels = [f"{max(MIN_COLUMN_PX, round(float(w.rstrip('%')) * TABLE_WIDTH_PX / 100))}px" for w in widths]
     return gr.Dataframe(
         value=value,
         headers=headers,
         interactive=False,
         wrap=True,
         label=label,
-        column_widths=widths,
+        column_widths=pixels,
         elem_id=elem_id,
     )
 

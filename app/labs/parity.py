@@ -207,7 +207,7 @@ def _results() -> dict:
     status = status_box(
         "*Press **Check parity** to run each prompt twice (baseline and speculative, greedy).*", "pl-status"
     )
-    widths = ["5%", "30%", "15%", "8%", "10%", "10%", "10%", "12%"]
+    widths = ["5%", "26%", "13%", "9%", "10%", "13%", "10%", "14%"]
     not_run = [["—", "(press Check parity)", "—", "—", "—", "—", "—", "not run"]]
     return {"status": status, "table": results_table(not_run, PARITY_HEADERS, "Per prompt", widths, "pl-table")}
 
