@@ -59,6 +59,21 @@
 #error "compile with -mavx2 -mfma, or -mavx512f -mavx512bw -mavx512vl (+ -mavx512bf16 -mavx512vnni)"
 #endif
 
+/* exp(x) for x <= 0 (softmax after subtracting the max), the same arithmetic on every ISA:
+ * x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for accuracy), exp(r) by its degree-7
+ * Taylor polynomial in Horner form (relative error < 2e-7, about float32 rounding), times 2^n.
+ * EXP_FLOOR and vf_times_pow2 come from the ISA header. */
+static inline vf vf_exp_neg(vf x) {
+    x = vf_max(x, vf_set1(EXP_FLOOR));
+    const vf n = vf_round(vf_mul(x, vf_set1(1.44269504088896341f)));
+    vf r = vf_fnmadd(n, vf_set1(0.693145751953125f), x);
+    r = vf_fnmadd(n, vf_set1(1.42860682030941723212e-6f), r);
+    static const float coefficients[] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+    vf p = vf_set1(1.0f / 5040.0f);
+    for (int i = 0; i < 7; i++) p = vf_fmadd(p, r, vf_set1(coefficients[i]));
+    return vf_times_pow2(p, n);
+}
+
 #define LANES 16 /* outputs per packed block */
 
 /* The three kinds of weights share one tiled loop; the ISA header says what a line

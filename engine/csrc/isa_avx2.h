@@ -79,25 +79,14 @@ static inline void vf_store_i16(int16_t *dst, vf v) {
     _mm_storeu_si128((void *)dst, _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1)));
 }
 
-/* exp(x) for x <= 0 (softmax after subtracting the max): x = n ln2 + r with
- * |r| <= ln2 / 2, exp(r) by its degree-7 Taylor polynomial (relative error < 2e-7),
- * times 2^n built in the exponent field. x is clamped at -87 so that 2^n stays a
- * normal number: the smallest weight is then ~1.6e-38 instead of 0, below what a
- * float32 sum that contains the maximum's weight 1 can register. */
-static inline vf vf_exp_neg(vf x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x); /* ln2 split in two for accuracy */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+/* What exp's range reduction needs (the polynomial itself is shared, in decode_kernels.c):
+ * x is clamped at -87 so that 2^n, built in the exponent field, stays a normal number: the
+ * smallest weight is then ~1.6e-38 instead of 0, below what a float32 sum that contains
+ * the maximum's weight 1 can register. */
+#define EXP_FLOOR (-87.0f)
+#define vf_fnmadd(a, b, c) _mm256_fnmadd_ps(a, b, c) /* c - a * b, one rounding */
+#define vf_round(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+static inline vf vf_times_pow2(vf p, vf n) { /* p * 2^n for integral n in the normal range */
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }

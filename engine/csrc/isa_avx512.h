@@ -64,25 +64,12 @@ static inline void vf_store_i16(int16_t *dst, vf v) {
     _mm256_storeu_si256((void *)dst, _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(v)));
 }
 
-/* exp(x) for x <= 0 (softmax after subtracting the max): x = n ln2 + r with
- * |r| <= ln2 / 2, exp(r) by its degree-7 Taylor polynomial (relative error < 2e-7,
- * about float32 rounding), times 2^n by scalef. Underflows to 0 below ~-87. */
-static inline vf vf_exp_neg(vf x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x); /* ln2 split in two for accuracy */
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+/* What exp's range reduction needs (the polynomial itself is shared, in decode_kernels.c):
+ * 2^n by scalef, which also handles subnormal results; below ~-87 the weight underflows to 0. */
+#define EXP_FLOOR (-104.0f)
+#define vf_fnmadd(a, b, c) _mm512_fnmadd_ps(a, b, c) /* c - a * b, one rounding */
+#define vf_round(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define vf_times_pow2(p, n) _mm512_scalef_ps(p, n) /* p * 2^n */
 
 /* Lane sums of four vectors, (sum a, sum b, sum c, sum d), each summed in the same
  * order whichever slot it occupies: ((x0 + x2) + (x1 + x3)) within each 128-bit lane,
