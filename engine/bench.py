@@ -221,13 +221,17 @@ def _vllm_backends(engine, systems: list[str], notes: list[str]) -> tuple[dict, 
             continue
         spec = ngram_config(k) if name == "vllm-ngram" else None
         launched[name] = VllmServer(speculative=spec, dtype=dtype).launch()  # start-ups overlap
+    servers.extend(launched.values())
     for name, server in launched.items():
-        servers.append(server)
         try:
             server.wait()
         except VllmServerError as exc:
             notes.append(f"{name}: vLLM did not start ({str(exc).splitlines()[0]})")
             continue
+        except BaseException:  # interrupted while waiting: leave no server behind
+            for other in servers:
+                other.stop()
+            raise
         backends[name] = server.backend()
         notes.append(
             f"{name}: vLLM {backends[name].info()['version']} on this CPU, {dtype}, ready {server.start_s:.0f} s after launch"
@@ -292,117 +296,84 @@ def run_bench(
             notes.append("llamacpp: llama-cpp-python not installed (optional)")
             systems.remove("llamacpp")
     vllm, servers = _vllm_backends(engine, systems, notes) if any(s in VLLM_SYSTEMS for s in systems) else ({}, [])
+    # vLLM servers started for the vLLM rows are stopped whatever happens below.
     try:
-        return _run_suite(
-            engine,
-            workloads,
-            systems,
-            hf,
-            llm,
-            vllm,
-            repeats,
-            max_new,
-            quick,
-            machine,
-            notes,
-            progress,
-            events_check,
-            pass_costs,
-        )
+        # Warm up every system once (first calls allocate and build the int8 drafter).
+        warm = engine.encode_prompt("Hello")
+        for name in systems:
+            _run_system(name, engine, hf, llm, warm, 4, vllm=vllm)
+        samples: dict[tuple[str, str], list[dict]] = {}
+        outputs: dict[tuple[str, str, int], list[int]] = {}
+        total = sum(len(p) for p in workloads.values()) * repeats * len(systems)
+        done = 0
+        for workload, prompts in workloads.items():
+            for pi, prompt in enumerate(prompts):
+                ids = engine.encode_prompt(prompt)
+                for rep in range(repeats):
+                    order = systems[rep % len(systems) :] + systems[: rep % len(systems)]  # rotate
+                    for name in order:
+                        result = _run_system(name, engine, hf, llm, ids, max_new, vllm=vllm)
+                        samples.setdefault((name, workload), []).append(result)
+                        outputs[(name, workload, pi)] = result["token_ids"]
+                        done += 1
+                        if progress:
+                            bar = "#" * int(30 * done / total)
+                            print(
+                                f"\r[{bar:<30}] {done}/{total} {name:<17} {workload:<10}",
+                                end="",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+        if progress:
+            print(file=sys.stderr)
+        events = _event_overhead(engine, workloads, repeats, max_new, progress) if events_check else None
+        pass_cost = pass_cost_ms(engine) if pass_costs else None
+        rows = []
+        for (name, workload), runs in samples.items():
+            tokens = sum(r["new_tokens"] for r in runs)
+            row = {
+                "system": name,
+                "workload": workload,
+                "tok_per_s": statistics.median(r["new_tokens"] / r["wall_s"] for r in runs),
+                "tokens_per_pass": sum(r["new_tokens"] for r in runs) / max(1, sum(r["passes"] for r in runs))
+                if runs[0]["passes"]
+                else None,
+                "acceptance_rate": (sum(r["accepted"] for r in runs) / sum(r["drafted"] for r in runs))
+                if sum(r["drafted"] for r in runs)
+                else None,
+                "new_tokens": tokens,
+            }
+            if row["tokens_per_pass"]:
+                passes_per_s = row["tok_per_s"] / row["tokens_per_pass"]
+                row["roofline_fraction"] = passes_per_s / machine["roofline_passes_per_s"]
+            rows.append(row)
+        by = {(r["system"], r["workload"]): r for r in rows}
+        for r in rows:
+            base = by.get(("engine-baseline", r["workload"]))
+            hfg = by.get(("hf-generate", r["workload"]))
+            r["speedup_vs_engine_baseline"] = r["tok_per_s"] / base["tok_per_s"] if base else None
+            r["speedup_vs_hf_generate"] = r["tok_per_s"] / hfg["tok_per_s"] if hfg else None
+        mismatches = []
+        for (name, workload, pi), toks in outputs.items():
+            ref = outputs.get(("engine-baseline", workload, pi))
+            if ref is None or name == "engine-baseline" or name == "llamacpp":
+                continue
+            if toks != ref:
+                at = next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), min(len(toks), len(ref)))
+                mismatches.append({"system": name, "workload": workload, "prompt": pi, "first_difference_at": at})
+        return {
+            "machine": machine,
+            "settings": {"max_new_tokens": max_new, "repeats": repeats, "quick": quick, "greedy": True, "batch": 1},
+            "rows": rows,
+            "greedy_mismatches": mismatches,
+            "event_overhead": events,
+            "pass_cost_ms": pass_cost,
+            "notes": notes,
+            "date": time.strftime("%Y-%m-%d"),
+        }
     finally:
         for server in servers:
             server.stop()
-
-
-def _run_suite(
-    engine,
-    workloads,
-    systems,
-    hf,
-    llm,
-    vllm,
-    repeats,
-    max_new,
-    quick,
-    machine,
-    notes,
-    progress,
-    events_check,
-    pass_costs,
-):
-    # Warm up every system once (first calls allocate and build the int8 drafter).
-    warm = engine.encode_prompt("Hello")
-    for name in systems:
-        _run_system(name, engine, hf, llm, warm, 4, vllm=vllm)
-    samples: dict[tuple[str, str], list[dict]] = {}
-    outputs: dict[tuple[str, str, int], list[int]] = {}
-    total = sum(len(p) for p in workloads.values()) * repeats * len(systems)
-    done = 0
-    for workload, prompts in workloads.items():
-        for pi, prompt in enumerate(prompts):
-            ids = engine.encode_prompt(prompt)
-            for rep in range(repeats):
-                order = systems[rep % len(systems) :] + systems[: rep % len(systems)]  # rotate
-                for name in order:
-                    result = _run_system(name, engine, hf, llm, ids, max_new, vllm=vllm)
-                    samples.setdefault((name, workload), []).append(result)
-                    outputs[(name, workload, pi)] = result["token_ids"]
-                    done += 1
-                    if progress:
-                        bar = "#" * int(30 * done / total)
-                        print(
-                            f"\r[{bar:<30}] {done}/{total} {name:<17} {workload:<10}",
-                            end="",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-    if progress:
-        print(file=sys.stderr)
-    events = _event_overhead(engine, workloads, repeats, max_new, progress) if events_check else None
-    pass_cost = pass_cost_ms(engine) if pass_costs else None
-    rows = []
-    for (name, workload), runs in samples.items():
-        tokens = sum(r["new_tokens"] for r in runs)
-        row = {
-            "system": name,
-            "workload": workload,
-            "tok_per_s": statistics.median(r["new_tokens"] / r["wall_s"] for r in runs),
-            "tokens_per_pass": sum(r["new_tokens"] for r in runs) / max(1, sum(r["passes"] for r in runs))
-            if runs[0]["passes"]
-            else None,
-            "acceptance_rate": (sum(r["accepted"] for r in runs) / sum(r["drafted"] for r in runs))
-            if sum(r["drafted"] for r in runs)
-            else None,
-            "new_tokens": tokens,
-        }
-        if row["tokens_per_pass"]:
-            passes_per_s = row["tok_per_s"] / row["tokens_per_pass"]
-            row["roofline_fraction"] = passes_per_s / machine["roofline_passes_per_s"]
-        rows.append(row)
-    by = {(r["system"], r["workload"]): r for r in rows}
-    for r in rows:
-        base = by.get(("engine-baseline", r["workload"]))
-        hfg = by.get(("hf-generate", r["workload"]))
-        r["speedup_vs_engine_baseline"] = r["tok_per_s"] / base["tok_per_s"] if base else None
-        r["speedup_vs_hf_generate"] = r["tok_per_s"] / hfg["tok_per_s"] if hfg else None
-    mismatches = []
-    for (name, workload, pi), toks in outputs.items():
-        ref = outputs.get(("engine-baseline", workload, pi))
-        if ref is None or name == "engine-baseline" or name == "llamacpp":
-            continue
-        if toks != ref:
-            at = next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), min(len(toks), len(ref)))
-            mismatches.append({"system": name, "workload": workload, "prompt": pi, "first_difference_at": at})
-    return {
-        "machine": machine,
-        "settings": {"max_new_tokens": max_new, "repeats": repeats, "quick": quick, "greedy": True, "batch": 1},
-        "rows": rows,
-        "greedy_mismatches": mismatches,
-        "event_overhead": events,
-        "pass_cost_ms": pass_cost,
-        "notes": notes,
-        "date": time.strftime("%Y-%m-%d"),
-    }
 
 
 PASS_WIDTHS = (1, 2, 3, 4, 5, 8, 9, 12, 16)
