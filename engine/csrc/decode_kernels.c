@@ -59,6 +59,21 @@
 #error "compile with -mavx2 -mfma, or -mavx512f -mavx512bw -mavx512vl (+ -mavx512bf16 -mavx512vnni)"
 #endif
 
+#ifdef BF16_WIDENED /* no bf16 dot product: x rows stay float32 and bf16 weights go through the float32 steps */
+#define X_ROWS_BF16 0 /* x rows stay float32 */
+typedef float xel_bf16;
+typedef xv_f32 xv_bf16;
+typedef wv_f32 wv_bf16;
+typedef acc_f32 acc_bf16;
+#define xload_bf16 xload_f32
+#define acc_zero_bf16 acc_zero_f32
+#define dot_bf16 dot_f32
+#define acc_to_blk_bf16 acc_to_blk_f32
+static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
+    if (src != dst) memcpy(dst, src, sizeof(float) * n);
+}
+#endif
+
 /* exp(x) for x <= 0 (softmax after subtracting the max), the same arithmetic on every ISA:
  * x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for accuracy), exp(r) by its degree-7
  * Taylor polynomial in Horner form (relative error < 2e-7, about float32 rounding), times 2^n.

@@ -153,23 +153,12 @@ static inline void dot_f32(acc_f32 *acc, xv_f32 x, wv_f32 w) {
 #define acc_to_blk_f32(acc, sx) ((void)(sx), (blk){(acc)[0], (acc)[1]})
 
 /* ---- the bf16 product: one 64-byte line = W[16 outputs][2 inputs] ----------------- */
-#define X_ROWS_BF16 0 /* x rows stay float32 */
-typedef float xel_bf16;
-typedef xv_f32 xv_bf16;
-typedef wv_f32 wv_bf16;
-typedef acc_f32 acc_bf16;
-#define xload_bf16 xload_f32
-#define acc_zero_bf16 acc_zero_f32
-#define dot_bf16 dot_f32
-#define acc_to_blk_bf16 acc_to_blk_f32
-static inline wv_bf16 wload_bf16(const uint16_t *line) {
+#define BF16_WIDENED 1 /* bf16 weights widened to float32: the float32 product's steps (decode_kernels.c) */
+static inline wv_f32 wload_bf16(const uint16_t *line) {
     const __m256i lo = _mm256_loadu_si256((const void *)line), hi = _mm256_loadu_si256((const void *)(line + 16));
     const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
-    return (wv_bf16){_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_and_si256(lo, top)),
+    return (wv_f32){_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_and_si256(lo, top)),
                      _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)), _mm256_castsi256_ps(_mm256_and_si256(hi, top))};
-}
-static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
-    if (src != dst) memcpy(dst, src, sizeof(float) * n);
 }
 
 /* ---- the int8 product: x rows int16, one 32-byte line = Q[16 outputs][2 inputs] --- */

@@ -163,22 +163,11 @@ static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
 }
 #define acc_to_blk_bf16(acc, sx) ((void)(sx), (acc)[0])
 #else
-#define X_ROWS_BF16 0 /* x rows stay float32 */
-typedef float xel_bf16;
-typedef xv_f32 xv_bf16;
-typedef wv_f32 wv_bf16;
-typedef acc_f32 acc_bf16;
-#define xload_bf16 xload_f32
-#define acc_zero_bf16 acc_zero_f32
-#define dot_bf16 dot_f32
-#define acc_to_blk_bf16 acc_to_blk_f32
-static inline wv_bf16 wload_bf16(const uint16_t *line) {
+#define BF16_WIDENED 1 /* bf16 weights widened to float32: the float32 product's steps (decode_kernels.c) */
+static inline wv_f32 wload_bf16(const uint16_t *line) {
     const __m512i w = _mm512_loadu_si512(line);
-    return (wv_bf16){_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)),
+    return (wv_f32){_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)),
                      _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)))};
-}
-static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
-    if (src != dst) memcpy(dst, src, sizeof(float) * n);
 }
 #endif
 
