@@ -416,43 +416,36 @@ def _event_overhead(engine, workloads, repeats, max_new, progress) -> dict:
     }
 
 
+def _timed(start_run) -> dict:
+    """Run an event stream to its finish (started by start_run(), so the clock includes its start):
+    wall time plus the finish event's counts."""
+    t0 = time.perf_counter()
+    finish = None
+    for event in start_run():
+        finish = event
+    wall = time.perf_counter() - t0
+    m = finish["metrics"]
+    return {
+        "token_ids": finish["token_ids"],
+        "new_tokens": m["new_tokens"],
+        "wall_s": wall,
+        "passes": m["target_passes"],
+        "accepted": m["accepted"],
+        "drafted": m["drafted"],
+    }
+
+
 def _run_system(name, engine, hf, llm, ids, max_new, payload="reduced", vllm=None) -> dict:
     if name in ENGINE_SYSTEMS:
         drafter, kw = ENGINE_SYSTEMS[name]
         settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0, **kw)
-        t0 = time.perf_counter()
-        finish = None
-        for event in engine.generate(ids, drafter, settings):
-            finish = event
-        wall = time.perf_counter() - t0
-        m = finish["metrics"]
-        return {
-            "token_ids": finish["token_ids"],
-            "new_tokens": m["new_tokens"],
-            "wall_s": wall,
-            "passes": m["target_passes"],
-            "accepted": m["accepted"],
-            "drafted": m["drafted"],
-        }
+        return _timed(lambda: engine.generate(ids, drafter, settings))
     if name in VLLM_SYSTEMS:
         # The prompt as token ids (/v1/completions): exactly the ids our engine decodes from. Streamed
         # without logprobs (payload off): the chunks place vLLM's per-step counts, so passes are exact.
-        t0 = time.perf_counter()
-        finish = None
-        for event in vllm[name].generate(
-            ids, max_new_tokens=max_new, temperature=0.0, chat=False, seed=0, payload="off"
-        ):
-            finish = event
-        wall = time.perf_counter() - t0
-        m = finish["metrics"]
-        return {
-            "token_ids": finish["token_ids"],
-            "new_tokens": m["new_tokens"],
-            "wall_s": wall,
-            "passes": m["target_passes"],
-            "accepted": m["accepted"],
-            "drafted": m["drafted"],
-        }
+        return _timed(
+            lambda: vllm[name].generate(ids, max_new_tokens=max_new, temperature=0.0, chat=False, seed=0, payload="off")
+        )
     if name == "llamacpp":
         t0 = time.perf_counter()
         out = llm(llm.detokenize(ids).decode("utf-8", "ignore"), max_tokens=max_new, temperature=0.0)
