@@ -1,0 +1,62 @@
+"""Every example shows, live on the default model, what its label promises.
+
+assets/examples.json holds what scripts/record_traces.py measured for each example (tokens
+per target pass, α, speedup, with the CPU and dtype). Greedy runs are deterministic, so the
+tokens-per-pass claims are checked here on the real model (float32 here, bf16 when recorded
+on our CPU kernels: a tolerance covers the few tokens where the two differ). Speed claims
+depend on the machine; the examples' notes say so and the benchmark measures them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = json.loads((Path(__file__).resolve().parent.parent / "assets" / "examples.json").read_text())
+TOLERANCE = 0.75  # a live greedy run keeps at least this share of the recorded tokens per pass
+COPY_FLOOR = 3.0  # what "n-gram copies" means: at least 3 tokens per target pass
+
+
+def _by_lesson(lesson: str) -> list[dict]:
+    return [e for e in EXAMPLES if e.get("lesson") == lesson]
+
+
+def _tokens_per_pass(engine, example: dict, drafter: str | None = None) -> float:
+    run = engine.run(example["prompt"], drafter or example["drafter"], payload="reduced", **example["settings"])
+    return run["metrics"]["tokens_per_pass"]
+
+
+def test_every_example_is_complete_and_measured():
+    assert len(EXAMPLES) >= 5
+    lessons = {e["lesson"] for e in EXAMPLES}
+    assert {"copy", "model-drafter", "does-not-pay"} <= lessons
+    for e in EXAMPLES:
+        assert e["prompt"].strip() and e["drafter"] and e["explain"] and isinstance(e["settings"], dict)
+        m = e["measured"]
+        assert m["tokens_per_pass"] >= 1.0 and m["speedup"] > 0 and m["cpu"] and m["dtype"] and m["recorded"]
+
+
+@pytest.mark.parametrize("example", _by_lesson("copy"), ids=lambda e: e["name"])
+def test_ngram_examples_copy_several_tokens_per_pass(real_engine, example):
+    assert example["drafter"] == "ngram" and example["settings"]["temperature"] == 0
+    recorded = example["measured"]["tokens_per_pass"]
+    assert recorded >= COPY_FLOOR
+    live = _tokens_per_pass(real_engine, example)
+    assert live >= max(COPY_FLOOR, TOLERANCE * recorded), (live, recorded)
+
+
+@pytest.mark.parametrize("example", _by_lesson("model-drafter"), ids=lambda e: e["name"])
+def test_model_drafter_example_beats_ngram_per_pass(real_engine, example):
+    live = _tokens_per_pass(real_engine, example)
+    ngram = _tokens_per_pass(real_engine, example, "ngram")
+    assert live >= TOLERANCE * example["measured"]["tokens_per_pass"]
+    assert live > 2 * ngram, (live, ngram)
+
+
+def test_the_lesson_example_was_measured_slower_than_the_baseline():
+    """The example labelled as not paying was recorded below 1× while lifting tokens per pass."""
+    for example in _by_lesson("does-not-pay"):
+        m = example["measured"]
+        assert m["speedup"] < 1.0 and m["tokens_per_pass"] > 1.5, m
