@@ -45,6 +45,10 @@ one-token passes. (Variants differ from each other in the last bits.)
 Where no kernel can be used (no variant for this CPU, no compiler, build
 failure, SPECLENS_CPU_KERNEL=0) ``available()`` is False with
 ``why_unavailable()`` saying why, and the model uses torch's ops instead.
+
+One file (~680 lines) on purpose: building each ISA variant, self-checking it, packing
+each weight kind for it and calling it are one contract with the C source; the packing
+and the calls must change together with csrc/.
 """
 
 from __future__ import annotations

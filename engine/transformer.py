@@ -8,6 +8,10 @@ positions given per token (tree nodes sit at ``prefix + depth``).
 
 Shapes: T = tokens in this forward, S = cache capacity, H = query heads,
 Hkv = key/value heads, D = head dim, E = hidden size, V = vocabulary.
+
+One file (~620 lines) on purpose: the forward and the weight kinds it multiplies with
+(float32/bf16 on torch or our kernels, int8, Q4_1) are one concern; split, every kind
+would reach back into the forward's private layout.
 """
 
 from __future__ import annotations

@@ -41,6 +41,10 @@ batch measurement (``engine.vllm_batch``) time. ``VllmBackend.info()`` says what
 the server reports: the served model, whether it speculates and with which K
 (from ``/metrics``), its speculative config where readable (``/server_info`` in
 vLLM's dev mode, or what the caller started it with).
+
+One file (~720 lines) on purpose: the HTTP client, the stream parsing and the alignment
+of vLLM's per-step counts with the streamed tokens are one translation (a response into
+SpecLens events); the server manager and the batch measurement live apart.
 """
 
 from __future__ import annotations
