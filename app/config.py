@@ -12,6 +12,8 @@
 | SPECLENS_PRELOAD | 1 | `python app.py` loads the default model in the background at start (0 = on first Run) |
 | GRADIO_SERVER_NAME | 127.0.0.1 | address `python app.py` serves on |
 | GRADIO_SERVER_PORT | 7860 | port `python app.py` serves on |
+| SPECLENS_VLLM_URL | unset | a vLLM server with speculation: the Playground offers it as the drafter "vllm" |
+| SPECLENS_VLLM_BASELINE_URL | unset | the same model served without speculation: with both, the Batch lab measures real batches |
 
 The numbers are read once, at import. The model permissions are read when a model is about to
 load, so that an operator's change (or a test's) applies to the next load without a restart.
@@ -37,6 +39,8 @@ __all__ = [
     "SERVER_NAME",
     "SERVER_PORT",
     "TRACES_DIR",
+    "VLLM_BASELINE_URL",
+    "VLLM_URL",
     "allowed_models",
     "any_model_allowed",
     "check_model_allowed",
@@ -70,6 +74,9 @@ MAX_CONCURRENT_RUNS = _int_env("SPECLENS_MAX_CONCURRENT_RUNS", 2)
 PRELOAD = _flag_env("SPECLENS_PRELOAD", "1")
 SERVER_NAME = os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")
 SERVER_PORT = _int_env("GRADIO_SERVER_PORT", 7860)
+# A production engine driven through its API (engine.vllm_backend): unset = the vLLM views stay hidden.
+VLLM_URL = os.environ.get("SPECLENS_VLLM_URL", "").strip() or None
+VLLM_BASELINE_URL = os.environ.get("SPECLENS_VLLM_BASELINE_URL", "").strip() or None
 
 
 def allowed_models() -> set[str]:

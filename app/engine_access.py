@@ -15,6 +15,7 @@ import gradio as gr
 
 from engine.decode import OutOfMemory
 
+from . import config
 from .config import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, check_model_allowed
 from .inputs import as_int
 from .model_registry import REGISTRY, prepare_drafter
@@ -27,10 +28,13 @@ __all__ = [
     "is_loaded",
     "make_settings",
     "start_generation",
+    "start_vllm_generation",
     "use_drafter",
+    "VLLM_DRAFTER",
 ]
 
 MODEL_PREFIX = "model:"  # a drafter spec naming a separate draft model
+VLLM_DRAFTER = "vllm"  # the Playground's name for the production engine at config.VLLM_URL
 
 
 def is_loaded(target: str = "default", dtype: str = "auto") -> bool:
@@ -96,6 +100,19 @@ def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_toke
     return settings
 
 
+def start_vllm_generation(prompt, settings) -> Generation:
+    """A run on the vLLM server at config.VLLM_URL (engine.vllm_backend): the same events, with what vLLM
+    does not expose (rejected drafts, q, u) marked absent in the start event."""
+    from engine.vllm_backend import VllmBackend, VllmError
+
+    if not config.VLLM_URL:
+        raise gr.Error("No vLLM server is configured: set SPECLENS_VLLM_URL to its base URL.")
+    try:
+        return Generation(VllmBackend(config.VLLM_URL).generate(prompt, settings, chat=True, payload="full"))
+    except (VllmError, ValueError) as exc:
+        raise gr.Error(str(exc)) from None
+
+
 class Generation:
     """The event stream of one run. Iterate it for the events (OutOfMemory arrives as gr.Error);
     use it as a context manager, or call close(), to stop the engine, also when the handler is
@@ -105,9 +122,11 @@ class Generation:
         self._events = events
 
     def __iter__(self) -> Iterator[dict]:
+        from engine.vllm_backend import VllmError
+
         try:
             yield from self._events
-        except OutOfMemory as exc:  # the engine suggests smaller settings; the app keeps serving
+        except (OutOfMemory, VllmError) as exc:  # smaller settings, or a server gone: the app keeps serving
             raise gr.Error(str(exc)) from None
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from engine.trace import start_event, step_events
 from visuals import MARKS
+from visuals.steps import absent_note
 
 from .render import fmt_num, md_token, plural
 
@@ -220,6 +221,9 @@ def narrate_step(trace: list[dict], step_index: int) -> str:
         return "This trace has no target passes yet."
     pp = _read_pass(trace, max(0, min(step_index, len(steps) - 1)))
     lines = [_opening(pp), ""]
+    absent = absent_note(start_event(trace))
+    if absent:  # a production engine's trace: the counts are real, the drafts themselves were not reported
+        lines += [f"*This run came from a production engine; {absent}. The tokens below are what it emitted.*", ""]
     lines += _decisions(pp) + _target_token(pp) + _unreached(pp)
     lines += ["", _result(pp)]
     return "\n".join(lines)

@@ -98,7 +98,8 @@ def measure_batches(
     "tok_per_s_min", "tok_per_s_max", "latency_s" (median per-request latency),
     "latency_min_s", "latency_max_s", "acceptance_rate"}}, "speedup" (speculative ÷
     baseline tok/s per B, when both are given), "speculation_pays_up_to" (the largest B
-    of the leading run of B where speculation was faster), "greedy_mismatches",
+    of the leading run of B where speculation was faster) and "verdict" (that in words,
+    what every view shows), "greedy_mismatches",
     "settings", "source": "measured"}.
     """
     sizes = [int(b) for b in batch_sizes]
@@ -171,6 +172,12 @@ def measure_batches(
                 break
             pays = batch
         report["speculation_pays_up_to"] = pays
+        if pays is None:
+            report["verdict"] = f"speculation does not pay at B = {sizes[0]}"
+        elif pays == sizes[-1]:
+            report["verdict"] = "speculation pays at every batch size measured"
+        else:
+            report["verdict"] = f"speculation pays up to B = {pays}, not beyond"
         if temperature == 0.0:
             # Greedy speculation must not change the output: compare every request of every batch.
             for batch in sizes:

@@ -245,3 +245,12 @@ def test_workshop_steps_load_their_settings_and_open_existing_tabs():
             assert isinstance(filled["drafter"], str) and isinstance(filled["k"], int), step["title"]
             assert isinstance(filled["temperature"], float), step["title"]
         assert step["question"].endswith("?") and step["answer"]
+
+
+def test_model_panel_memory_plan_says_what_a_run_needs():
+    from app.tabs import playground
+
+    text = playground.memory_plan("SmolLM2-135M-Instruct", "int8", "auto", 4, 2, 0, 64)
+    assert "needs" in text and "GiB" in text and "fits" in text and "int8" in text
+    assert "nothing is loaded here" in playground.memory_plan("SmolLM2-135M-Instruct", "vllm", "auto", 4, 1, 0, 64)
+    assert "Cannot plan" in playground.memory_plan("nope/not-allowed", "int8", "auto", 4, 1, 0, 64)

@@ -304,3 +304,38 @@ def test_bench_runs_a_vllm_row_beside_the_engine(ngram_server, real_engine, monk
     assert set(rows) == {"engine-baseline", "vllm-ngram"}, report["notes"]
     assert rows["vllm-ngram"]["tok_per_s"] > 0 and rows["vllm-ngram"]["tokens_per_pass"] >= 1.0
     assert any(n.startswith("vllm-ngram:") for n in report["notes"])
+
+
+def test_app_runs_the_playground_and_measures_batches_on_vllm(ngram_server, baseline_server, monkeypatch):
+    """The app with both servers configured: the Playground offers the 'vllm' drafter and streams a run
+    from the speculative server into the usual views (saying what vLLM does not report); the Batch lab
+    measures real batches on both servers, and its title, status and table come from one report."""
+    from app import config
+    from app.labs import batch
+    from app.narration import narrate_step
+    from app.tabs import playground
+
+    monkeypatch.setattr(config, "VLLM_URL", ngram_server.url)
+    monkeypatch.setattr(config, "VLLM_BASELINE_URL", baseline_server.url)
+    assert "vllm" in [value for _, value in playground.drafter_choices()]
+    args = dict(
+        prompt="Repeat exactly: alpha beta gamma delta, alpha beta gamma delta.",
+        target="SmolLM2-135M-Instruct",
+        drafter="vllm",
+        k=4, topk=1, budget=0, temperature=0.0, top_p=1.0, top_k=0, seed=0,
+        max_new_tokens=24, dtype="auto", run_id="",
+    )  # fmt: skip
+    updates = [dict(zip(playground.PLAY_KEYS, u)) for u in playground.run_playground(**args, progress=None)]
+    trace = updates[-1]["trace"]
+    assert trace[0]["backend"] == "vllm" and trace[-1]["type"] == "finish"
+    assert "finished" in updates[-1]["card"] and "vllm" in updates[-1]["card"]
+    assert "not reported by vllm" in narrate_step(trace, 1)
+    assert (
+        len(updates[-1]["tree"].data) > 0 and "not reported by vllm" in updates[-1]["tree"].layout.title.subtitle.text
+    )
+
+    assert batch.vllm_available()
+    status, fig, table, _ = list(batch.run_vllm_batch([1, 2], 1))[-1]
+    verdict = fig.layout.title.text.replace("<br>", " ").split(": ", 1)[1]
+    assert "Measured on vLLM, not computed" in status and verdict in status
+    assert [row[0] for row in table.value["data"]] == [1, 2]

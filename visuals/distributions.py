@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from .steps import CONTEXT, Pass, accept_rule, default_position, read_pass, tried
+from .steps import CONTEXT, Pass, absent_note, accept_rule, default_position, read_pass, tried
 from .style import (
     LABELS,
     MARKS,
@@ -218,6 +218,9 @@ def _pq_titles(view: Pass, node_id, has_q_top: bool) -> tuple[str, str]:
         )
     if view.greedy and view.nodes:
         subtitle += " · greedy run: a draft is kept if and only if it is the target's top token"
+    absent = absent_note(view.start)
+    if absent:
+        subtitle = f"p from the engine's logprobs · {absent}"
     return title, subtitle
 
 

@@ -17,6 +17,7 @@ from .style import PALETTE, SERIES, apply_layout, message_figure, show_token
 
 __all__ = [
     "fmt_pvalue",
+    "measured_batch_figure",
     "lossless_figure",
     "message_figure",
     "race_figure",
@@ -237,3 +238,40 @@ def lossless_figure(
 
 
 # --------------------------------------------------------------------------------------- batch lab
+
+
+# ------------------------------------------------------------------------------------- batch, measured
+def measured_batch_figure(report: dict) -> go.Figure:
+    """Throughput vs batch size as measured on real servers (engine.vllm_batch.measure_batches): one line per
+    server with its spread over the repeats, the speedup of the speculative one labelled at each B."""
+    sizes = report["batch_sizes"]
+    fig = go.Figure()
+    speedup = report.get("speedup") or [None] * len(sizes)
+    for name, mode in report["modes"].items():
+        spec = bool(mode.get("speculative"))
+        label = f"with speculation (K = {mode.get('k')})" if spec else "without speculation"
+        lows = [m - lo for m, lo in zip(mode["tok_per_s"], mode["tok_per_s_min"])]
+        highs = [hi - m for m, hi in zip(mode["tok_per_s"], mode["tok_per_s_max"])]
+        fig.add_trace(
+            go.Scatter(
+                x=sizes,
+                y=mode["tok_per_s"],
+                mode="lines+markers+text" if spec else "lines+markers",
+                text=[f"{s:.2f}×" if s else "" for s in speedup] if spec else None,
+                textposition="top center",
+                name=f"{label}: {name} server (measured, median)",
+                line={"color": SERIES["theory" if spec else "baseline"], "width": 3},
+                error_y={"type": "data", "symmetric": False, "array": highs, "arrayminus": lows},
+                hovertemplate="B = %{x}: %{y:.1f} tok/s (measured)<extra>" + name + "</extra>",
+                meta={"role": name},
+            )
+        )
+    verdict = report.get("verdict", "one server only: no speedup to compare")
+    fig.update_xaxes(title_text="batch size B (concurrent requests)", type="log", tickvals=sizes, ticktext=sizes)
+    fig.update_yaxes(title_text="tokens per second (measured)", rangemode="tozero")
+    subtitle = (
+        f"real batches on vLLM, median of {report['settings']['repeats']} repeats, bars = min–max · labels: "
+        "speedup with ÷ without"
+    )
+    apply_layout(fig, f"Measured on vLLM: {verdict}", subtitle, height=LOSSLESS_HEIGHT)
+    return fig

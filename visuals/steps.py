@@ -139,3 +139,12 @@ def accept_rule(node: dict) -> str:
     renormalised: the node's `adjusted` flag says which one applied.
     """
     return "min(1, p_eff/q_eff)" if node.get("adjusted") else "min(1, p/q)"
+
+
+def absent_note(start: dict) -> str:
+    """'' for our engine's traces; for a production engine's (vLLM's), what it did not report, so that a
+    figure says so instead of drawing what is not known."""
+    absent = start.get("absent") or []
+    if not absent:
+        return ""
+    return f"not reported by {start.get('backend') or 'the engine that ran this'}: " + "; ".join(absent)

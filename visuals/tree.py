@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from .steps import CONTEXT, Pass, accept_rule, mode_words, read_pass, tried
+from .steps import CONTEXT, Pass, absent_note, accept_rule, mode_words, read_pass, tried
 from .style import LABELS, MARKS, PALETTE, SERIES, SYMBOLS, apply_layout, fmt_prob, show_token
 
 __all__ = ["tree_figure"]
@@ -305,6 +305,11 @@ def _is_chain(nodes: list[dict]) -> bool:
 
 def _tree_titles(view: Pass) -> tuple[str, str]:
     step, start = view.step, view.start
+    absent = absent_note(start)
+    if absent:  # a production engine's trace: counts, but no draft tokens, q or u
+        acc, drafted = int(step.get("accepted_len") or 0), int(step.get("drafted") or 0)
+        title = f"Pass {view.number}: {acc} of {drafted} drafted tokens accepted → {len(step.get('emitted') or [])} out"
+        return title, f"{mode_words(start)} · only the emitted tokens are drawn · {absent}"
     if view.baseline and not view.nodes:
         title = f"Pass {view.number}: no draft — the target makes one token itself"
         subtitle = f"{mode_words(start)} · the + bonus token is drawn from the target's distribution p"

@@ -16,7 +16,9 @@ import gradio as gr
 
 from engine.metrics import batch_throughputs
 from visuals import batch_figure
+from visuals.lab_figures import measured_batch_figure
 
+from .. import config
 from ..engine_access import get_engine, is_loaded
 from ..figure_guard import guarded
 from ..inputs import number
@@ -25,7 +27,7 @@ from ..wiring import PRIVATE, run_stop_buttons
 from .last_run import last_run
 from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
 
-__all__ = ["build_tab", "batch_refresh", "recompute", "run_batch"]
+__all__ = ["build_tab", "batch_refresh", "recompute", "run_batch", "run_vllm_batch", "vllm_available"]
 
 # The run"s inputs (controls, in the order the run takes them) and outputs (results).
 INPUTS = ["k", "alpha", "sizes", "draft_ms", "repeats"]
@@ -197,9 +199,89 @@ def run_batch(
     yield *_outputs({**measured, **batch_throughputs(measured, lab["alpha"], lab["draft_ms"])}), measured
 
 
+# ------------------------------------------------------------------------------ measured on vLLM
+VLLM_HEADERS = [
+    "batch B",
+    "without speculation (tok/s, measured: median [min–max])",
+    "with speculation (tok/s, measured: median [min–max])",
+    "speedup (measured)",
+    "latency per request without / with (s, median)",
+]
+VLLM_MAX_NEW_TOKENS = 64
+
+
+def vllm_available() -> bool:
+    """Both servers configured: one with speculation, one without (SPECLENS_VLLM_URL, ..._BASELINE_URL)."""
+    return bool(config.VLLM_URL and config.VLLM_BASELINE_URL)
+
+
+def _vllm_table(report: dict) -> list[list]:
+    base, spec = report["modes"]["baseline"], report["modes"]["speculative"]
+    rows = []
+    for i, b in enumerate(report["batch_sizes"]):
+        cells = [
+            f"{m['tok_per_s'][i]:.1f} [{m['tok_per_s_min'][i]:.1f}–{m['tok_per_s_max'][i]:.1f}]" for m in (base, spec)
+        ]
+        speedup = (report.get("speedup") or [None] * (i + 1))[i]
+        rows.append(
+            [
+                b,
+                *cells,
+                f"{speedup:.2f}×" if speedup else "—",
+                f"{base['latency_s'][i]:.2f} / {spec['latency_s'][i]:.2f}",
+            ]
+        )
+    return rows
+
+
+def run_vllm_batch(batch_sizes, repeats=START["repeats"], run_id: str = "", progress=gr.Progress()):  # noqa: B008
+    """Generator: B concurrent requests to the two vLLM servers at each batch size, throughput measured, not
+    computed; yields (status, figure, rows, measured pass times unchanged)."""
+    import json
+
+    from engine.vllm_backend import VllmError
+    from engine.vllm_batch import measure_batches
+
+    if not vllm_available():
+        raise gr.Error("Set SPECLENS_VLLM_URL and SPECLENS_VLLM_BASELINE_URL to measure real batches on vLLM.")
+    lab = _checked(1, 0.0, batch_sizes, 0, repeats)
+    prompts = json.loads((config.ASSETS / "workloads.json").read_text(encoding="utf-8"))["code-edit"]
+    yield f"Sending real batches of B = {', '.join(map(str, lab['sizes']))} to both vLLM servers…", *[gr.skip()] * 3
+    tracker = ProgressReporter(progress, "batches measured", run_id, interval=0.0)
+    started = time.perf_counter()
+    servers = {"baseline": config.VLLM_BASELINE_URL, "speculative": config.VLLM_URL}
+    try:
+        report = measure_batches(
+            servers,
+            prompts,
+            lab["sizes"],
+            max_new_tokens=VLLM_MAX_NEW_TOKENS,
+            repeats=lab["repeats"],
+            progress=lambda done, total, *_: tracker(done, total),
+        )
+    except Stopped:
+        yield "■ Stopped. Nothing is reported from an unfinished measurement.", *[gr.skip()] * 3
+        return
+    except (VllmError, ValueError) as exc:
+        raise gr.Error(str(exc)) from None
+    status = (
+        f"**Measured on vLLM, not computed** ({time.perf_counter() - started:.0f} s; code-edit prompts, "
+        f"{VLLM_MAX_NEW_TOKENS} new tokens, greedy, median of {lab['repeats']} repeats): **{report.get('verdict')}**. "
+        f"Greedy outputs with and without speculation differed in {len(report.get('greedy_mismatches') or [])} "
+        "requests."
+    )
+    table = gr.Dataframe(value=_vllm_table(report), headers=VLLM_HEADERS)
+    yield status, guarded("vLLM batches", measured_batch_figure, report), table, gr.skip()
+
+
 def _controls() -> dict:
     c = {}
     c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Measure", "bl-run", "bl-stop")
+    c["vllm_btn"] = gr.Button(
+        "▶ Measure real batches on vLLM",
+        visible=vllm_available(),
+        elem_id="bl-vllm",
+    )
     c["k"] = gr.Slider(1, MAX_K, START["k"], step=1, label="K (draft depth)", elem_id="bl-k")
     c["alpha"] = gr.Slider(
         0,
@@ -243,6 +325,9 @@ def build_tab(trace_state: gr.State) -> gr.Tab:
     def wire(c: dict, out: dict) -> None:
         seen = gr.State("")  # the run whose K, α and draft time were last taken
         wire_lab_run(c, out, run_batch, INPUTS, OUTPUTS)
+        c["vllm_btn"].click(
+            run_vllm_batch, [c["sizes"], c["repeats"]], [out[key] for key in OUTPUTS], show_progress_on=[out["status"]]
+        )
         refreshed = [c["k"], c["alpha"], c["draft_ms"]]
         for control in (c["k"], c["alpha"], c["draft_ms"]):
             control.change(

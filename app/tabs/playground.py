@@ -18,9 +18,18 @@ from engine.trace import step_events
 from visuals import acceptance_figure, interesting_step_index, tokens_per_pass_figure
 from visuals.lab_figures import message_figure
 
-from .. import render
+from .. import config, render
 from ..config import MAX_NEW_TOKENS
-from ..engine_access import builds_on_first_use, get_engine, is_loaded, make_settings, start_generation, use_drafter
+from ..engine_access import (
+    VLLM_DRAFTER,
+    builds_on_first_use,
+    get_engine,
+    is_loaded,
+    make_settings,
+    start_generation,
+    start_vllm_generation,
+    use_drafter,
+)
 from ..examples import EXAMPLE_SETTINGS, example_dropdown, example_note, example_values
 from ..figure_guard import guarded
 from ..inputs import as_int
@@ -32,11 +41,13 @@ from ..wiring import PRIVATE, end_run, pack, run_stop_buttons, wire_run_and_stop
 __all__ = [
     "DRAFTER_CHOICES",
     "DRAFTER_INFO",
+    "drafter_choices",
     "PLAY_KEYS",
     "finished_outputs",
     "initial_playground",
     "initial_values",
     "layout",
+    "memory_plan",
     "pick_example",
     "run_playground",
     "show_play_step",
@@ -264,12 +275,18 @@ def run_playground(
 ):
     """Generator: stream one real generation into the Playground outputs, one update per target pass."""
     settings = make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens)
-    engine = yield from _prepare(target, drafter, dtype, progress)
+    if drafter == VLLM_DRAFTER:  # the production engine: its own model and speculation, same events
+        yield pack(PLAY_KEYS, {"status": "Sending the prompt to the vLLM server…"})
+        generation = start_vllm_generation(prompt, settings)
+    else:
+        engine = yield from _prepare(target, drafter, dtype, progress)
+        generation = start_generation(engine, prompt, drafter, settings)
     if stop_requested(run_id):
+        generation.close()
         yield pack(PLAY_KEYS, {"status": _stopped_status([]), "run_btn": end_run()})
         return
     trace: list[dict] = []
-    with start_generation(engine, prompt, drafter, settings) as events:
+    with generation as events:
         stopped = yield from _stream(events, trace, run_id)
     index = interesting_step_index(trace)
     status = _stopped_status(trace) if stopped else _done_status(trace, index)
@@ -369,14 +386,22 @@ def _sliders(c: dict, specs: dict, s: dict) -> None:
         c[key] = gr.Slider(lo, hi, s.get(setting, default), step=step, label=label, info=info)
 
 
+def drafter_choices() -> list[tuple[str, str]]:
+    """Our drafters, and the production engine when a vLLM server is configured (hidden otherwise)."""
+    if not config.VLLM_URL:
+        return DRAFTER_CHOICES
+    return DRAFTER_CHOICES + [(f"vllm: the production engine at {config.VLLM_URL} (its own speculation)", VLLM_DRAFTER)]
+
+
 def _drafting_controls(c: dict, start: dict, s: dict) -> None:
     with gr.Accordion("Drafting", open=True):
         c["drafter"] = gr.Dropdown(
-            choices=DRAFTER_CHOICES,
+            choices=drafter_choices(),
             value=start.get("drafter") or "ngram",
             allow_custom_value=True,
             label="Drafter",
-            info=DRAFTER_INFO,
+            info=DRAFTER_INFO
+            + (" vllm runs the prompt on the configured vLLM server: its model, its K." if config.VLLM_URL else ""),
             elem_id="sl-drafter",
         )
         chain = (s.get("topk") or 1) == 1  # a chain's budget is the slider's "0 = K × top-k"
@@ -413,6 +438,32 @@ def _kernel_note() -> str:
     return f"*CPU kernels: **{kernel['variant']}**, {kernel['label']} ({kernel['reason']}).*"
 
 
+def memory_plan(target, drafter, dtype, k, topk, budget, max_new_tokens) -> str:
+    """What a run with these settings needs in memory (engine.memory_plan, sized before any load) against
+    what this machine has free; a plan that does not fit says so with the numbers."""
+    if drafter == VLLM_DRAFTER:
+        return "*The vLLM server holds its own model and caches: nothing is loaded here.*"
+    from engine.memory_plan import plan_memory
+
+    try:
+        config.check_model_allowed(target or "default")
+        plan = plan_memory(
+            target or "default",
+            (drafter or "none").strip(),
+            dtype=dtype or "auto",
+            k=as_int(k, "K"),
+            topk=as_int(topk, "tree topk"),
+            num_draft_tokens=as_int(budget, "tree budget") or None,
+            max_new_tokens=as_int(max_new_tokens, "max_new_tokens"),
+            prompt_tokens=config.MAX_PROMPT_TOKENS,
+            concurrent_runs=config.MAX_CONCURRENT_RUNS,
+        )
+    except ValueError as exc:
+        return f"*Cannot plan: {exc}*"
+    verdict = "fits" if plan.fits else "**does not fit**: choose a smaller model, K or tree, or fewer concurrent runs"
+    return f"*Memory plan ({config.MAX_CONCURRENT_RUNS} concurrent runs, prompts up to {config.MAX_PROMPT_TOKENS} tokens): {plan.describe()}. It {verdict}.*"
+
+
 def _model_controls(c: dict) -> None:
     with gr.Accordion("Model", open=False):
         c["target"] = gr.Dropdown(
@@ -430,6 +481,8 @@ def _model_controls(c: dict) -> None:
             "own 4-bit GGUF blocks on our kernels: fewest bytes per token.",
         )
         gr.Markdown(_kernel_note(), elem_id="sl-kernel")
+        c["memory_btn"] = gr.Button("Check memory for these settings", size="sm", elem_id="sl-memory-btn")
+        c["memory"] = gr.Markdown("", elem_id="sl-memory")
 
 
 def _outputs(c: dict, init: dict, n_steps: int) -> None:
@@ -506,3 +559,5 @@ def wire(c: dict, st_source: gr.Radio) -> None:
     example_outputs += [c[key] for key in ("top_k", "seed", "max_new", "status")]
     c["example"].input(pick_example, [c["example"]], example_outputs, show_progress="hidden", queue=False, **PRIVATE)
     c["target"].input(suggest_drafter, [c["target"]], [c["drafter"]], show_progress="hidden", queue=False, **PRIVATE)
+    plan_inputs = [c[key] for key in ("target", "drafter", "dtype", "k", "topk", "budget", "max_new")]
+    c["memory_btn"].click(memory_plan, plan_inputs, [c["memory"]], show_progress="hidden", **PRIVATE)
