@@ -7,9 +7,12 @@ Public API (imported lazily so that ``import engine`` stays cheap)::
     for event in engine.generate("Hello", drafter="ngram", k=4):
         ...                                            # start, step..., finish dicts
 
-Layout: ``models`` (loading, cache, presets), ``transformer`` (forward + KV cache),
-``sampling`` (verification maths), ``drafters``, ``decode`` (the loop),
-``metrics``, ``trace`` (JSON I/O), ``parity``, ``cli``.
+Layout (docs/architecture.md follows one token through it): ``models`` (loading,
+cache, presets), ``transformer`` + ``cpu_kernels`` (forward + KV cache), ``drafters``,
+``decode`` (the loop), ``verification`` (a pass's logits -> decisions) on
+``acceptance`` (the one acceptance rule; ``batched_verifier`` mirrors it on the GPU),
+``sampling`` (filters, draws), ``events``, ``trace`` and ``metrics`` (plain Python:
+the trace model and the one run summary), ``parity``, ``bench``, ``vllm_*``, ``cli``.
 """
 
 __all__ = ["GenerationSettings", "SpeculativeEngine", "load_model", "ModelLoadError"]

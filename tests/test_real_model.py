@@ -139,7 +139,7 @@ def test_bfloat16_parity_is_bitwise_without_strict_mode_on_our_cpu_kernels():
 def test_speculative_sampling_matches_target_distribution_on_real_model(real_engine, chain_verifier, monkeypatch):
     """First two generated tokens: speculative samples (int8 drafter, K=2) against the
     exact p computed from the target's logits, chi-square. "batch" verifies each chain in
-    one call of kernels.verify_batch (what the GPU path runs, here its torch reference)."""
+    one call of batched_verifier.verify_batch (what the GPU path runs, here its torch reference)."""
     monkeypatch.setattr(real_engine, "chain_verifier", chain_verifier)
     prompt = "Name a colour."
     settings = dict(temperature=1.0, top_k=4, k=2, seed=123)
