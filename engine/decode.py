@@ -333,6 +333,7 @@ class SpeculativeEngine:
                 step = events.step_event(
                     result.tree,
                     result.verdict,
+                    emitted=emitted,
                     kept=kept,
                     number=len(steps) + 1,
                     tokens_total=len(generated),

@@ -96,6 +96,7 @@ def step_event(
     tree: DraftTree,
     verdict: Verdict,
     *,
+    emitted: list[dict],
     kept: int,
     number: int,
     tokens_total: int,
@@ -105,11 +106,10 @@ def step_event(
     payload: str,
     token_text: TokenText,
 ) -> dict:
-    """One target pass. kept: how many of the pass's emitted tokens the run keeps
-    (fewer than all when EOS or max_new_tokens cut it); accepted nodes past the cut
+    """One target pass. emitted: verdict.emitted(tree), which the loop already built; kept: how many of them
+    the run keeps (fewer than all when EOS or max_new_tokens cut it); accepted nodes past the cut
     are marked ``dropped``. payload "off" leaves out the per-node records."""
     full = payload == "full"
-    emitted = verdict.emitted(tree)
     dropped = {item["node"] for item in emitted[kept:] if item["node"] is not None}
     texts = token_text if full else None
     nodes = [_node(tree, verdict, i, i in dropped, texts) for i in range(len(tree))] if payload != "off" else []
