@@ -12,6 +12,7 @@ from .trace import finish_event, start_event, step_events
 
 __all__ = [
     "batch_throughputs",
+    "draft_token_cost",
     "expected_tokens_per_pass",
     "run_summary",
     "summarize_steps",
@@ -80,6 +81,25 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
 def _mean(values) -> float | None:
     values = [float(v) for v in values if v is not None]
     return sum(values) / len(values) if values else None
+
+
+def draft_token_cost(steps: list[dict], baseline_steps: list[dict]) -> float | None:
+    """c measured: the time to draft one token ÷ the time of one plain target pass, from step events.
+
+    (mean draft_ms per pass ÷ mean drafted tokens per pass) ÷ mean verify_ms of the baseline run's passes.
+    Both means run over the same passes, so the first factor is total draft time ÷ total drafted tokens: a
+    pass whose drafter proposed nothing (an n-gram lookup without a match) still pays its drafting time.
+    The unit is a one-token pass of the baseline, the unit of E / (K·c + 1); a speculative pass over K + 1
+    tokens costs more than that, which the formula leaves out and a measured speedup does not.
+    None when a draft time is missing (vLLM traces have none), nothing was drafted or the baseline has no
+    timed pass.
+    """
+    draft_ms = [s.get("draft_ms") for s in steps]
+    drafted = sum(s.get("drafted") or 0 for s in steps)
+    pass_ms = _mean(s.get("verify_ms") for s in baseline_steps)
+    if not drafted or not pass_ms or any(ms is None for ms in draft_ms):
+        return None
+    return sum(float(ms) for ms in draft_ms) / drafted / pass_ms
 
 
 def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float = 0.0) -> dict:
