@@ -10,7 +10,7 @@ from __future__ import annotations
 import gradio as gr
 
 from .config import CSS_PATH
-from .labs import batch, explain, lossless, parity
+from .labs import batch, drafters, explain, lossless, parity
 from .tabs import api, playground, race, step_through, workshop
 
 __all__ = ["SpecLensBlocks", "build_demo", "theme"]
@@ -64,6 +64,7 @@ def build_demo() -> gr.Blocks:
             races = race.layout(first["race"])
             explain.build_tab(play["trace"])
             lossless.build_tab()
+            drafters.build_tab()
             parity.build_tab()
             batch.build_tab(play["trace"])
         # Events once every tab exists: a Playground run also points the Step-through at itself.
