@@ -1,4 +1,4 @@
-"""Command line: ``python -m engine {generate,parity,bench,prepare}``.
+"""Command line: ``python -m engine {generate,parity,bench,prepare,train-head}``.
 
 Bad arguments exit with status 2 and a one-line message; model problems exit 1.
 """
@@ -80,6 +80,17 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workloads", default=None, help="comma-separated subset of chat, code-edit, summarize")
     b.add_argument("--no-events-check", action="store_true", help="skip the event-stream cost measurement")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    th = sub.add_parser("train-head", help="train the EAGLE drafting head for a target on this CPU (resumable)")
+    th.add_argument("--target", default="default", help="the target the head drafts for")
+    th.add_argument("--out", default=None, help="head folder (default assets/heads/<target>)")
+    th.add_argument("--work", default=None, help="folder for the resumable intermediate files")
+    th.add_argument("--prompts", type=int, default=None, help="training prompts (default 1200)")
+    th.add_argument("--epochs", type=int, default=None)
+    th.add_argument("--vocab", type=int, default=None, help="reduced draft vocabulary size (default 8192)")
+    th.add_argument("--unroll", type=int, default=None, help="training-time test steps (default 3)")
+    th.add_argument("--seed", type=int, default=0)
+    th.add_argument("--quick", action="store_true", help="tiny random target, a few prompts: seconds (tests)")
 
     prep = sub.add_parser("prepare", help="build the default model cache (once) and report its timing")
     prep.add_argument("--dtype", default="auto", choices=list(_dtypes()))
@@ -211,6 +222,30 @@ def _parity(args, engine) -> int:
     return 1 if bugs else 0
 
 
+def _train_head(args) -> int:
+    import subprocess
+
+    from .train_head import TrainConfig, train_head
+
+    cfg = TrainConfig(target=args.target, out=args.out, work=args.work, seed=args.seed, quick=args.quick)
+    for name, low, high in (("prompts", 8, 100_000), ("epochs", 1, 50), ("vocab", 256, 262_144), ("unroll", 1, 8)):
+        value = getattr(args, name)
+        if value is not None:
+            if not low <= value <= high:
+                raise ValueError(f"--{name} must be between {low} and {high}")
+            setattr(cfg, name, value)
+    cfg.command = "python -m engine " + " ".join(sys.argv[1:] if sys.argv[1:2] == ["train-head"] else ["train-head"])
+    result = train_head(cfg)
+    held = result["held_out"]
+    print(
+        f"head written to {result['folder']} ({result['total_minutes']:.1f} min); held-out greedy K=4: "
+        f"{held['tokens_per_pass']} tokens per pass, acceptance by depth {held['acceptance_by_depth']}"
+    )
+    # The curves' HTML is drawn by visuals (plotly), in its own process: the engine never imports it.
+    subprocess.run([sys.executable, "-m", "visuals", "training-curves", f"{result['folder']}/training-curves.json"])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     from .models import ModelLoadError, load_model
@@ -233,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             kernel = cpu_kernels.describe()
             print(f"CPU kernel: {kernel['variant'] or 'none'} ({kernel['reason']}); {kernel['label']}")
             return 0
+        if args.command == "train-head":
+            return _train_head(args)
         from .decode import SpeculativeEngine
 
         if args.command == "bench":

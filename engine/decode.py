@@ -28,6 +28,7 @@ import torch
 
 from . import events
 from .drafters import Drafter, DraftTree, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_weights
+from .eagle import EagleDrafter, EagleHead, load_head
 from .host import host_info
 from .metrics import summarize_steps
 from .models import LoadedModel, check_same_vocab, load_model
@@ -126,6 +127,7 @@ class SpeculativeEngine:
         self.tokenizer = target.tokenizer
         self._drafter_models: dict[str, Transformer] = {}
         self._drafter_lock = threading.Lock()
+        self._head: EagleHead | None = None  # the EAGLE head, loaded at the first eagle run
         self.allow_remote_code = False
         self._token_text: dict[int, str] = {}
         self.eos_ids = target.eos_token_ids
@@ -152,7 +154,7 @@ class SpeculativeEngine:
 
     # ----------------------------------------------------------------- drafters
     def drafter(self, spec: str) -> Drafter:
-        """A fresh drafter for one run: none, ngram[:MAX[,MIN[,WINDOW]]], int8 or model:<id>.
+        """A fresh drafter for one run: none, ngram[:MAX[,MIN[,WINDOW]]], int8, eagle or model:<id>.
 
         Model weights (the int8 copy, a draft model) are built once per engine and
         shared read-only; the per-run state (the drafter's KV cache) is new for every
@@ -173,7 +175,20 @@ class SpeculativeEngine:
                 if len(parts) == 1:  # ngram:1 means single-token matches only
                     parts.append(min(2, parts[0]))
             return NgramDrafter(*parts, stop_ids=self.special_ids)
+        if spec == "eagle":
+            return EagleDrafter(self._eagle_head())
         return ModelDrafter(self._drafter_weights(spec), spec)
+
+    def use_eagle_head(self, head: EagleHead) -> None:
+        """Draft `eagle` with this head instead of the one shipped for the target (training, tests)."""
+        with self._drafter_lock:
+            self._head = head
+
+    def _eagle_head(self) -> EagleHead:
+        with self._drafter_lock:
+            if self._head is None:
+                self._head = load_head(self.target.model, self.target.name)
+            return self._head
 
     def _drafter_weights(self, spec: str):
         with self._drafter_lock:
@@ -195,7 +210,7 @@ class SpeculativeEngine:
                 check_same_vocab(self.tokenizer, loaded.tokenizer)
                 model = loaded.model
             else:
-                raise ValueError(f"unknown drafter {spec!r}; choose none, ngram, int8 or model:<id>")
+                raise ValueError(f"unknown drafter {spec!r}; choose none, ngram, int8, eagle or model:<id>")
             self._drafter_models[spec] = model
             return model
 
@@ -253,7 +268,7 @@ class SpeculativeEngine:
         """Yield start, step... and finish events for one generation.
 
         prompt: text (the chat template is applied when settings.chat) or token ids.
-        drafter: none | ngram | int8 | model:<id>. Keyword arguments override settings.
+        drafter: none | ngram | int8 | eagle | model:<id>. Keyword arguments override settings.
         Validation happens here, before the generator exists, so bad input raises
         ValueError at the call without touching any model state.
         """
@@ -281,7 +296,11 @@ class SpeculativeEngine:
         gen = torch.Generator().manual_seed(seed)
         t0 = time.perf_counter()
         if len(prompt_ids) > 1:
-            self.target.model.prefill(prompt_ids[:-1], cache)
+            if drafter.reads_target_features:
+                _, hidden = self.target.model.prefill(prompt_ids[:-1], cache, return_hidden=True)
+                drafter.take_features(hidden, 0)
+            else:
+                self.target.model.prefill(prompt_ids[:-1], cache)
         state = DecodeState(list(prompt_ids), drafter, shape, params, gen, cache, strict)
         return state, time.perf_counter() - t0
 
@@ -367,7 +386,7 @@ class SpeculativeEngine:
         n = len(tree)
         batched = self._use_batched_chain(tree, state.params, drop_q)
         try:
-            logits = self._target_pass(state, tree, to_host=not batched)  # [1 + n, V]
+            logits, hidden = self._target_pass(state, tree, to_host=not batched)  # [1 + n, V], [1 + n, E] or None
         except torch.OutOfMemoryError as exc:
             raise OutOfMemory(
                 f"out of memory verifying {n} draft tokens; try a smaller K, topk or tree budget"
@@ -378,12 +397,16 @@ class SpeculativeEngine:
             verdict = walk_tree(logits, tree, state.params, state.gen, drop_q)
         # Keep the pending token and the accepted path in the target cache; drop the rest.
         cache.length = base + 1 + n
-        cache.keep(base, [0] + [1 + i for i in verdict.path])
+        rows = [0] + [1 + i for i in verdict.path]
+        cache.keep(base, rows)
         state.drafter.accept(tree, verdict.path)
+        if hidden is not None:  # the features of the committed rows, from the pass just run
+            state.drafter.take_features(hidden[rows], base)
         return StepResult(tree, verdict, draft_ms, (time.perf_counter() - t1) * 1000.0)
 
-    def _target_pass(self, state: DecodeState, tree: DraftTree, to_host: bool) -> torch.Tensor:
-        """Logits [1 + n, V]: row 0 = the pending token, row 1 + i = draft node i."""
+    def _target_pass(self, state: DecodeState, tree: DraftTree, to_host: bool):
+        """Logits [1 + n, V]: row 0 = the pending token, row 1 + i = draft node i; and the
+        same rows' last-layer features [1 + n, E] when the drafter reads them (else None)."""
         model = self.target.model
         base = state.cache.length
         n = len(tree)
@@ -404,15 +427,18 @@ class SpeculativeEngine:
                 mask[1 + n :, 0] = True  # padding rows: look at one slot, never used
                 tokens = tokens + [0] * (rows - 1 - n)
                 positions = positions + [base] * (rows - 1 - n)
-        logits = model.forward(
+        features = state.drafter.reads_target_features
+        out = model.forward(
             torch.tensor(tokens),
             torch.tensor(positions),
             state.cache,
             mask=mask,
             attend_len=attend_len,
             to_host=to_host,
+            return_hidden=features,
         )
-        return logits[: 1 + n]
+        logits, hidden = out if features else (out, None)
+        return logits[: 1 + n], (hidden[: 1 + n] if features else None)
 
     def _use_batched_chain(self, tree: DraftTree, params, drop_q: bool) -> bool:
         mode = self.chain_verifier

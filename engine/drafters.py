@@ -133,6 +133,16 @@ class Drafter:
     def accept(self, tree: DraftTree, path: list[int]) -> None:
         """The target kept `path` (node ids, root to leaf) of the last proposal."""
 
+    # A drafter that reads the target's own features (the EAGLE head) sets this; the
+    # decode loop then hands it the last layer's rows of every committed position the
+    # target computed (the prompt at prefill, then the pending token and the accepted
+    # path of each verification pass), so drafting costs no extra target work.
+    reads_target_features = False
+
+    def take_features(self, hidden: torch.Tensor, first_position: int) -> None:
+        """hidden: [m, E] pre-norm last-layer rows of committed positions
+        first_position .. first_position + m - 1."""
+
     def close(self) -> None:
         """Release per-run buffers."""
 
@@ -250,23 +260,35 @@ class ModelDrafter(Drafter):
     def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         return probs_from_logits(logits, params)  # [.., V] float32
 
-    def propose(self, context, shape, params, gen) -> DraftTree:
-        if self.cache is None:
-            raise RuntimeError("ModelDrafter.ensure_capacity must be called before propose")
+    def _catch_up(self, context: list[int]) -> tuple[torch.Tensor, int]:
+        """Feed the committed tokens the drafter has not seen (the prompt at the first
+        step, then the target's extra token and any unseen accepted ones). Returns the
+        logits [V] for the token after the context and the position the first draft
+        node's slot follows (len(context))."""
         cache = self.cache
         base = cache.length
         new = context[base:]
-        # Catch up on the committed tokens the drafter has not seen (prompt at the
-        # first step, then the target's extra token and any unseen accepted ones).
         tokens = torch.tensor(new, dtype=torch.long)
         positions = torch.arange(base, base + len(new))
         logits = self.model.forward(tokens, positions, cache, logits_rows=torch.tensor([len(new) - 1]))
-        committed = cache.length  # == len(context)
+        return logits[0], cache.length
+
+    def _expand(self, tree: DraftTree, frontier: list[int], positions: torch.Tensor, mask) -> torch.Tensor:
+        """Feed the frontier nodes ([F] tokens at `positions`, tree `mask` or None for a
+        chain) in one pass; returns their logits [F, V]."""
+        feed = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long)
+        return self.model.forward(feed, positions, self.cache, mask=mask)
+
+    def propose(self, context, shape, params, gen) -> DraftTree:
+        if self.cache is None:
+            raise RuntimeError(f"{type(self).__name__}.ensure_capacity must be called before propose")
+        cache = self.cache
+        root_logits, committed = self._catch_up(context)
         tree = DraftTree()
         slot_of: dict[int, int] = {}  # node -> cache slot, for nodes fed to the drafter
         score: list[float] = []
         frontier: list[int] = [-1]
-        frontier_q = {-1: self._q(logits[0], params)}
+        frontier_q = {-1: self._q(root_logits, params)}
         for depth in range(1, shape.steps + 1):
             level: list[int] = []
             for parent in frontier:
@@ -293,7 +315,6 @@ class ModelDrafter(Drafter):
             frontier.sort()
             # Feed the frontier to the drafter in one pass with a tree mask.
             start = cache.length
-            feed = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long)
             pos = torch.tensor([committed - 1 + tree.depths[i] for i in frontier], dtype=torch.long)
             for offset, node in enumerate(frontier):
                 slot_of[node] = start + offset
@@ -304,7 +325,7 @@ class ModelDrafter(Drafter):
                 for row, node in enumerate(frontier):
                     for anc in tree.path_to(node):
                         mask[row, slot_of[anc]] = True
-            out = self.model.forward(feed, pos, cache, mask=mask)
+            out = self._expand(tree, frontier, pos, mask)
             frontier_q = {node: self._q(out[row], params) for row, node in enumerate(frontier)}
         # Keep the budget's best nodes (ancestor-closed, since scores only shrink
         # along a path and ties are broken by creation order: parents first).

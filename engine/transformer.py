@@ -540,7 +540,9 @@ class Transformer:
         attend_len: int | None = None,
         logits_rows: torch.Tensor | None = None,
         to_host: bool = True,
-    ) -> torch.Tensor:
+        x_in: torch.Tensor | None = None,
+        return_hidden: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run T new tokens, writing their K/V at slots [cache.length, cache.length + T).
 
         tokens:      [T] int64 token ids
@@ -549,6 +551,11 @@ class Transformer:
                      A = attend_len (default cache.length + T); None means plain
                      causal attention (T == 1 needs no mask at all)
         logits_rows: [R] rows of the T outputs to project to the vocabulary (None = all)
+        x_in:        [T, E] input rows in place of the token embeddings (the EAGLE head
+                     feeds its fused feature + embedding rows; tokens then only give T)
+        return_hidden: also return the last layer's output before the final norm,
+                     [T, E] in the activation dtype, every row (the features an
+                     EAGLE head reads: engine/eagle.py)
         Inputs may live on the CPU; logits come back as float32 on the CPU (the
         verification and the events are host-side), or stay on the model's device
         with to_host=False (the batched GPU verification). Advances cache.length by T;
@@ -586,7 +593,7 @@ class Transformer:
         cos, sin = self._rope(positions, max_position)
         # Rotary + KV write in one C call per layer where activations and cache are float32 CPU tensors.
         fused_rope = self._attention_kernel and self.act_dtype == torch.float32 and cache.k.dtype == torch.float32
-        x = self.embed[tokens].to(self.act_dtype)  # [T, E]
+        x = (self.embed[tokens] if x_in is None else x_in).to(self.act_dtype)  # [T, E]
         nq, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         group = nq // nkv
         for li, layer in enumerate(self.layers):
@@ -614,14 +621,24 @@ class Transformer:
             gate, up = self._normed_linear(layer.gate_up, x, layer.mlp_norm).chunk(2, dim=-1)  # [T, I] each
             x = x + layer.down(F.silu(gate) * up)
         cache.length = end
+        hidden = x
         if logits_rows is not None:
             x = x[logits_rows]
         logits = self._normed_linear(self.lm_head, x, self.norm).float()
-        return logits.cpu() if to_host else logits
+        logits = logits.cpu() if to_host else logits
+        return (logits, hidden) if return_hidden else logits
 
-    def prefill(self, token_ids: list[int], cache: KVCache) -> torch.Tensor:
-        """Append token_ids to the cache; returns the logits [V] of the last one."""
+    def prefill(self, token_ids: list[int], cache: KVCache, return_hidden: bool = False):
+        """Append token_ids to the cache; returns the logits [V] of the last one
+        (and, with return_hidden, the pre-norm last-layer rows [n, E])."""
         n = len(token_ids)
         start = cache.length
         rows = torch.tensor([n - 1])
-        return self.forward(torch.tensor(token_ids), torch.arange(start, start + n), cache, logits_rows=rows)[0]
+        out = self.forward(
+            torch.tensor(token_ids),
+            torch.arange(start, start + n),
+            cache,
+            logits_rows=rows,
+            return_hidden=return_hidden,
+        )
+        return (out[0][0], out[1]) if return_hidden else out[0]
