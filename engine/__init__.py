@@ -8,7 +8,7 @@ Public API (imported lazily so that ``import engine`` stays cheap)::
         ...                                            # start, step..., finish dicts
 
 Layout (docs/architecture.md follows one token through it): ``models`` (loading,
-cache, presets), ``transformer`` + ``cpu_kernels`` (forward + KV cache), ``drafters``,
+cache, presets), ``transformer`` + ``cpu_kernels`` (forward + KV cache), ``drafters`` (+ ``adaptive``),
 ``decode`` (the loop), ``verification`` (a pass's logits -> decisions) on
 ``acceptance`` (the one acceptance rule; ``batched_verifier`` mirrors it on the GPU),
 ``sampling`` (filters, draws), ``events``, ``trace`` and ``metrics`` (plain Python:

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import events
+from .adaptive import AdaptiveDepth, check_min_confidence
 from .drafters import Drafter, DraftTree, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_weights
 from .eagle import EagleDrafter, EagleHead, load_head
 from .host import host_info
@@ -61,6 +62,10 @@ class GenerationSettings:
     payload: str = "full"  # "full" (top-k of p and q, token texts), "reduced", or "off" (start and finish only)
     strict: bool = False  # shape-invariant target passes: bitwise greedy parity in any dtype
     max_prompt_tokens: int | None = None
+    # Drafting that adapts (engine.adaptive): K moves in [1, k] with recent acceptance, and a model
+    # drafter stops deeper when its best path's cumulative q is below adaptive_min_confidence.
+    adaptive: bool = False
+    adaptive_min_confidence: float = 0.3
 
     def validate(self) -> tuple[SamplingParams, TreeShape]:
         params = SamplingParams(self.temperature, self.top_k, self.top_p)
@@ -79,7 +84,14 @@ class GenerationSettings:
             raise ValueError(f"seed must be an integer between 0 and 2**63 - 1, got {self.seed!r}")
         if self.payload not in ("full", "reduced", "off"):
             raise ValueError(f"payload must be 'full', 'reduced' or 'off', got {self.payload!r}")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
+        self.adaptive_min_confidence = check_min_confidence(self.adaptive_min_confidence)
         return params, TreeShape(self.k, self.topk, self.num_draft_tokens)
+
+    def adaptive_depth(self, shape: TreeShape) -> AdaptiveDepth | None:
+        """A fresh adaptive-depth policy for one run of this shape, or None when drafting does not adapt."""
+        return AdaptiveDepth(shape.steps, self.adaptive_min_confidence) if self.adaptive else None
 
     def merged(self, overrides: dict) -> GenerationSettings:
         return GenerationSettings(**{**asdict(self), **overrides}) if overrides else self
@@ -97,6 +109,7 @@ class DecodeState:
     gen: torch.Generator
     cache: KVCache
     strict: bool = False  # pad every pass to `width` rows (shape-invariant passes)
+    adaptive: AdaptiveDepth | None = None  # this run's K policy; None = every pass drafts `shape`
 
     @property
     def width(self) -> int:
@@ -106,12 +119,19 @@ class DecodeState:
 
 @dataclass
 class StepResult:
-    """One target pass: the draft tree, what verification decided, and the timings."""
+    """One target pass: the draft tree, what verification decided, the timings, and the K this pass
+    drafted with (the run's K, or the adaptive policy's; 0 without a drafter)."""
 
     tree: DraftTree
     verdict: Verdict
     draft_ms: float
     verify_ms: float
+    k: int = 0
+
+    @property
+    def draft_info(self) -> dict:
+        """The step event's ``draft``: the K used and why drafting stopped (the drafter's own record)."""
+        return {"k": self.k, "stop": self.tree.stop}
 
 
 class SpeculativeEngine:
@@ -285,7 +305,9 @@ class SpeculativeEngine:
         seed = settings.seed if settings.seed is not None else random.SystemRandom().randrange(2**31)
         return self._run(prompt, prompt_ids, drafter_obj, settings, params, shape, seed)
 
-    def _new_state(self, prompt_ids, drafter: Drafter, shape, params, seed: int, extra: int, strict: bool):
+    def _new_state(
+        self, prompt_ids, drafter: Drafter, shape, params, seed: int, extra: int, strict: bool, adaptive=None
+    ):
         """Caches sized for the prompt plus `extra` tokens, the prompt prefilled but for
         its last token (the pending one)."""
         width = shape.max_tokens + 1
@@ -301,7 +323,7 @@ class SpeculativeEngine:
                 drafter.take_features(hidden, 0)
             else:
                 self.target.model.prefill(prompt_ids[:-1], cache)
-        state = DecodeState(list(prompt_ids), drafter, shape, params, gen, cache, strict)
+        state = DecodeState(list(prompt_ids), drafter, shape, params, gen, cache, strict, adaptive)
         return state, time.perf_counter() - t0
 
     def _start_info(self, drafter: Drafter, settings, params, shape, seed: int, max_new: int) -> dict:
@@ -338,7 +360,10 @@ class SpeculativeEngine:
             self._start_info(drafter, settings, params, shape, seed, max_new), prompt, prompt_ids, self.token_text
         )
         try:
-            state, prefill_s = self._new_state(prompt_ids, drafter, shape, params, seed, max_new, settings.strict)
+            adaptive = settings.adaptive_depth(shape)
+            state, prefill_s = self._new_state(
+                prompt_ids, drafter, shape, params, seed, max_new, settings.strict, adaptive
+            )
             generated: list[int] = []
             steps: list[dict] = []
             stop_reason = "max_new_tokens"
@@ -359,6 +384,7 @@ class SpeculativeEngine:
                     elapsed_s=time.perf_counter() - started,
                     draft_ms=result.draft_ms,
                     verify_ms=result.verify_ms,
+                    draft=result.draft_info,
                     payload=settings.payload,
                     token_text=self.token_text,
                 )
@@ -376,9 +402,11 @@ class SpeculativeEngine:
             drafter.close()
 
     def _step(self, state: DecodeState, drop_q: bool = False) -> StepResult:
-        """One target pass: draft, verify, keep the accepted path in the caches."""
+        """One target pass: draft, verify, keep the accepted path in the caches (and let an adaptive
+        policy learn from the outcome, for the next pass)."""
+        shape = state.adaptive.shape_for_step(state.shape) if state.adaptive else state.shape
         t0 = time.perf_counter()
-        tree = state.drafter.propose(state.context, state.shape, state.params, state.gen)
+        tree = state.drafter.propose(state.context, shape, state.params, state.gen)
         draft_ms = (time.perf_counter() - t0) * 1000.0
         t1 = time.perf_counter()
         cache = state.cache
@@ -402,7 +430,10 @@ class SpeculativeEngine:
         state.drafter.accept(tree, verdict.path)
         if hidden is not None:  # the features of the committed rows, from the pass just run
             state.drafter.take_features(hidden[rows], base)
-        return StepResult(tree, verdict, draft_ms, (time.perf_counter() - t1) * 1000.0)
+        if state.adaptive is not None:
+            state.adaptive.update(len(verdict.path), max(tree.depths, default=0))
+        k = 0 if isinstance(state.drafter, NoDrafter) else shape.steps
+        return StepResult(tree, verdict, draft_ms, (time.perf_counter() - t1) * 1000.0, k)
 
     def _target_pass(self, state: DecodeState, tree: DraftTree, to_host: bool):
         """Logits [1 + n, V]: row 0 = the pending token, row 1 + i = draft node i; and the
@@ -480,7 +511,11 @@ class SpeculativeEngine:
         if len(prompt_ids) + n_tokens + shape.max_tokens + 2 >= self.target.context_window:
             raise ValueError("prompt too long for the context window")
         seed = settings.seed if settings.seed is not None else 0
-        state, _ = self._new_state(prompt_ids, drafter_obj, shape, params, seed, n_tokens + shape.max_tokens + 1, False)
+        # One adaptive policy for all samples: K follows the acceptance of the samples before, which
+        # changes how each sample is drafted but not its distribution (engine.adaptive).
+        extra = n_tokens + shape.max_tokens + 1
+        adaptive = settings.adaptive_depth(shape)
+        state, _ = self._new_state(prompt_ids, drafter_obj, shape, params, seed, extra, False, adaptive)
         base = state.cache.length
         samples: list[tuple[int, ...]] = []
         try:

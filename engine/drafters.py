@@ -15,6 +15,8 @@ tree with one child per node.
 
 Tree shape (SGLang's knobs): ``steps`` = depth, ``topk`` = children per expanded
 node and nodes expanded per depth, ``budget`` = total draft tokens kept.
+``min_confidence`` (adaptive drafting, ``engine.adaptive``): stop drafting deeper once the
+best node to expand has a cumulative draft probability below it (0 = never stop early).
 Greedy decoding ranks nodes by cumulative draft probability (EAGLE-2 style).
 Sampling draws the children of a node without replacement from q and decides
 which nodes to keep from their sibling ranks only, never from the drawn values:
@@ -36,11 +38,13 @@ __all__ = ["DraftTree", "TreeShape", "Drafter", "NoDrafter", "NgramDrafter", "Mo
 
 @dataclass(frozen=True)
 class TreeShape:
-    """steps: depth of the tree; topk: branching; budget: max draft tokens kept."""
+    """steps: depth of the tree; topk: branching; budget: max draft tokens kept; min_confidence: a
+    model drafter stops expanding deeper when the best frontier node's cumulative q is below it."""
 
     steps: int
     topk: int = 1
     budget: int | None = None
+    min_confidence: float = 0.0
 
     def __post_init__(self):
         for name in ("steps", "topk"):
@@ -53,6 +57,8 @@ class TreeShape:
             raise ValueError(f"topk must be between 1 and 16, got {self.topk}")
         if self.budget is not None and (not isinstance(self.budget, int) or not 1 <= self.budget <= 256):
             raise ValueError(f"num_draft_tokens must be between 1 and 256, got {self.budget!r}")
+        if not 0.0 <= self.min_confidence <= 1.0:  # also refuses NaN
+            raise ValueError(f"min_confidence must be between 0 and 1, got {self.min_confidence!r}")
 
     @property
     def max_tokens(self) -> int:
@@ -68,7 +74,8 @@ class DraftTree:
     parents[i] == -1 means node i hangs off the root, the last committed token.
     Siblings appear in the order they were drawn. q_dists maps a parent id (-1 for
     the root) to the drafter distribution its children were drawn from ([V]
-    float32); a point-mass drafter (n-gram) has none.
+    float32); a point-mass drafter (n-gram) has none. stop says why drafting ended
+    where it did (``engine.adaptive.STOP_REASONS``), decided by the drafter.
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -77,6 +84,7 @@ class DraftTree:
     q_token: list[float] = field(default_factory=list)  # q(token) under the parent's q
     q_dists: dict[int, torch.Tensor] = field(default_factory=dict)
     point_mass: bool = False
+    stop: str = "none"
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -101,7 +109,7 @@ class DraftTree:
         keep = sorted(keep)
         remap = {old: new for new, old in enumerate(keep)}
         remap[-1] = -1
-        tree = DraftTree(point_mass=self.point_mass)
+        tree = DraftTree(point_mass=self.point_mass, stop=self.stop)
         for old in keep:
             tree.tokens.append(self.tokens[old])
             tree.parents.append(remap[self.parents[old]])
@@ -212,12 +220,15 @@ class NgramDrafter(Drafter):
 
     def propose(self, context, shape, params, gen) -> DraftTree:
         branches = self.find_continuations(context, shape.steps, shape.topk)
-        tree = DraftTree(point_mass=True)
+        # No confidence to consult: the draft is as deep as the longest continuation found.
+        full = any(len(branch) >= shape.steps for branch in branches)
+        tree = DraftTree(point_mass=True, stop="depth" if full else "no-match")
         budget = shape.max_tokens
         for branch in branches:
             parent = -1
             for depth, token in enumerate(branch, start=1):
                 if len(tree) >= budget:
+                    tree.stop = "depth"  # the tree budget is full
                     return tree
                 tree.tokens.append(int(token))
                 tree.parents.append(parent)
@@ -284,9 +295,10 @@ class ModelDrafter(Drafter):
             raise RuntimeError(f"{type(self).__name__}.ensure_capacity must be called before propose")
         cache = self.cache
         root_logits, committed = self._catch_up(context)
-        tree = DraftTree()
+        tree = DraftTree(stop="depth")
         slot_of: dict[int, int] = {}  # node -> cache slot, for nodes fed to the drafter
         score: list[float] = []
+        path_q: list[float] = []  # cumulative q along each node's path: the drafter's own confidence
         frontier: list[int] = [-1]
         frontier_q = {-1: self._q(root_logits, params)}
         for depth in range(1, shape.steps + 1):
@@ -299,6 +311,7 @@ class ModelDrafter(Drafter):
                 else:
                     children = sample_without_replacement(q, shape.topk, gen)
                 parent_score = 1.0 if parent == -1 else score[parent]
+                parent_q = 1.0 if parent == -1 else path_q[parent]
                 for rank, token in enumerate(children):
                     q_tok = float(q[token])
                     tree.tokens.append(int(token))
@@ -306,6 +319,7 @@ class ModelDrafter(Drafter):
                     tree.depths.append(depth)
                     tree.q_token.append(q_tok)
                     score.append(parent_score * (q_tok if params.greedy else _rank_weight(rank)))
+                    path_q.append(parent_q * q_tok)
                     level.append(len(tree) - 1)
             if depth == shape.steps:
                 break
@@ -313,6 +327,11 @@ class ModelDrafter(Drafter):
             level.sort(key=lambda i: -score[i])
             frontier = level[: shape.topk]
             frontier.sort()
+            # Adaptive depth: a whole level gets children or none does (never a choice among
+            # siblings by their drawn values), so every sibling list stays a full draw from q.
+            if max(path_q[i] for i in frontier) < shape.min_confidence:
+                tree.stop = "confidence"
+                break
             # Feed the frontier to the drafter in one pass with a tree mask.
             start = cache.length
             pos = torch.tensor([committed - 1 + tree.depths[i] for i in frontier], dtype=torch.long)

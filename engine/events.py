@@ -103,12 +103,14 @@ def step_event(
     elapsed_s: float,
     draft_ms: float,
     verify_ms: float,
+    draft: dict,
     payload: str,
     token_text: TokenText,
 ) -> dict:
     """One target pass. emitted: verdict.emitted(tree), which the loop already built; kept: how many of them
     the run keeps (fewer than all when EOS or max_new_tokens cut it); accepted nodes past the cut
-    are marked ``dropped``. payload "off" leaves out the per-node records."""
+    are marked ``dropped``. payload "off" leaves out the per-node records. draft: {"k": the K this pass
+    drafted with, "stop": why drafting stopped} (``decode.StepResult.draft_info``)."""
     full = payload == "full"
     dropped = {item["node"] for item in emitted[kept:] if item["node"] is not None}
     texts = token_text if full else None
@@ -130,6 +132,7 @@ def step_event(
         "emitted": kept_items,
         "drafted": len(tree),
         "draft_depth": max(tree.depths, default=0),
+        "draft": dict(draft),
         "accepted_len": len(verdict.path),
         "extra_kind": verdict.extra["kind"],
         "draft_ms": round(draft_ms, 3),

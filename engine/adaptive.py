@@ -1,0 +1,88 @@
+"""Drafting that adapts: how deep each pass drafts, from the drafter's confidence and recent acceptance.
+
+Two decisions, both made before the target pass that verifies the draft:
+
+* **K per pass** (``AdaptiveDepth``): transformers' "heuristic" schedule for assisted generation.
+  After a pass whose drafted path was accepted to its last depth, K += 2 (the drafter is on a run of
+  good guesses: guess further); after any rejection, K -= 1 (a shorter draft wastes fewer rows of the
+  target pass). K stays in [1, settings.k]: settings.k is the maximum, so the target pass width and
+  the cache sizes computed from the run's TreeShape at the start still bound every pass.
+* **Depth within a pass** (``TreeShape.min_confidence``, applied in ``ModelDrafter.propose``): a model
+  drafter stops expanding deeper when the best node it would expand next has a cumulative draft
+  probability (the product of q(token) along its path) below the threshold, EAGLE-2's and llama.cpp's
+  ``--draft-p-min`` rule: that path's chance of surviving verification is roughly that product, so
+  drafting under it mostly buys rejected rows. An n-gram draft (a point mass, no confidence) stops
+  where its lookup found no (longer) continuation, as it always did.
+
+Why the output is still exactly the target's distribution: both decisions read only the drafter's
+side (its q of tokens already drafted) and the outcomes of passes already verified; neither looks at
+the target's p for the draft being built. So the tree handed to verification is, as before, a
+function of the drafter's draws and the past, each sibling list is still a complete draw from q (the
+confidence stop decides whether a whole level gets children, never which siblings survive), and every
+drafted token is verified by the one rule of ``engine.acceptance`` (accept with min(1, p/q), else
+draw from the residual, or a bonus token from p where the draft ends). That rule emits each token
+with probability p(token | prefix) whatever the tree is (its docstring has the proof), so a tree whose
+depth was chosen this way changes how many tokens a pass yields, not which tokens are likely.
+Greedy decoding likewise emits the target's argmax path for any tree: the output ids are identical.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .drafters import TreeShape
+
+__all__ = ["AdaptiveDepth", "GROW", "SHRINK", "STOP_REASONS", "check_min_confidence"]
+
+GROW = 2  # K += GROW after a pass that accepted everything drafted (transformers' heuristic)
+SHRINK = 1  # K -= SHRINK after any other pass that drafted something
+# Why a pass stopped drafting where it did (the step event's draft.stop):
+#   depth      it drafted the pass's K levels (or filled the tree budget)
+#   confidence a model drafter's best path fell below the confidence threshold (adaptive only)
+#   no-match   an n-gram lookup found no (longer) continuation
+#   none       nothing was drafted by design (the baseline; an EAGLE head before any target feature)
+STOP_REASONS = ("depth", "confidence", "no-match", "none")
+
+
+def check_min_confidence(value) -> float:
+    """The confidence threshold as a float in [0, 1], or ValueError saying what is wrong."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"adaptive_min_confidence must be a number between 0 and 1, got {value!r}")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"adaptive_min_confidence must be between 0 and 1 (a cumulative probability), got {value}")
+    return float(value)
+
+
+class AdaptiveDepth:
+    """The current K of one run, grown and shrunk from its recent acceptance, bounded to [1, k_max].
+
+    >>> policy = AdaptiveDepth(k_max=6, min_confidence=0.3)
+    >>> policy.shape_for_step(TreeShape(6)).steps      # starts at the maximum
+    6
+    >>> policy.update(accepted_len=2, drafted_depth=6)  # a rejection: K - 1
+    >>> policy.k
+    5
+    """
+
+    def __init__(self, k_max: int, min_confidence: float = 0.0, k_start: int | None = None):
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+            raise ValueError(f"k_max must be a positive integer, got {k_max!r}")
+        self.k_max = k_max
+        self.min_confidence = check_min_confidence(min_confidence)
+        self.k = self._bounded(k_max if k_start is None else k_start)
+
+    def _bounded(self, k: int) -> int:
+        return max(1, min(self.k_max, int(k)))
+
+    def shape_for_step(self, base: TreeShape) -> TreeShape:
+        """The run's shape with this pass's depth and the confidence threshold. topk and the budget
+        are the run's, so the pass is never wider than the run's own shape allows."""
+        return dataclasses.replace(base, steps=min(self.k, base.steps), min_confidence=self.min_confidence)
+
+    def update(self, accepted_len: int, drafted_depth: int) -> None:
+        """After a verification: accepted_len = depth the accepted path reached, drafted_depth = the
+        deepest node drafted. A pass that drafted nothing carries no evidence and leaves K alone."""
+        if drafted_depth <= 0:
+            return
+        self.k = self._bounded(self.k + GROW if accepted_len >= drafted_depth else self.k - SHRINK)
