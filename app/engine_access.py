@@ -68,8 +68,9 @@ def use_drafter(engine, drafter: str) -> None:
         raise gr.Error(str(exc)) from None
 
 
-def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens):
-    """UI / API values -> a validated GenerationSettings (raises gr.Error with the engine's message)."""
+def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens, adaptive=False):
+    """UI / API values -> a validated GenerationSettings (raises gr.Error with the engine's message).
+    adaptive: drafting depth that adapts (engine.adaptive), at the engine's default confidence threshold."""
     from engine import GenerationSettings
 
     if seed is None or (isinstance(seed, str) and not seed.strip()):
@@ -93,6 +94,7 @@ def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_toke
             top_k=top_k,
             seed=seed_value,
             max_prompt_tokens=MAX_PROMPT_TOKENS,
+            adaptive=False if adaptive is None else adaptive,
         )
         settings.validate()
     except ValueError as exc:

@@ -25,7 +25,7 @@ def _dtypes() -> tuple[str, ...]:
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="offline default, a preset, a Hub id or a local folder")
-    p.add_argument("--drafter", default="ngram", help="none | ngram | int8 | model:<id or preset>")
+    p.add_argument("--drafter", default="ngram", help="none | ngram | int8 | eagle | model:<id or preset>")
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth)")
     p.add_argument("--steps", type=int, default=None, help="tree depth (same as --k)")
     p.add_argument("--topk", type=int, default=1, help="tree branching per node (1 = chain)")
@@ -34,6 +34,19 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=list(_dtypes()))
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--strict", action="store_true", help="shape-invariant target passes (bitwise greedy parity)")
+    p.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="drafting that adapts: K moves in [1, --k] with recent acceptance, and a model drafter stops "
+        "deeper when its best path's cumulative draft probability is below --adaptive-min-confidence",
+    )
+    p.add_argument(
+        "--adaptive-min-confidence",
+        type=float,
+        default=0.3,
+        metavar="P",
+        help="with --adaptive: the confidence threshold, a cumulative probability in [0, 1] (default 0.3)",
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -145,6 +158,8 @@ def _generate(args, engine, backend=None) -> int:
                 seed=args.seed,
                 chat=not args.no_chat,
                 strict=args.strict,
+                adaptive=args.adaptive,
+                adaptive_min_confidence=args.adaptive_min_confidence,
             )
             events = []
             run = backend.generate(prompt, settings) if backend else engine.generate(prompt, args.drafter, settings)
@@ -204,6 +219,8 @@ def _parity(args, engine) -> int:
         num_draft_tokens=args.num_draft_tokens,
         strict=args.strict,
         chat=not args.no_chat,
+        adaptive=args.adaptive,
+        adaptive_min_confidence=args.adaptive_min_confidence,
     ):
         results.append(result)
         if args.json:
@@ -246,6 +263,15 @@ def _train_head(args) -> int:
     return 0
 
 
+def _check_adaptive(args) -> None:
+    from .adaptive import check_min_confidence
+
+    try:
+        check_min_confidence(args.adaptive_min_confidence)
+    except ValueError as exc:
+        raise ValueError(f"--adaptive-min-confidence: {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     from .models import ModelLoadError, load_model
@@ -270,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "train-head":
             return _train_head(args)
+        if args.command in ("generate", "parity"):
+            _check_adaptive(args)  # before any model loads: a bad threshold fails in a moment
         from .decode import SpeculativeEngine
 
         if args.command == "bench":

@@ -43,11 +43,14 @@ def parity_check(
     strict: bool = False,
     chat: bool = True,
     baseline_cache: dict | None = None,
+    adaptive: bool = False,
+    adaptive_min_confidence: float = 0.3,
 ):
     """Yield one result dict per prompt (a generator, so callers can show progress).
 
     baseline_cache: optional dict reused across calls so that checking several
-    drafters on the same prompts runs each baseline once."""
+    drafters on the same prompts runs each baseline once. adaptive: the speculative
+    run drafts with adaptive depth (engine.adaptive); the baseline drafts nothing either way."""
     tolerance = NEAR_TIE.get(engine.target.dtype, 0.01)
     for index, prompt in enumerate(prompts):
         common = dict(
@@ -68,7 +71,8 @@ def parity_check(
             base = engine.run(prompt, "none", GenerationSettings(**common))
             if baseline_cache is not None:
                 baseline_cache[key] = base
-        spec = engine.run(prompt, drafter, GenerationSettings(**common))
+        adapt = dict(adaptive=adaptive, adaptive_min_confidence=adaptive_min_confidence)
+        spec = engine.run(prompt, drafter, GenerationSettings(**common, **adapt))
         a, b = base["token_ids"], spec["token_ids"]
         result = {
             "index": index,

@@ -4,8 +4,8 @@ Only plotly, the standard library and the engine's plain-Python trace model (eng
 no model code, no UI code. The trace names below are the engine's own functions, re-exported.
 
 Modules: style (colours, marks, layout), steps (reading one pass), tree (the draft tree), distributions
-(p vs q), run_charts (timeline, tokens per pass, acceptance by position), speedup (speedup calculator,
-batch figure), report (all figures of a run), lab_figures (the app's labs and race).
+(p vs q), run_charts (timeline, tokens per pass, acceptance by position, draft depth per pass), speedup
+(speedup calculator, batch figure), report (all figures of a run), lab_figures (the app's labs and race).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from engine.trace import validate as validate_events
 from .distributions import pq_figure
 from .lab_figures import fmt_pvalue, lossless_figure, race_figure, toy_figure
 from .report import all_figures
-from .run_charts import acceptance_figure, timeline_figure, tokens_per_pass_figure
+from .run_charts import acceptance_figure, draft_depth_figure, timeline_figure, tokens_per_pass_figure
 from .speedup import batch_figure, speedup_figure
 from .steps import extra_token, interesting_step_index
 from .style import LABELS, MARKS, PALETTE, SYMBOLS, message_figure, show_token
@@ -46,6 +46,7 @@ __all__ = [
     "timeline_figure",
     "tokens_per_pass_figure",
     "acceptance_figure",
+    "draft_depth_figure",
     "speedup_figure",
     "batch_figure",
     "all_figures",

@@ -1,4 +1,5 @@
-"""Charts of a whole run: the output timeline, tokens per target pass, acceptance by draft position.
+"""Charts of a whole run: the output timeline, tokens per target pass, acceptance by draft position,
+and the draft depth K of each pass (drafting that adapts, engine/adaptive.py).
 
 Their numbers come from engine.metrics.run_summary (the finish metrics of a finished run, the same
 aggregation over the steps so far for a partial one), so a chart and the engine's report never disagree.
@@ -29,7 +30,7 @@ from .style import (
     visible_len,
 )
 
-__all__ = ["timeline_figure", "tokens_per_pass_figure", "acceptance_figure"]
+__all__ = ["timeline_figure", "tokens_per_pass_figure", "acceptance_figure", "draft_depth_figure", "is_adaptive"]
 
 NO_PASS = "No target pass yet."
 
@@ -340,3 +341,90 @@ def acceptance_figure(trace) -> go.Figure:
     apply_layout(fig, f"{title} Measured acceptance by draft position vs α^i", subtitle, height=ACCEPTANCE_HEIGHT)
     fig.update_layout(bargap=0.45)
     return fig
+
+
+# ------------------------------------------------------------------------------------ draft depth
+
+DEPTH_TITLE = "Draft depth K of each pass"
+DEPTH_HEIGHT = 380
+# Why each pass stopped drafting (the step event's draft.stop): a colour, a symbol and words for each.
+STOP_STYLE = {
+    "depth": (PALETTE["accepted"], "circle", "drafted its K levels"),
+    "confidence": (PALETTE["resampled"], "triangle-down", "stopped: drafter unsure (cumulative q below threshold)"),
+    "no-match": (PALETTE["not_reached"], "square", "stopped: n-gram lookup found no (longer) match"),
+    "none": (SERIES["baseline"], "circle-open", "nothing drafted"),
+}
+
+
+def is_adaptive(trace) -> bool:
+    """The run drafted with adaptive depth (its start event's settings say so)."""
+    return bool((start_event(events_of(trace)).get("settings") or {}).get("adaptive"))
+
+
+def _draft_records(steps: list[dict]) -> list[tuple[int, dict, dict]]:
+    """(pass number, the step's draft record, the step) for every step that carries one."""
+    return [
+        (st.get("step", i + 1), st["draft"], st)
+        for i, st in enumerate(steps)
+        if isinstance(st.get("draft"), dict) and isinstance(st["draft"].get("k"), int)
+    ]
+
+
+def _depth_markers(fig: go.Figure, records: list[tuple[int, dict, dict]]) -> dict[str, int]:
+    """The depth each pass drafted, one marker series per stop reason; returns the count of each reason."""
+    counts: dict[str, int] = {}
+    unknown = sorted({str(d.get("stop")) for _, d, _ in records} - set(STOP_STYLE))
+    for stop in [*STOP_STYLE, *unknown]:
+        rows = [st for _, d, st in records if str(d.get("stop")) == stop]
+        if not rows:
+            continue
+        counts[stop] = len(rows)
+        colour, symbol, words = STOP_STYLE.get(stop, (SERIES["context"], "x", stop))
+        fig.add_trace(
+            go.Scatter(
+                x=[n for n, d, _ in records if str(d.get("stop")) == stop],
+                y=[st.get("draft_depth", 0) for st in rows],
+                mode="markers",
+                name=f"depth drafted, {words} ({len(rows)})",
+                marker={"color": colour, "symbol": symbol, "size": 9, "line": {"width": 1, "color": colour}},
+                customdata=[[st.get("accepted_len", 0)] for st in rows],
+                hovertemplate=f"pass %{{x}}: drafted %{{y}} deep, accepted %{{customdata[0]}}<extra>{stop}</extra>",
+                meta={"role": "stop", "stop": stop},
+            )
+        )
+    return counts
+
+
+def draft_depth_figure(trace) -> go.Figure:
+    """K used by each pass (the engine's record, draft.k: constant unless drafting adapts) as a step
+    line, and the depth each pass actually drafted, marked by why drafting stopped (draft.stop)."""
+    events = events_of(trace)
+    start, steps = start_event(events), step_events(events)
+    if start.get("mode") == "baseline":
+        return message_figure(DEPTH_TITLE, "A baseline run drafts nothing")
+    if not steps:
+        return message_figure(DEPTH_TITLE, NO_PASS)
+    records = _draft_records(steps)
+    if not records:
+        return message_figure(DEPTH_TITLE, "This trace does not record each pass's K (recorded before it was)")
+    ks = [d["k"] for _, d, _ in records]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=[n for n, _, _ in records],
+            y=ks,
+            mode="lines",
+            line={"color": SERIES["theory"], "width": 2, "shape": "hv"},
+            name="K this pass could draft",
+            hovertemplate="pass %{x}: K = %{y}<extra>K</extra>",
+            meta={"role": "k"},
+        )
+    )
+    counts = _depth_markers(fig, records)
+    k_max = (start.get("settings") or {}).get("k") or max(ks)
+    how = "adapts to recent acceptance" if is_adaptive(events) else "fixed"
+    title = f"{DEPTH_TITLE}: mean K {sum(ks) / len(ks):.2f} of at most {k_max}"
+    subtitle = f"{mode_words(start)} · K {how} · " + ", ".join(f"{n} {stop}" for stop, n in counts.items())
+    fig.update_xaxes(title_text="target pass", rangemode="tozero")
+    fig.update_yaxes(title_text="draft depth (tokens)", range=[0, k_max + 0.5], dtick=1 if k_max <= 16 else None)
+    return apply_layout(fig, title, subtitle, height=DEPTH_HEIGHT)

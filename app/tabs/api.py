@@ -25,25 +25,28 @@ def api_generate(
     top_k: int = 0,
     seed: int = 0,
     max_new_tokens: int = 64,
+    adaptive: bool = False,
 ) -> Iterator[dict]:
     """Generate text with speculative decoding on the default model (streamed, one update per target pass).
 
     Args:
         prompt: the user message (the chat template is applied).
-        drafter: none, ngram, int8 or model:<id>.
+        drafter: none, ngram, int8, eagle or model:<id>.
         k: draft depth K (tokens drafted per target pass).
         temperature: 0 = greedy.
         top_p: nucleus sampling threshold in (0, 1].
         top_k: keep the top-k tokens (0 = off).
         seed: random seed; -1 = random (the seed used is returned).
         max_new_tokens: number of tokens to generate at most.
+        adaptive: drafting that adapts: K moves between 1 and k with recent acceptance, and a model drafter
+            stops drafting deeper when unsure (the output's distribution is unchanged).
 
     Returns:
         While running, {"partial": true, "text" so far, "tokens", "target_passes"} after each target pass;
         at the end {"partial": false, "text", "metrics", "drafter", "seed", "stop_reason", "target"}
         (gradio_client's predict returns this last one). A dropped connection stops the run within a pass.
     """
-    settings = make_settings(k, 1, None, temperature, top_p, top_k, seed, max_new_tokens)
+    settings = make_settings(k, 1, None, temperature, top_p, top_k, seed, max_new_tokens, adaptive)
     engine = get_engine("default", "auto")
     use_drafter(engine, drafter)
     trace: list[dict] = []

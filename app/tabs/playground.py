@@ -17,6 +17,7 @@ from engine.models import DEFAULT_MODEL, DTYPES, PRESETS
 from engine.trace import step_events
 from visuals import acceptance_figure, interesting_step_index, tokens_per_pass_figure
 from visuals.lab_figures import message_figure
+from visuals.run_charts import DEPTH_TITLE, draft_depth_figure, is_adaptive
 
 from .. import config, render
 from ..config import MAX_NEW_TOKENS
@@ -74,6 +75,7 @@ PLAY_KEYS = [
     "step",
     "card",
     "acceptance",
+    "depth",
     "download",
     "trace",
     "st_source",
@@ -93,6 +95,7 @@ PLAY_INPUTS = [
     "seed",
     "max_new",
     "dtype",
+    "adaptive",
 ]
 
 DRAFTER_CHOICES = [
@@ -101,6 +104,10 @@ DRAFTER_CHOICES = [
     ("int8 (quantised target)", "int8"),
     ("model:SmolLM2-135M-Instruct", "model:SmolLM2-135M-Instruct"),
 ]
+ADAPTIVE_INFO = (
+    "K moves between 1 and the slider's K with recent acceptance, and a model drafter stops guessing deeper "
+    "when unsure; the text's distribution stays the target's."
+)
 DRAFTER_INFO = (
     "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. int8 is a cheaper "
     "copy of the target. model:<id> (type any Hub id) is a separate small model."
@@ -117,6 +124,12 @@ def _acceptance(trace: list[dict]):
     if trace and trace[0].get("mode") == "baseline":
         return message_figure(ACCEPTANCE_TITLE, "A baseline run drafts nothing")
     return guarded(ACCEPTANCE_TITLE, acceptance_figure, trace)
+
+
+def _depth_plot(trace: list[dict], figure=None) -> gr.Plot:
+    """The K-per-pass chart, shown for runs whose drafting adapted (a fixed K is a flat line)."""
+    figure = figure if figure is not None else guarded(DEPTH_TITLE, draft_depth_figure, trace)
+    return gr.Plot(value=figure, visible=is_adaptive(trace))
 
 
 def finished_outputs(
@@ -136,6 +149,7 @@ def finished_outputs(
         "step": pass_slider(n, index + 1),
         "card": render.run_card(trace),
         "acceptance": _acceptance(trace),
+        "depth": _depth_plot(trace),
         "trace": trace,
     }
     if download is not None:
@@ -158,6 +172,7 @@ def initial_playground(name: str = DEFAULT_TRACE) -> dict:
     )
     values["download"] = write_trace_file(trace, "recorded")
     values["step"] = index + 1  # a plain value: this dict also serves as initial component values
+    values["depth"] = guarded(DEPTH_TITLE, draft_depth_figure, trace)  # its visibility is set in the layout
     return values
 
 
@@ -197,6 +212,7 @@ def _started(trace: list[dict]) -> dict:
         "stats": render.stats_line(trace, running=True),
         "card": "*The run summary appears here when the run ends (or when you press Stop).*",
         "acceptance": message_figure(ACCEPTANCE_TITLE, "Shown when the run ends"),
+        "depth": _depth_plot(trace, message_figure(DEPTH_TITLE, "Drawn as the run goes")),
         "download": gr.DownloadButton(value=None, interactive=False, label="⬇ Trace download (after the run)"),
         "step": pass_slider(1, 1, interactive=False),
         "trace": list(trace),
@@ -216,6 +232,8 @@ class _FigurePacer:
             return
         values["tree"], values["pq"] = pass_figures(trace, n - 1)
         values["tpp"] = guarded(TPP_TITLE, tokens_per_pass_figure, trace)
+        if is_adaptive(trace):
+            values["depth"] = guarded(DEPTH_TITLE, draft_depth_figure, trace)
         values["step"] = pass_slider(n, n, interactive=False)
         cost = time.perf_counter() - began
         self.next = began + max(FIGURE_INTERVAL_S, cost / FIGURE_SHARE)
@@ -269,12 +287,13 @@ def run_playground(
     seed,
     max_new_tokens,
     dtype,
+    adaptive: bool = False,
     run_id: str = "",
     request: gr.Request = None,
     progress=gr.Progress(),  # noqa: B008 (gradio injects the tracker)
 ):
     """Generator: stream one real generation into the Playground outputs, one update per target pass."""
-    settings = make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens)
+    settings = make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens, adaptive)
     if drafter == VLLM_DRAFTER:  # the production engine: its own model and speculation, same events
         yield pack(PLAY_KEYS, {"status": "Sending the prompt to the vLLM server…"})
         generation = start_vllm_generation(prompt, settings)
@@ -406,6 +425,9 @@ def _drafting_controls(c: dict, start: dict, s: dict) -> None:
         )
         chain = (s.get("topk") or 1) == 1  # a chain's budget is the slider's "0 = K × top-k"
         _sliders(c, DRAFTING_SLIDERS, {**s, "num_draft_tokens": 0} if chain else s)
+        c["adaptive"] = gr.Checkbox(
+            value=bool(s.get("adaptive")), label="Adaptive draft depth", info=ADAPTIVE_INFO, elem_id="sl-adaptive"
+        )
 
 
 def _sampling_controls(c: dict, s: dict) -> None:
@@ -501,6 +523,8 @@ def _outputs(c: dict, init: dict, n_steps: int) -> None:
         c["tree"] = gr.Plot(init.get("tree"), label="Draft tree", show_label=False, elem_id="sl-tree", min_width=560)
         c["pq"] = gr.Plot(init.get("pq"), label="p vs q", show_label=False, elem_id="sl-pq", min_width=560)
     c["tpp"] = gr.Plot(init.get("tpp"), label="Tokens per pass", show_label=False, elem_id="sl-tpp")
+    adaptive = is_adaptive(init.get("trace") or [])  # K per pass: shown when drafting adapted
+    c["depth"] = gr.Plot(init.get("depth"), label="Draft depth", show_label=False, elem_id="sl-depth", visible=adaptive)
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=440):
             c["card"] = gr.Markdown(init.get("card", ""), elem_id="sl-card", elem_classes=["sl-card"])
