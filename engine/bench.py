@@ -32,6 +32,10 @@ SYSTEMS = [
     "engine-ngram",
     "engine-int8",
     "engine-tree",
+    "engine-eagle",
+    "engine-ngram-adaptive",
+    "engine-int8-adaptive",
+    "engine-eagle-adaptive",
     "hf-generate",
     "hf-prompt-lookup",
     "hf-assisted",
@@ -52,7 +56,17 @@ ENGINE_SYSTEMS = {
     # Greedy int8 drafts are accepted ~90% of the time, so branching buys little; a 3-node tree
     # keeps the pass at 4 rows (a cheap width for this BLAS: see pass_cost_ms).
     "engine-tree": ("int8", {"k": 2, "topk": 2, "num_draft_tokens": 3}),
+    # The EAGLE head reads the target's own features (engine/eagle.py); K = 4, the depth its
+    # training reports held-out acceptance for. Skipped with a note when no head exists for the target.
+    "engine-eagle": ("eagle", {"k": 4}),
+    # Adaptive depth (engine/adaptive.py) at the same maximum K as the fixed row beside it, so the
+    # pair measures the policy alone: K moves in [1, K] with acceptance, model drafters stop below
+    # the default confidence threshold.
+    "engine-ngram-adaptive": ("ngram", {"k": 15, "adaptive": True}),
+    "engine-int8-adaptive": ("int8", {"k": 3, "adaptive": True}),
+    "engine-eagle-adaptive": ("eagle", {"k": 4, "adaptive": True}),
 }
+NAME_WIDTH = max(len(name) for name in SYSTEMS)
 
 
 def copy_bandwidth_gbs(size_mb: int = 256, repeats: int = 10) -> float:
@@ -242,6 +256,17 @@ def _vllm_backends(engine, systems: list[str], notes: list[str]) -> tuple[dict, 
     return backends, servers
 
 
+def _drop_unavailable_drafters(engine, systems: list[str], notes: list[str]) -> None:
+    """Engine rows whose drafter this target cannot have (no EAGLE head trained for it) are
+    dropped, each with the engine's own reason as a note, like an uninstalled reference point."""
+    for name in [s for s in systems if s in ENGINE_SYSTEMS and ENGINE_SYSTEMS[s][0] == "eagle"]:
+        try:
+            engine.drafter(ENGINE_SYSTEMS[name][0]).close()
+        except ValueError as exc:
+            notes.append(f"{name}: not run ({exc})")
+            systems.remove(name)
+
+
 def run_bench(
     engine: SpeculativeEngine,
     quick: bool = False,
@@ -279,6 +304,7 @@ def run_bench(
             quick_notes.append(f"{name}: not run in --quick (starting vLLM takes minutes; name it in --systems)")
     machine = machine_info(engine)
     notes: list[str] = list(quick_notes)
+    _drop_unavailable_drafters(engine, systems, notes)
     hf = _HF(engine) if any(s.startswith("hf-") for s in systems) else None
     if "hf-assisted" in systems:
         # Assisted generation needs a separate small drafter model with the same
@@ -319,7 +345,7 @@ def run_bench(
                         if progress:
                             bar = "#" * int(30 * done / total)
                             print(
-                                f"\r[{bar:<30}] {done}/{total} {name:<17} {workload:<10}",
+                                f"\r[{bar:<30}] {done}/{total} {name:<{NAME_WIDTH}} {workload:<10}",
                                 end="",
                                 file=sys.stderr,
                                 flush=True,
@@ -487,7 +513,7 @@ def format_table(report: dict) -> str:
         + (f" (read-only bandwidth {m['read_bandwidth_gbs']:.1f} GB/s)" if m.get("read_bandwidth_gbs") else ""),
         f"settings: greedy, batch 1, {report['settings']['max_new_tokens']} new tokens, median of {report['settings']['repeats']}",
         "",
-        f"{'system':<17} {'workload':<10} {'tok/s':>7} {'tok/pass':>8} {'accept':>7} {'vs base':>8} {'vs hf':>7} {'roofline':>8}",
+        f"{'system':<{NAME_WIDTH}} {'workload':<10} {'tok/s':>7} {'tok/pass':>8} {'accept':>7} {'vs base':>8} {'vs hf':>7} {'roofline':>8}",
     ]
 
     def fmt(v, spec):
@@ -495,7 +521,7 @@ def format_table(report: dict) -> str:
 
     for r in sorted(report["rows"], key=lambda r: (r["workload"], SYSTEMS.index(r["system"]))):
         lines.append(
-            f"{r['system']:<17} {r['workload']:<10} {r['tok_per_s']:>7.2f} {fmt(r['tokens_per_pass'], '>8.2f'):>8} "
+            f"{r['system']:<{NAME_WIDTH}} {r['workload']:<10} {r['tok_per_s']:>7.2f} {fmt(r['tokens_per_pass'], '>8.2f'):>8} "
             f"{fmt(r['acceptance_rate'], '>7.2f'):>7} {fmt(r['speedup_vs_engine_baseline'], '>7.2f')}x "
             f"{fmt(r['speedup_vs_hf_generate'], '>6.2f')}x {fmt(r.get('roofline_fraction'), '>8.0%'):>8}"
         )
