@@ -1,0 +1,337 @@
+"""Drafting that adapts (engine/adaptive.py): the K policy, exactness with it on (greedy parity on a tiny
+random target and on the real model, chi-square of sampled pairs with a negative control), the step
+events' draft record, the switches (settings, CLI, app) and the K-per-pass chart."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.adaptive import GROW, SHRINK, STOP_REASONS, AdaptiveDepth
+from engine.decode import GenerationSettings
+from engine.drafters import TreeShape
+from engine.exactness import TEST_LEVEL, chi_square_test, pair_distribution
+from engine.trace import dumps, loads, step_events
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "Write a haiku about autumn leaves."
+# A prompt whose last words repeat: the n-gram lookup drafts " two two …", which the flat tiny target
+# below (it favours repeating its last token) accepts often but not always, so K both grows and shrinks.
+REPEAT_PROMPT = "one two two two two two two two two"
+
+
+def drafts(run_or_events) -> list[dict]:
+    events = run_or_events["events"] if isinstance(run_or_events, dict) else run_or_events
+    return [s["draft"] for s in step_events(events)]
+
+
+def assert_k_follows_the_policy(events: list[dict], k_max: int) -> None:
+    """Each pass's K is the last one's moved by the heuristic, from what the events recorded."""
+    steps = step_events(events)
+    assert steps[0]["draft"]["k"] == k_max  # the first pass drafts at the maximum
+    for before, after in zip(steps, steps[1:]):
+        k, depth = before["draft"]["k"], before["draft_depth"]
+        if depth == 0:
+            expected = k
+        elif before["accepted_len"] >= depth:
+            expected = min(k_max, k + GROW)
+        else:
+            expected = max(1, k - SHRINK)
+        assert after["draft"]["k"] == expected, (before, after)
+        assert after["draft_depth"] <= after["draft"]["k"]
+
+
+# ------------------------------------------------------------------------------------- the policy
+def test_k_grows_by_two_after_a_fully_accepted_draft_and_shrinks_by_one_after_a_rejection():
+    policy = AdaptiveDepth(k_max=8, k_start=4)
+    policy.update(accepted_len=4, drafted_depth=4)
+    assert policy.k == 6
+    policy.update(accepted_len=1, drafted_depth=6)
+    assert policy.k == 5
+    policy.update(accepted_len=2, drafted_depth=2)  # stopped early by confidence, all kept: still a success
+    assert policy.k == 7
+
+
+def test_k_stays_between_one_and_the_maximum():
+    policy = AdaptiveDepth(k_max=3)
+    assert policy.k == 3  # starts at the maximum
+    policy.update(3, 3)
+    assert policy.k == 3
+    for _ in range(5):
+        policy.update(0, policy.k)
+    assert policy.k == 1
+    assert AdaptiveDepth(k_max=3, k_start=10).k == 3 and AdaptiveDepth(k_max=3, k_start=0).k == 1
+
+
+def test_a_pass_that_drafted_nothing_leaves_k_alone():
+    policy = AdaptiveDepth(k_max=5, k_start=2)
+    policy.update(accepted_len=0, drafted_depth=0)  # an n-gram lookup without a match: no evidence
+    assert policy.k == 2
+
+
+def test_the_step_shape_keeps_the_runs_branching_and_budget():
+    policy = AdaptiveDepth(k_max=6, min_confidence=0.4, k_start=2)
+    base = TreeShape(6, topk=2, budget=9)
+    shape = policy.shape_for_step(base)
+    assert (shape.steps, shape.topk, shape.budget, shape.min_confidence) == (2, 2, 9, 0.4)
+    assert shape.max_tokens <= base.max_tokens  # the pass never outgrows the caches sized from `base`
+    assert TreeShape(4).min_confidence == 0.0  # off by default: drafting never stops early
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(adaptive_min_confidence=1.5), "between 0 and 1"),
+        (dict(adaptive_min_confidence=-0.1), "between 0 and 1"),
+        (dict(adaptive_min_confidence=math.nan), "number between 0 and 1"),
+        (dict(adaptive_min_confidence="0.3"), "number between 0 and 1"),
+        (dict(adaptive_min_confidence=True), "number between 0 and 1"),
+        (dict(adaptive="yes"), "adaptive must be true or false"),
+    ],
+)
+def test_bad_adaptive_settings_raise_clear_errors(tiny_engine, overrides, match):
+    settings = {"adaptive": True, **overrides}
+    with pytest.raises(ValueError, match=match):
+        GenerationSettings(**settings).validate()
+    with pytest.raises(ValueError, match=match):  # at the call, before any generator exists
+        tiny_engine.generate(PROMPT, "int8", **settings)
+
+
+# ------------------------------------------------------------------- tiny random targets
+def layer0_head(engine):
+    """An untrained EAGLE head for the tiny target: the target's own first layer (rebuilt from the
+    same seed), a random fusion, the whole vocabulary. Poor drafts, which must still be exact."""
+    from conftest import tiny_hf_model
+
+    from engine.eagle import EagleHead
+
+    hf = tiny_hf_model()
+    E = hf.config.hidden_size
+    state = {n: t.clone() for n, t in hf.state_dict().items() if n.startswith("model.layers.0.")}
+    state["fuse.weight"] = torch.randn(E, 2 * E, generator=torch.Generator().manual_seed(0)) * 0.3
+    state["feature_norm.weight"] = torch.ones(E)
+    vocab = torch.arange(hf.config.vocab_size)
+    return EagleHead(engine.target.model, state, vocab, {"target": engine.target.name})
+
+
+@pytest.fixture(scope="module")
+def tiny_with_eagle(tiny_engine):
+    """The tiny target in an engine of its own (same weights), drafting `eagle` with layer0_head."""
+    from engine.decode import SpeculativeEngine
+
+    engine = SpeculativeEngine(tiny_engine.target)
+    engine.use_eagle_head(layer0_head(engine))
+    return engine
+
+
+@pytest.fixture(scope="module")
+def flat_engine(real_engine):
+    """A tiny random target whose next-token distributions are flatter than tiny_engine's (embeddings
+    sharpened ×2 instead of ×8: top-3 probabilities near 0.64 / 0.18 / 0.18), so that a sampled test
+    sees rejections and a lossy verifier is visible in a few hundred samples."""
+    from conftest import tiny_hf_model
+
+    from engine.decode import SpeculativeEngine
+    from engine.models import LoadedModel
+    from engine.transformer import ModelConfig, Transformer
+
+    hf = tiny_hf_model()
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.mul_(2.0 / 8.0)
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.float32)
+    return SpeculativeEngine(LoadedModel("tiny-flat", model, real_engine.tokenizer, torch.float32))
+
+
+@pytest.mark.parametrize(
+    "drafter, shape",
+    [("ngram", dict(k=6)), ("int8", dict(k=6)), ("int8", dict(k=4, topk=2, num_draft_tokens=6)), ("eagle", dict(k=4))],
+    ids=["ngram", "int8-chain", "int8-tree", "eagle"],
+)
+def test_greedy_adaptive_output_equals_the_baseline(tiny_with_eagle, drafter, shape):
+    engine = tiny_with_eagle
+    prompts = [PROMPT, REPEAT_PROMPT]
+    for prompt in prompts:
+        base = engine.run(prompt, "none", max_new_tokens=24)
+        run = engine.run(prompt, drafter, max_new_tokens=24, adaptive=True, adaptive_min_confidence=0.5, **shape)
+        assert run["token_ids"] == base["token_ids"], (prompt, drafts(run))
+        assert_k_follows_the_policy(run["events"], shape["k"])
+    if drafter != "ngram":  # the tiny target's q is rarely that sure: the confidence stop must have acted
+        assert any(d["stop"] == "confidence" for d in drafts(run)), drafts(run)
+
+
+def test_every_step_records_its_k_and_why_drafting_stopped(tiny_with_eagle):
+    engine = tiny_with_eagle
+    fixed = engine.run(REPEAT_PROMPT, "ngram", max_new_tokens=12, k=5, chat=False)
+    assert all(d["k"] == 5 and d["stop"] in ("depth", "no-match") for d in drafts(fixed))
+    assert fixed["events"][0]["settings"]["adaptive"] is False
+    base = engine.run(PROMPT, "none", max_new_tokens=4)
+    assert all(d == {"k": 0, "stop": "none"} for d in drafts(base))
+    first = engine.run([42], "eagle", max_new_tokens=4, k=2, chat=False)  # no target feature before pass 1
+    assert drafts(first)[0] == {"k": 2, "stop": "none"}
+    run = engine.run(PROMPT, "int8", max_new_tokens=16, k=4, adaptive=True, payload="reduced")
+    assert run["events"][0]["settings"]["adaptive"] is True
+    for step in step_events(run["events"]):
+        assert set(step["draft"]) == {"k", "stop"} and step["draft"]["stop"] in STOP_REASONS
+        assert 1 <= step["draft"]["k"] <= 4
+    assert drafts(loads(dumps(run["events"]))) == drafts(run)  # saved and loaded as recorded
+
+
+def test_payload_off_runs_adapt_too(tiny_engine):
+    """No step events are streamed, but the loop still builds them (for the metrics) and adapts."""
+    a = tiny_engine.run(PROMPT, "int8", max_new_tokens=16, k=4, adaptive=True, payload="off")
+    b = tiny_engine.run(PROMPT, "int8", max_new_tokens=16, k=4, adaptive=True, payload="reduced")
+    assert a["token_ids"] == b["token_ids"]
+    assert a["metrics"]["target_passes"] == b["metrics"]["target_passes"]
+
+
+# --------------------------------------------------------------------- sampling: exactly p
+def _pair_test(engine, drafter: str, verifier: str, n: int, **settings) -> dict:
+    """Chi-square of n sampled (x1, x2) against the target's p(x1)·p(x2 | x1)."""
+    samples = engine.sample_next_tokens(REPEAT_PROMPT, drafter, n_samples=n, n_tokens=2, verifier=verifier, **settings)
+    filters = dict(temperature=1.0, top_k=settings["top_k"], chat=False)
+
+    def dist(prefix):
+        p = engine.next_token_distribution(REPEAT_PROMPT, prefix, **filters)
+        return {int(t): float(p[t]) for t in torch.nonzero(p).flatten()}
+
+    law = pair_distribution(dist([]), lambda x1: dist([x1]))
+    index = {pair: i for i, pair in enumerate(law)}
+    counts = Counter(index.get(s, -1) for s in samples)
+    return chi_square_test(dict(counts), {index[pair]: p for pair, p in law.items()}, n)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "int8"])
+def test_adaptive_sampling_is_exact_and_the_negative_control_is_caught(flat_engine, drafter):
+    """ngram: K shrinks after rejections and grows after full acceptances between passes and samples;
+    int8: the confidence stop cuts drafts short. Both must leave the pair law at p's; dropping q from
+    the acceptance test (accept with min(1, p)) on the same drafts must be detected."""
+    settings = dict(temperature=1.0, top_k=3, k=4, seed=7, chat=False, adaptive=True, adaptive_min_confidence=0.3)
+    run = flat_engine.run(REPEAT_PROMPT, drafter, max_new_tokens=24, **settings)
+    if drafter == "ngram":
+        assert len({d["k"] for d in drafts(run)}) > 1, drafts(run)
+    else:
+        assert any(d["stop"] == "confidence" for d in drafts(run)), drafts(run)
+    assert_k_follows_the_policy(run["events"], 4)
+    exact = _pair_test(flat_engine, drafter, "exact", 600, **settings)
+    assert exact["pvalue"] is not None and exact["pvalue"] > TEST_LEVEL, exact
+    broken = _pair_test(flat_engine, drafter, "drop_q", 800, **settings)  # q ≈ p for int8: a smaller TV
+    assert broken["pvalue"] < TEST_LEVEL, broken
+
+
+# ------------------------------------------------------------------------------------- switches
+def test_cli_rejects_a_bad_threshold_before_loading_a_model():
+    for value in ("1.5", "-1", "nan"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "engine",
+                "generate",
+                "--prompt",
+                "hi",
+                "--adaptive",
+                "--adaptive-min-confidence",
+                value,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert proc.returncode == 2 and proc.stderr.startswith("error: --adaptive-min-confidence"), proc.stderr
+
+
+def test_cli_adaptive_generates_and_records_the_depth(tmp_path):
+    events = tmp_path / "events.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "generate", "--prompt", "Count to five.", "--drafter", "ngram", "--k", "6"]
+        + [
+            "--max-new-tokens",
+            "8",
+            "--adaptive",
+            "--adaptive-min-confidence",
+            "0.4",
+            "--json",
+            "--events",
+            str(events),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["new_tokens"] >= 1
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    assert lines[0]["settings"]["adaptive"] is True and lines[0]["settings"]["adaptive_min_confidence"] == 0.4
+    assert all(1 <= d["k"] <= 6 for d in drafts(lines))
+
+
+def test_app_and_api_pass_the_switch():
+    from app.engine_access import make_settings
+    from app.tabs import playground
+    from app.tabs.api import api_generate
+
+    assert make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 8, True).adaptive is True
+    assert make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 8).adaptive is False
+    assert inspect.signature(api_generate).parameters["adaptive"].default is False
+    assert "adaptive" in playground.PLAY_INPUTS
+    assert "adaptive" in inspect.signature(playground.run_playground).parameters
+
+
+def test_bench_skips_eagle_rows_without_a_head(tiny_engine):
+    from engine.bench import ENGINE_SYSTEMS, SYSTEMS, _drop_unavailable_drafters
+
+    assert {"engine-eagle", "engine-ngram-adaptive", "engine-int8-adaptive", "engine-eagle-adaptive"} <= set(SYSTEMS)
+    assert ENGINE_SYSTEMS["engine-int8-adaptive"][1]["adaptive"] is True
+    systems, notes = list(SYSTEMS), []
+    _drop_unavailable_drafters(tiny_engine, systems, notes)  # no head was trained for "tiny-random"
+    assert "engine-eagle" not in systems and "engine-eagle-adaptive" not in systems
+    assert "engine-int8-adaptive" in systems
+    assert [n.split(":", 1)[0] for n in notes] == ["engine-eagle", "engine-eagle-adaptive"]
+    assert all("train-head" in n for n in notes)
+
+
+# ------------------------------------------------------------------------------------- visuals
+def test_depth_chart_draws_the_recorded_k_and_stops(tiny_engine):
+    from visuals.run_charts import draft_depth_figure
+
+    run = tiny_engine.run(PROMPT, "int8", max_new_tokens=16, k=4, adaptive=True, adaptive_min_confidence=0.5)
+    fig = draft_depth_figure(run["events"])
+    k_line = [t for t in fig.data if (t.meta or {}).get("role") == "k"]
+    assert len(k_line) == 1 and list(k_line[0].y) == [d["k"] for d in drafts(run)]
+    stops = Counter(d["stop"] for d in drafts(run))
+    marks = {t.meta["stop"]: len(t.x) for t in fig.data if (t.meta or {}).get("role") == "stop"}
+    assert marks == dict(stops)
+    json.loads(fig.to_json())
+    recorded = [dict(e) for e in run["events"]]
+    for event in step_events(recorded):
+        event.pop("draft")  # a trace recorded before the field existed
+    assert not [t for t in draft_depth_figure(recorded).data]
+
+
+def test_playground_shows_the_depth_chart_for_adaptive_runs(tiny_engine):
+    from app.tabs import playground
+
+    adaptive = tiny_engine.run(PROMPT, "int8", max_new_tokens=8, k=3, adaptive=True)["events"]
+    fixed = tiny_engine.run(PROMPT, "int8", max_new_tokens=8, k=3)["events"]
+    shown = playground.finished_outputs(adaptive, "done")["depth"]
+    hidden = playground.finished_outputs(fixed, "done")["depth"]
+    assert shown.visible is True and hidden.visible is False
+
+
+# ---------------------------------------------------------------------------------- real model
+def test_greedy_adaptive_int8_equals_the_baseline_on_the_real_model(real_engine):
+    prompt = "Give me three tips for learning to cook."
+    base = real_engine.run(prompt, "none", max_new_tokens=24)
+    run = real_engine.run(prompt, "int8", max_new_tokens=24, k=6, adaptive=True)
+    assert run["token_ids"] == base["token_ids"], drafts(run)
+    assert_k_follows_the_policy(run["events"], 6)
