@@ -190,7 +190,10 @@ class EagleDrafter(ModelDrafter):
         # whose target feature is known; the last one's output y predicts h of the
         # pending token, and q for the first draft.
         cache = self.cache
-        start, stop = cache.length, len(context) - 1
+        stop = len(context) - 1
+        # At least the last pair is fed: its output y is the root's (after a rewind to the
+        # prompt every pair may already be in the cache; recomputing one is exact).
+        start = cache.length = min(cache.length, stop - 1)
         if stop > self.known:
             raise RuntimeError(f"the eagle head needs target features up to {stop}, has {self.known}")
         tokens = torch.tensor(context[start + 1 : stop + 1], dtype=torch.long)

@@ -1,4 +1,5 @@
 """python -m visuals TRACE.json --out DIR [--baseline BASELINE.json]
+   python -m visuals training-curves CURVES.json   (an EAGLE head's curves -> training-curves.html beside it)
 
 Writes one standalone HTML file per figure (plotly.js inlined, so the files open offline) and prints their
 paths. Exits 2 with a one-line "error: ..." message on a missing or malformed trace.
@@ -21,7 +22,30 @@ def _fail(message: str) -> int:
     return 2
 
 
+def training_curves(path: str) -> int:
+    """The head's training curves as HTML beside the JSON. plotly.js comes from its CDN here (the
+    file is committed with the head and stays ~10 KB); open it where a browser can reach the CDN."""
+    import json
+
+    from .training import training_curves_figure
+
+    try:
+        curves = json.loads(Path(path).read_text())
+        fig = training_curves_figure(curves)
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        return _fail(f"cannot draw training curves from {path!r}: {exc}")
+    out = Path(path).with_suffix(".html")
+    fig.write_html(out, include_plotlyjs="cdn", full_html=True, config={"displaylogo": False})
+    print(out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["training-curves"]:
+        if len(argv) != 2:
+            return _fail("usage: python -m visuals training-curves CURVES.json")
+        return training_curves(argv[1])
     parser = argparse.ArgumentParser(prog="python -m visuals", description="Render a SpecLens trace as HTML figures.")
     parser.add_argument("trace", help="trace JSON file (as saved by the engine or the app)")
     parser.add_argument("--out", required=True, help="folder to write the HTML files into")

@@ -1,0 +1,182 @@
+"""The EAGLE-style drafter: feature hand-off, exactness (greedy parity, chi-square with a negative
+control) on a tiny random target with a random head, the training recipe end to end (--quick), and the
+shipped head on the real default model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from engine import cpu_kernels
+from engine.eagle import EagleHead, head_dir, head_state_names, load_head
+from engine.exactness import TEST_LEVEL, chi_square_test, pair_distribution
+from engine.parity import parity_check
+
+PROMPT = "Write a haiku about autumn leaves."
+
+
+def random_head(engine, vocab: int = 4096, seed: int = 0) -> EagleHead:
+    """An untrained head of the right shapes: drafting is then poor but must still be exact."""
+    model = engine.target.model
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    E, H, Hkv, D, inter = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    shapes = {
+        "fuse.weight": (E, 2 * E),
+        "feature_norm.weight": (E,),
+        "model.layers.0.input_layernorm.weight": (E,),
+        "model.layers.0.self_attn.q_proj.weight": (H * D, E),
+        "model.layers.0.self_attn.k_proj.weight": (Hkv * D, E),
+        "model.layers.0.self_attn.v_proj.weight": (Hkv * D, E),
+        "model.layers.0.self_attn.o_proj.weight": (E, H * D),
+        "model.layers.0.post_attention_layernorm.weight": (E,),
+        "model.layers.0.mlp.gate_proj.weight": (inter, E),
+        "model.layers.0.mlp.up_proj.weight": (inter, E),
+        "model.layers.0.mlp.down_proj.weight": (E, inter),
+    }
+    assert sorted(shapes) == sorted(head_state_names())
+    state = {n: (torch.ones(s) if len(s) == 1 else torch.randn(s, generator=gen) * 0.3) for n, s in shapes.items()}
+    # The reduced vocabulary: the most likely tokens of a real run are in it, some are not.
+    vocab_ids = torch.randperm(cfg.vocab_size, generator=gen)[:vocab].sort().values
+    return EagleHead(model, state, vocab_ids, {"target": engine.target.name})
+
+
+@pytest.fixture(scope="module")
+def tiny_eagle(tiny_engine):
+    tiny_engine.use_eagle_head(random_head(tiny_engine))
+    yield tiny_engine
+    tiny_engine._head = None
+
+
+def test_head_reads_exactly_the_targets_features_of_committed_positions(tiny_eagle):
+    """After a few speculative steps the drafter holds, for every committed position, the target's own
+    last-layer row: the same rows a single prefill of the whole committed text computes."""
+    engine = tiny_eagle
+    run = engine.run(PROMPT, "eagle", max_new_tokens=20, k=3)
+    drafter = engine.drafter("eagle")
+    prompt_ids = engine.encode_prompt(PROMPT)
+    ids = prompt_ids + run["token_ids"]
+    from engine.decode import GenerationSettings
+
+    params, shape = GenerationSettings(k=3, max_new_tokens=20).validate()
+    state, _ = engine._new_state(prompt_ids, drafter, shape, params, 0, 40, False)
+    for _ in range(4):
+        result = engine._step(state)
+        state.context.extend(item["token_id"] for item in result.verdict.emitted(result.tree))
+    known = drafter.known
+    assert known == len(state.context) - 1
+    cache = engine.target.model.new_cache(len(state.context) + 1)
+    _, hidden = engine.target.model.prefill(state.context[:-1], cache, return_hidden=True)
+    torch.testing.assert_close(drafter.features[:known], hidden.to(drafter.features.dtype), rtol=1e-4, atol=1e-4)
+    assert ids[: len(state.context)] == state.context  # the same greedy text as the run
+
+
+@pytest.mark.parametrize("shape", [dict(k=4), dict(k=3, topk=2, num_draft_tokens=5)], ids=["chain", "tree"])
+def test_greedy_eagle_equals_the_baseline(tiny_eagle, shape):
+    prompts = [PROMPT, "Explain recursion.", "List three fruits."]
+    results = list(parity_check(tiny_eagle, prompts, "eagle", max_new_tokens=24, **shape))
+    assert all(r["identical"] for r in results), results
+
+
+def test_one_token_prompt_drafts_nothing_first_then_drafts(tiny_eagle):
+    run = tiny_eagle.run([42], "eagle", max_new_tokens=6, k=2, chat=False)
+    steps = [e for e in run["events"] if e["type"] == "step"]
+    assert steps[0]["drafted"] == 0 and any(s["drafted"] for s in steps[1:])
+
+
+def _pair_test(engine, drafter: str, shape: dict, verifier: str, n: int = 1500) -> dict:
+    settings = dict(temperature=1.0, top_k=3, seed=7, **shape)
+    samples = engine.sample_next_tokens(PROMPT, drafter, n_samples=n, n_tokens=2, verifier=verifier, **settings)
+
+    def dist(prefix):
+        p = engine.next_token_distribution(PROMPT, prefix, temperature=1.0, top_k=3)
+        return {int(t): float(p[t]) for t in torch.nonzero(p).flatten()}
+
+    law = pair_distribution(dist([]), lambda x1: dist([x1]))
+    index = {pair: i for i, pair in enumerate(law)}
+    counts = Counter(index.get(s, -1) for s in samples)
+    return chi_square_test(dict(counts), {index[pair]: p for pair, p in law.items()}, n)
+
+
+@pytest.mark.parametrize("shape", [dict(k=2), dict(k=2, topk=2)], ids=["chain", "tree"])
+def test_eagle_sampling_is_exact_on_a_tiny_target(tiny_eagle, shape):
+    """The first two tokens' joint law against p(x1)·p(x2|x1). A random head seldom drafts the tiny
+    target's top tokens, so here this checks the rejection/residual path; the negative control needs
+    drafts that overlap p and runs on the real model with the trained head (below)."""
+    exact = _pair_test(tiny_eagle, "eagle", shape, "exact")
+    assert exact["pvalue"] is not None and exact["pvalue"] > TEST_LEVEL, exact
+
+
+def test_missing_head_names_the_target_and_the_command(tiny_engine, tmp_path):
+    with pytest.raises(ValueError, match="train-head"):
+        load_head(tiny_engine.target.model, "some/other-model", tmp_path)
+
+
+def test_train_head_quick_writes_a_head_the_engine_drafts_with(tmp_path, tiny_engine):
+    """The whole recipe (prompts, self-distilled answers, features, vocabulary, training with
+    unrolling, export, held-out check, curves HTML) on a tiny random target, through the CLI."""
+    out = tmp_path / "head"
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "train-head", "--quick", "--out", str(out), "--work", str(tmp_path / "w")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "held-out greedy K=4" in proc.stdout
+    assert {"eagle-head.safetensors", "README.md", "training-curves.json", "training-curves.html"} <= {
+        p.name for p in out.iterdir()
+    }
+    curves = json.loads((out / "training-curves.json").read_text())
+    assert len(curves["ce"][0]) == 3 and len(curves["step"]) >= 2
+    head = load_head(tiny_engine.target.model, "tiny-random", out)
+    assert head.vocab_ids.numel() == 512 and int(head.meta["hidden_size"]) == 64
+
+
+# ------------------------------------------------------------------ real model
+REAL_HEAD = head_dir("SmolLM2-135M-Instruct")
+
+
+@pytest.mark.slow
+def test_shipped_head_loads_with_its_card(real_engine):
+    head = load_head(real_engine.target.model, real_engine.target.name)
+    assert 3_000_000 < head.parameters < 6_000_000
+    card = (REAL_HEAD / "README.md").read_text()
+    assert "Held-out acceptance" in card and "python -m engine train-head" in card
+
+
+@pytest.mark.slow
+def test_eagle_on_the_real_model_accepts_and_is_cheap(real_engine):
+    """Greedy parity on the real model, and the head's drafts are mostly accepted at depth 1."""
+    prompts = ["Give me three tips for learning to cook.", "Explain what a hash table is."]
+    for shape in (dict(k=4), dict(k=3, topk=2, num_draft_tokens=6)):
+        results = list(parity_check(real_engine, prompts, "eagle", max_new_tokens=24, **shape))
+        assert all(r["identical"] for r in results), (shape, results)
+    run = real_engine.run(prompts[1], "eagle", max_new_tokens=48, k=4)
+    assert run["metrics"]["tokens_per_pass"] > 1.5, run["metrics"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [dict(k=2), dict(k=2, topk=2)], ids=["chain", "tree"])
+def test_eagle_sampling_is_exact_on_the_real_model(real_engine, shape):
+    exact = _pair_test(real_engine, "eagle", shape, "exact", n=600)
+    assert exact["pvalue"] is not None and exact["pvalue"] > TEST_LEVEL, exact
+    broken = _pair_test(real_engine, "eagle", shape, "drop_q", n=600)
+    assert broken["pvalue"] < TEST_LEVEL, broken
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cpu_kernels.available(), reason=f"CPU kernel unavailable: {cpu_kernels.why_unavailable()}")
+def test_bfloat16_eagle_parity_is_bitwise_on_our_cpu_kernels():
+    from engine import SpeculativeEngine
+
+    engine = SpeculativeEngine.load(dtype="bfloat16")
+    prompts = ["Summarize why sleep matters.", "Write a short poem about rivers.", "What is recursion?"]
+    for shape in (dict(k=4), dict(k=3, topk=2, num_draft_tokens=6)):
+        results = list(parity_check(engine, prompts, "eagle", max_new_tokens=32, **shape))
+        assert all(r["identical"] for r in results), (shape, results)
