@@ -57,10 +57,13 @@ class TrainConfig:
     max_new_tokens: int = 128
     gen_batch: int = 64
     vocab: int = 8192
-    epochs: int = 3
+    epochs: int = 2
     batch_tokens: int = 6144
     lr: float = 6e-4
-    unroll: int = 3  # training-time test steps (1 = plain EAGLE-1 training)
+    unroll: int = 2  # training-time test steps (1 = plain EAGLE-1 training)
+    # bf16 autocast where the CPU has native bf16 products: 367 against 235 training tokens/s
+    # (unroll 2, 2-core AVX512-BF16 EPYC, measured under load); the parameters stay float32.
+    autocast: bool = True
     reg_weight: float = 1.0
     seed: int = 0
     threads: int = 0  # 0 = torch's default
@@ -387,6 +390,9 @@ def _train(cfg: TrainConfig, model: _Trainable, sequences, features, ckpt: Path)
         opt.load_state_dict(saved["opt"])
         curves, done = saved["curves"], saved["done"]
     warmup = max(1, min(100, total_steps // 20))
+    from .models import cpu_has_native_bf16
+
+    autocast = cfg.autocast and not cfg.quick and cpu_has_native_bf16()
     bar = _Progress("train", total_steps, "batches")
     step = 0
     for epoch, batches in enumerate(plan):
@@ -398,7 +404,8 @@ def _train(cfg: TrainConfig, model: _Trainable, sequences, features, ckpt: Path)
             for group in opt.param_groups:
                 group["lr"] = lr
             feats, tokens, valid = _collate(idx, sequences, features)
-            loss, stats = _losses(model, feats, tokens, valid, cfg.unroll, cfg.reg_weight)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss, stats = _losses(model, feats, tokens, valid, cfg.unroll, cfg.reg_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -455,7 +462,7 @@ parameters (fusion, feature norm, one decoder layer).
   summarise); benchmark workloads and app examples held out.
 - answers: the target's own greedy continuations (up to {cfg.max_new_tokens} tokens), {t["tokens"]:,} tokens in all;
 - losses: feature regression (SmoothL1 on RMS-normalised features) + cross-entropy to the target's
-  distribution over the reduced vocabulary; training-time test unrolling over {cfg.unroll} steps (weights 0.8^s);
+  distribution over the reduced vocabulary; training-time test unrolling over {cfg.unroll} steps (weights 0.8^s), bf16 autocast: {cfg.autocast};
 - {cfg.epochs} epochs, AdamW lr {cfg.lr} (warm-up, cosine), ~{cfg.batch_tokens} tokens per batch,
   {t["steps"]} steps in {t["minutes"]:.1f} min of training ({t["total_minutes"]:.1f} min for the whole recipe) on
   {t["host"]}.

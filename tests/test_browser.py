@@ -301,6 +301,7 @@ TABS = [
     ("Race", "#race-plot .main-svg"),
     ("Explain", "#ex-calc .main-svg"),
     ("Lossless lab", "#ll-plot .main-svg"),
+    ("Drafters lab", "#dr-curves .main-svg"),
     ("Parity lab", "#pl-table table"),
     ("Batch lab", "#bl-plot .main-svg"),
 ]

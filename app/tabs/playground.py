@@ -102,6 +102,7 @@ DRAFTER_CHOICES = [
     ("none (baseline: no drafting)", "none"),
     ("ngram (prompt lookup)", "ngram"),
     ("int8 (quantised target)", "int8"),
+    ("eagle (a one-layer head on the target's own features)", "eagle"),
     ("model:SmolLM2-135M-Instruct", "model:SmolLM2-135M-Instruct"),
 ]
 ADAPTIVE_INFO = (
@@ -110,7 +111,9 @@ ADAPTIVE_INFO = (
 )
 DRAFTER_INFO = (
     "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. int8 is a cheaper "
-    "copy of the target. model:<id> (type any Hub id) is a separate small model."
+    "copy of the target. eagle is a tiny trained head that reads the target's own last hidden state from the "
+    "pass that just verified (no extra target work) and runs one layer, so a guess costs a few percent of a "
+    "target pass. model:<id> (type any Hub id) is a separate small model."
 )
 
 
