@@ -125,11 +125,33 @@ def machine_info(engine: SpeculativeEngine) -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "model": engine.target.name,
+        "weights": engine.target.weight_kind,
+        # Which of our kernel variants ran and the CPU flags that decide it: reports differ per host.
+        "cpu_kernel": _kernel_variant() if device.type == "cpu" else None,
+        "cpu_flags": _cpu_flags(),
         "weight_bytes_per_pass": weight_bytes,
         "copy_bandwidth_gbs": round(bandwidth, 2),
         "read_bandwidth_gbs": read_bw,
         "roofline_passes_per_s": round(bandwidth * 1e9 / weight_bytes, 2),
     }
+
+
+def _kernel_variant() -> str | None:
+    from . import cpu_kernels
+
+    return cpu_kernels.variant()
+
+
+def _cpu_flags() -> list[str]:
+    """The instruction-set flags our kernels (and llama.cpp's, vLLM's) choose by."""
+    wanted = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16"}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return sorted(wanted & set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return []
 
 
 def _cuda_copy_bandwidth_gbs(device, size_mb: int = 1024, repeats: int = 10) -> float:
@@ -369,6 +391,11 @@ def run_bench(
                 else None,
                 "new_tokens": tokens,
             }
+            drafted = sum(r["drafted"] for r in runs)
+            if all(r.get("verify_s") is not None for r in runs):
+                # Our engine's own timings: mean target pass, and the drafting time per drafted token.
+                row["pass_ms"] = 1000.0 * sum(r["verify_s"] for r in runs) / max(1, sum(r["passes"] for r in runs))
+                row["draft_ms_per_token"] = 1000.0 * sum(r["draft_s"] for r in runs) / drafted if drafted else None
             if row["tokens_per_pass"]:
                 passes_per_s = row["tok_per_s"] / row["tokens_per_pass"]
                 row["roofline_fraction"] = passes_per_s / machine["roofline_passes_per_s"]
@@ -378,6 +405,9 @@ def run_bench(
             base = by.get(("engine-baseline", r["workload"]))
             hfg = by.get(("hf-generate", r["workload"]))
             r["speedup_vs_engine_baseline"] = r["tok_per_s"] / base["tok_per_s"] if base else None
+            # c of E / (K·c + 1): one drafted token's time in plain one-token target passes (the baseline's).
+            if r.get("draft_ms_per_token") is not None and base and base.get("pass_ms"):
+                r["draft_cost"] = r["draft_ms_per_token"] / base["pass_ms"]
             r["speedup_vs_hf_generate"] = r["tok_per_s"] / hfg["tok_per_s"] if hfg else None
         mismatches = []
         for (name, workload, pi), toks in outputs.items():
@@ -458,6 +488,8 @@ def _timed(start_run) -> dict:
         "passes": m["target_passes"],
         "accepted": m["accepted"],
         "drafted": m["drafted"],
+        "draft_s": m.get("draft_s"),
+        "verify_s": m.get("verify_s"),
     }
 
 

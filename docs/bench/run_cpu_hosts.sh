@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The CPU benchmark tables of docs/bench/2026-11-30-cpu-hosts.md, in one go (~40 min on 2 cores).
+# An AVX2-only host is approximated on an AVX512 host by forcing our avx2 kernel variant
+# (SPECLENS_CPU_KERNEL=avx2) and building llama.cpp without AVX-512:
+#   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+#     -DGGML_BMI2=ON -DGGML_AVX512=OFF -DLLAMA_CURL=OFF" .venv/bin/pip install llama-cpp-python
+# On a real AVX2-only host `auto` picks avx2 by itself and a native llama.cpp build is AVX2 anyway.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-docs/bench}
+day=$(date +%F)
+engine_rows=engine-baseline,engine-ngram,engine-int8,engine-eagle,engine-ngram-adaptive,engine-int8-adaptive,engine-eagle-adaptive
+SPECLENS_CPU_KERNEL=avx2 .venv/bin/python -m engine bench --repeats 2 --json \
+  --systems $engine_rows,hf-generate,hf-prompt-lookup,llamacpp > "$out/$day-avx2-bf16.json"
+SPECLENS_CPU_KERNEL=avx2 .venv/bin/python -m engine bench --repeats 2 --json --dtype q4_1 --no-events-check \
+  --systems engine-baseline,engine-ngram,engine-eagle,llamacpp > "$out/$day-avx2-q4_1.json"
+# "Today's float32 path" of issue #16: torch's own products (MKL), no kernel of ours.
+SPECLENS_CPU_KERNEL=0 .venv/bin/python -m engine bench --repeats 2 --json --dtype float32 --no-events-check \
+  --systems engine-baseline,engine-ngram > "$out/$day-torch-float32.json"
+# vLLM's CPU build uses AVX-512 where the CPU has it: its rows belong with the host's own best kernels.
+.venv/bin/python -m engine bench --repeats 2 --json --no-events-check \
+  --systems $engine_rows,hf-generate,hf-prompt-lookup,llamacpp,vllm-baseline,vllm-ngram > "$out/$day-avx512bf16-bf16.json"
