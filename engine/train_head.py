@@ -472,7 +472,8 @@ parameters (fusion, feature norm, one decoder layer).
 - losses: feature regression (SmoothL1 on RMS-normalised features) + cross-entropy to the target's
   distribution over the reduced vocabulary; training-time test unrolling over {cfg.unroll} steps (weights 0.8^s), bf16 autocast: {cfg.autocast};
 - {cfg.epochs} epochs, AdamW lr {cfg.lr} (warm-up, cosine), ~{cfg.batch_tokens} tokens per batch,
-  {t["steps"]} steps in {t["minutes"]:.1f} min of training ({t["total_minutes"]:.1f} min for the whole recipe) on
+  {t["steps"]} steps in {t["minutes"]:.1f} min of training ({t["total_minutes"]:.1f} min for this invocation: stages
+  found done in the work folder are reused, not redone) on
   {t["host"]}.
 
 ## Held-out acceptance (measured with the real engine, greedy, K=4 chain)
