@@ -152,7 +152,7 @@ def test_dropped_api_connection_ends_the_run_within_a_pass(server, target_pass_t
     config = httpx.get(server + "config", timeout=30).json()
     fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "generate")
     session = uuid.uuid4().hex
-    data = ["Write a long story about a lighthouse keeper.", "int8", 3, 0.0, 1.0, 0, 0, 250]
+    data = ["Write a long story about a lighthouse keeper.", "int8", 3, 0.0, 1.0, 0, 0, 250, False]  # adaptive off
     joined = httpx.post(
         server + "gradio_api/queue/join",
         json={"data": data, "fn_index": fn_index, "session_hash": session},
