@@ -93,6 +93,11 @@ zipfile tarfile gzip shutil tempfile filecmp netrc mimetypes wave sched queue th
 logging.handlers unittest.case traceback linecache codecs getopt graphlib contextlib abc""".split()
 
 
+# Functions another import rebinds (torch replaces inspect.getfile with its own wrapper): without
+# this the prompt set would depend on what the process imported before building it.
+REBOUND = {"inspect.getfile"}
+
+
 def held_out_texts() -> set[str]:
     """Prompts the head is evaluated on (benchmark workloads, app examples): never trained on."""
     texts: set[str] = set()
@@ -105,16 +110,23 @@ def held_out_texts() -> set[str]:
     return {t.strip() for t in texts if t}
 
 
+def _stdlib_modules():
+    """The STDLIB modules this Python has, in a fixed order (a build may lack one)."""
+    for name in STDLIB:
+        try:
+            yield importlib.import_module(name)
+        except ImportError:
+            continue
+
+
 def _functions(rng: random.Random) -> list[str]:
     """Source of small standard-library functions (5 to 30 lines), in a fixed order."""
     found = []
-    for name in STDLIB:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
+    for module in _stdlib_modules():
         for _, obj in sorted(vars(module).items()):
             if not inspect.isfunction(obj) or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            if f"{module.__name__}.{obj.__name__}" in REBOUND:
                 continue
             try:
                 src = textwrap.dedent(inspect.getsource(obj))
@@ -129,11 +141,7 @@ def _functions(rng: random.Random) -> list[str]:
 def _paragraphs(rng: random.Random) -> list[str]:
     """Paragraphs of 200 to 900 characters from standard-library docstrings."""
     found = []
-    for name in STDLIB:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
+    for module in _stdlib_modules():
         docs = [module.__doc__ or ""] + [
             obj.__doc__ or ""
             for _, obj in sorted(vars(module).items())

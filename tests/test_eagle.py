@@ -186,3 +186,13 @@ def test_bfloat16_eagle_parity_is_bitwise_on_our_cpu_kernels():
     for shape in (dict(k=4), dict(k=3, topk=2, num_draft_tokens=6)):
         results = list(parity_check(engine, prompts, "eagle", max_new_tokens=32, **shape))
         assert all(r["identical"] for r in results), (shape, results)
+
+
+def test_training_prompts_are_reproducible_and_hold_out_what_the_head_is_measured_on():
+    from engine.head_data import build_prompts, held_out_texts
+
+    first, again = build_prompts(300, seed=3), build_prompts(300, seed=3)
+    assert first == again and len(first) == 300
+    assert {p["kind"] for p in first} == {"chat", "code", "summarize"}
+    held = held_out_texts()
+    assert len(held) >= 10 and not held & {p["prompt"].strip() for p in first}
