@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from .eagle import FORMAT, HEAD_FILE, head_dir, head_state_names
 from .head_data import build_prompts
+from .transformer import Transformer
 
 __all__ = ["TrainConfig", "train_head"]
 
@@ -107,7 +108,7 @@ def _target_checkpoint(cfg: TrainConfig, work: Path):
 
     from .decode import SpeculativeEngine
     from .models import DEFAULT_MODEL, LoadedModel, cache_dir, load_model
-    from .transformer import ModelConfig, Transformer
+    from .transformer import ModelConfig
 
     if cfg.quick:
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -257,10 +258,6 @@ class _Trainable:
         angles = torch.cat([angles, angles], dim=-1).float()  # [T, D]
         return angles.cos(), angles.sin()
 
-    def _rotate(self, x, cos, sin):
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
     def qkv(self, x: torch.Tensor, cos, sin):
         """x [B, T, E] -> q [B, H, T, D], k, v [B, Hkv, T, D] (rotary applied)."""
         P, B, T = self.params, x.shape[0], x.shape[1]
@@ -268,7 +265,8 @@ class _Trainable:
         q = (h @ P["model.layers.0.self_attn.q_proj.weight"].T).view(B, T, self.heads, self.head_dim).transpose(1, 2)
         k = (h @ P["model.layers.0.self_attn.k_proj.weight"].T).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         v = (h @ P["model.layers.0.self_attn.v_proj.weight"].T).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+        # The inference forward's own rotary (rotate_half convention): training and drafting agree by construction.
+        return Transformer._apply_rope(q, cos, sin), Transformer._apply_rope(k, cos, sin), v
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual + output projection + MLP: the layer output y [B, T, E]."""
