@@ -83,9 +83,10 @@ class EagleHead:
     def __init__(self, target: Transformer, state: dict[str, torch.Tensor], vocab_ids: torch.Tensor, meta: dict):
         cfg = target.cfg
         self.meta = meta
-        self.vocab_ids = vocab_ids.to(torch.long)  # [N] target ids of the reduced vocabulary
+        # [N] target ids of the reduced vocabulary, on the target's device
+        self.vocab_ids = vocab_ids.to(device=target.device, dtype=torch.long)
         dtype = target.dtype
-        head_rows = target.lm_head.weight[self.vocab_ids.to(target.device)]  # [N, E]
+        head_rows = target.lm_head.weight[self.vocab_ids]  # [N, E]
         layer_state = {k: v for k, v in state.items() if k.startswith("model.layers.0.")}
         layer_state["model.embed_tokens.weight"] = target.embed  # shared, not copied
         layer_state["model.norm.weight"] = target.norm  # the target's final norm
@@ -113,7 +114,7 @@ class EagleHead:
 
     def full_logits(self, reduced: torch.Tensor) -> torch.Tensor:
         """[.., N] reduced-vocabulary logits -> [.., V] with -inf outside the reduced set."""
-        out = torch.full((*reduced.shape[:-1], self.vocab_size), float("-inf"), dtype=torch.float32)
+        out = torch.full((*reduced.shape[:-1], self.vocab_size), float("-inf"), device=reduced.device)
         out[..., self.vocab_ids] = reduced.float()
         return out
 
