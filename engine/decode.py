@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import events
-from .adaptive import AdaptiveDepth, check_min_confidence
+from .adaptive import AdaptiveDepth, check_min_confidence, verified_outcomes
 from .drafters import Drafter, DraftTree, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_weights
 from .eagle import EagleDrafter, EagleHead, load_head
 from .host import host_info
@@ -431,7 +431,7 @@ class SpeculativeEngine:
         if hidden is not None:  # the features of the committed rows, from the pass just run
             state.drafter.take_features(hidden[rows], base)
         if state.adaptive is not None:
-            state.adaptive.update(len(verdict.path), max(tree.depths, default=0))
+            state.adaptive.update(len(verdict.path), max(tree.depths, default=0), verified_outcomes(tree, verdict.path))
         k = 0 if isinstance(state.drafter, NoDrafter) else shape.steps
         return StepResult(tree, verdict, draft_ms, (time.perf_counter() - t1) * 1000.0, k)
 

@@ -16,7 +16,8 @@ tree with one child per node.
 Tree shape (SGLang's knobs): ``steps`` = depth, ``topk`` = children per expanded
 node and nodes expanded per depth, ``budget`` = total draft tokens kept.
 ``min_confidence`` (adaptive drafting, ``engine.adaptive``): stop drafting deeper once the
-best node to expand has a cumulative draft probability below it (0 = never stop early).
+best node to expand has a cumulative confidence (q, calibrated by past acceptance) below it
+(0 = never stop early).
 Greedy decoding ranks nodes by cumulative draft probability (EAGLE-2 style).
 Sampling draws the children of a node without replacement from q and decides
 which nodes to keep from their sibling ranks only, never from the drawn values:
@@ -39,12 +40,23 @@ __all__ = ["DraftTree", "TreeShape", "Drafter", "NoDrafter", "NgramDrafter", "Mo
 @dataclass(frozen=True)
 class TreeShape:
     """steps: depth of the tree; topk: branching; budget: max draft tokens kept; min_confidence: a
-    model drafter stops expanding deeper when the best frontier node's cumulative q is below it."""
+    model drafter stops expanding deeper when the best frontier node's cumulative confidence is
+    below it. A token's confidence is its q, or, with ``calibration`` (one acceptance rate per
+    tenth of q, learnt by ``engine.adaptive.AdaptiveDepth`` from past verifications), the rate at
+    which drafts of that q were accepted."""
 
     steps: int
     topk: int = 1
     budget: int | None = None
     min_confidence: float = 0.0
+    calibration: tuple[float, ...] = ()
+
+    def confidence(self, q_token: float) -> float:
+        """A drafted token's chance of surviving verification, as far as the drafter can tell."""
+        if not self.calibration:
+            return q_token
+        bins = len(self.calibration)
+        return self.calibration[min(bins - 1, int(q_token * bins))]
 
     def __post_init__(self):
         for name in ("steps", "topk"):
@@ -298,7 +310,7 @@ class ModelDrafter(Drafter):
         tree = DraftTree(stop="depth")
         slot_of: dict[int, int] = {}  # node -> cache slot, for nodes fed to the drafter
         score: list[float] = []
-        path_q: list[float] = []  # cumulative q along each node's path: the drafter's own confidence
+        path_q: list[float] = []  # cumulative confidence along each node's path (q, or calibrated q)
         frontier: list[int] = [-1]
         frontier_q = {-1: self._q(root_logits, params)}
         for depth in range(1, shape.steps + 1):
@@ -319,7 +331,7 @@ class ModelDrafter(Drafter):
                     tree.depths.append(depth)
                     tree.q_token.append(q_tok)
                     score.append(parent_score * (q_tok if params.greedy else _rank_weight(rank)))
-                    path_q.append(parent_q * q_tok)
+                    path_q.append(parent_q * shape.confidence(q_tok))
                     level.append(len(tree) - 1)
             if depth == shape.steps:
                 break

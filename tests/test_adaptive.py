@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.adaptive import GROW, SHRINK, STOP_REASONS, AdaptiveDepth
+from engine.adaptive import GROW, SHRINK, STOP_REASONS, AdaptiveDepth, verified_outcomes
 from engine.decode import GenerationSettings
-from engine.drafters import TreeShape
+from engine.drafters import DraftTree, TreeShape
 from engine.exactness import TEST_LEVEL, chi_square_test, pair_distribution
 from engine.trace import dumps, loads, step_events
 
@@ -163,8 +163,12 @@ def test_greedy_adaptive_output_equals_the_baseline(tiny_with_eagle, drafter, sh
         run = engine.run(prompt, drafter, max_new_tokens=24, adaptive=True, adaptive_min_confidence=0.5, **shape)
         assert run["token_ids"] == base["token_ids"], (prompt, drafts(run))
         assert_k_follows_the_policy(run["events"], shape["k"])
-    if drafter != "ngram":  # the tiny target's q is rarely that sure: the confidence stop must have acted
-        assert any(d["stop"] == "confidence" for d in drafts(run)), drafts(run)
+    # The confidence is calibrated by the run's own record: a run starts trusting its drafter fully,
+    # so a confidence stop can only follow a pass whose draft was (partly) rejected.
+    steps = step_events(run["events"])
+    for i, step in enumerate(steps):
+        if step["draft"]["stop"] == "confidence":
+            assert any(s["accepted_len"] < s["draft_depth"] for s in steps[:i]), drafts(run)
 
 
 def test_every_step_records_its_k_and_why_drafting_stopped(tiny_with_eagle):
@@ -208,21 +212,35 @@ def _pair_test(engine, drafter: str, verifier: str, n: int, **settings) -> dict:
     return chi_square_test(dict(counts), {index[pair]: p for pair, p in law.items()}, n)
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "int8"])
-def test_adaptive_sampling_is_exact_and_the_negative_control_is_caught(flat_engine, drafter):
+@pytest.fixture(scope="module")
+def flat_with_eagle(flat_engine):
+    """The flat tiny target drafting `eagle` with its layer-0 head: a weak drafter, often rejected."""
+    from engine.decode import SpeculativeEngine
+
+    engine = SpeculativeEngine(flat_engine.target)
+    engine.use_eagle_head(layer0_head(engine))
+    return engine
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "int8", "eagle"])
+def test_adaptive_sampling_is_exact_and_the_negative_control_is_caught(flat_engine, flat_with_eagle, drafter):
     """ngram: K shrinks after rejections and grows after full acceptances between passes and samples;
-    int8: the confidence stop cuts drafts short. Both must leave the pair law at p's; dropping q from
-    the acceptance test (accept with min(1, p)) on the same drafts must be detected."""
+    int8: accepted almost always, it drafts to K; eagle: rejected often, its calibrated confidence
+    stops drafts short. All must leave the pair law at p's; dropping q from the acceptance test
+    (accept with min(1, p)) on the same drafts must be detected (ngram, int8)."""
+    engine = flat_with_eagle if drafter == "eagle" else flat_engine
     settings = dict(temperature=1.0, top_k=3, k=4, seed=7, chat=False, adaptive=True, adaptive_min_confidence=0.3)
-    run = flat_engine.run(REPEAT_PROMPT, drafter, max_new_tokens=24, **settings)
+    run = engine.run(REPEAT_PROMPT, drafter, max_new_tokens=24, **settings)
     if drafter == "ngram":
         assert len({d["k"] for d in drafts(run)}) > 1, drafts(run)
-    else:
+    if drafter == "eagle":
         assert any(d["stop"] == "confidence" for d in drafts(run)), drafts(run)
     assert_k_follows_the_policy(run["events"], 4)
-    exact = _pair_test(flat_engine, drafter, "exact", 600, **settings)
+    exact = _pair_test(engine, drafter, "exact", 600, **settings)
     assert exact["pvalue"] is not None and exact["pvalue"] > TEST_LEVEL, exact
-    broken = _pair_test(flat_engine, drafter, "drop_q", 800, **settings)  # q ≈ p for int8: a smaller TV
+    if drafter == "eagle":
+        return  # the negative control below is the int8 / ngram params' (measured here: TV 0.04, unseen in 800)
+    broken = _pair_test(engine, drafter, "drop_q", 800, **settings)  # q ≈ p for int8: a smaller TV
     assert broken["pvalue"] < TEST_LEVEL, broken
 
 
@@ -335,3 +353,34 @@ def test_greedy_adaptive_int8_equals_the_baseline_on_the_real_model(real_engine)
     run = real_engine.run(prompt, "int8", max_new_tokens=24, k=6, adaptive=True)
     assert run["token_ids"] == base["token_ids"], drafts(run)
     assert_k_follows_the_policy(run["events"], 6)
+
+
+def test_confidence_is_calibrated_by_the_runs_own_acceptance_per_tenth_of_q():
+    """Before any verification every tenth of q is trusted fully (the run drafts to K, as a fixed one
+    does); then each tenth moves to the acceptance measured for drafts of that q, an empty tenth to
+    the run's overall rate."""
+    policy = AdaptiveDepth(k_max=4, min_confidence=0.3)
+    assert policy.calibration == (1.0,) * 10
+    policy.update(4, 4, [(0.25, True)] * 20)  # low q, always accepted (int8 under greedy)
+    policy.update(1, 4, [(0.95, True), (0.85, False)] * 10)  # 0.8-0.9: always rejected
+    cal = policy.calibration
+    overall = (30 + 1) / (40 + 1)
+    assert cal[2] == pytest.approx((20 + 2 * overall) / 22)
+    assert cal[8] == pytest.approx((0 + 2 * overall) / 12) and cal[8] < 0.3
+    assert cal[5] == pytest.approx(overall)  # nothing seen at q 0.5-0.6: the run's rate
+    shape = policy.shape_for_step(TreeShape(4))
+    assert shape.calibration == cal
+    assert shape.confidence(0.25) == cal[2] and shape.confidence(1.0) == cal[9]
+    assert TreeShape(4).confidence(0.25) == 0.25  # without calibration: q itself
+
+
+def test_verified_outcomes_are_the_accepted_path_and_the_rejected_children_after_it():
+    chain = DraftTree(tokens=[5, 6, 7], parents=[-1, 0, 1], depths=[1, 2, 3], q_token=[0.9, 0.5, 0.2])
+    assert verified_outcomes(chain, [0, 1]) == [(0.9, True), (0.5, True), (0.2, False)]
+    assert verified_outcomes(chain, [0, 1, 2]) == [(0.9, True), (0.5, True), (0.2, True)]
+    assert verified_outcomes(chain, []) == [(0.9, False)]
+    tree = DraftTree(tokens=[5, 8, 6], parents=[-1, -1, 0], depths=[1, 1, 2], q_token=[0.6, 0.3, 0.4])
+    assert verified_outcomes(tree, []) == [(0.6, False), (0.3, False)]  # both roots tried, both rejected
+    assert verified_outcomes(tree, [0]) == [(0.6, True), (0.4, False)]  # the sibling's fate is left out
+    ngram = DraftTree(tokens=[5], parents=[-1], depths=[1], q_token=[1.0], point_mass=True)
+    assert verified_outcomes(ngram, [0]) == []  # a point mass has no q to calibrate
