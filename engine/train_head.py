@@ -389,12 +389,25 @@ def _train(cfg: TrainConfig, model: _Trainable, sequences, features, prompt_leng
     total_steps = sum(len(p) for p in plan)
     curves = {"step": [], "loss": [], "ce": [], "reg": [], "top1": [], "lr": []}
     done = 0
+    # What a resumed run must share with the saved one, or the steps after the checkpoint would
+    # follow another schedule (a different epoch count moves the cosine) and the head would come
+    # from no recipe that can be rerun.
+    recipe = {
+        k: getattr(cfg, k) for k in ("epochs", "batch_tokens", "lr", "unroll", "reg_weight", "prompt_weight", "seed")
+    }
+    recipe["sequences"] = len(sequences)
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
-        for name, value in saved["params"].items():
-            model.params[name].data.copy_(value)
-        opt.load_state_dict(saved["opt"])
-        curves, done = saved["curves"], saved["done"]
+        if saved.get("recipe") == recipe:
+            for name, value in saved["params"].items():
+                model.params[name].data.copy_(value)
+            opt.load_state_dict(saved["opt"])
+            curves, done = saved["curves"], saved["done"]
+        else:
+            print(
+                f"train: {ckpt} was saved with another recipe ({saved.get('recipe')}); training from the start",
+                file=sys.stderr,
+            )
     warmup = max(1, min(100, total_steps // 20))
     from .models import cpu_has_native_bf16
 
@@ -424,7 +437,7 @@ def _train(cfg: TrainConfig, model: _Trainable, sequences, features, prompt_leng
             bar.update(step, f"epoch {epoch + 1} loss {float(loss.detach()):.3f} top1@1 {stats[0]['top1']:.2f}")
             if step % 200 == 0 or step == total_steps:
                 state = {"params": {k: v.detach() for k, v in model.params.items()}, "opt": opt.state_dict()}
-                torch.save({**state, "curves": curves, "done": step}, ckpt)
+                torch.save({**state, "curves": curves, "done": step, "recipe": recipe}, ckpt)
     return curves
 
 
