@@ -38,7 +38,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
         "--adaptive",
         action="store_true",
         help="drafting that adapts: K moves in [1, --k] with recent acceptance, and a model drafter stops "
-        "deeper when its best path's cumulative draft probability is below --adaptive-min-confidence",
+        "deeper when its best path's cumulative confidence (q calibrated by past acceptance) is below --adaptive-min-confidence",
     )
     p.add_argument(
         "--adaptive-min-confidence",
