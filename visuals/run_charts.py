@@ -350,7 +350,11 @@ DEPTH_HEIGHT = 380
 # Why each pass stopped drafting (the step event's draft.stop): a colour, a symbol and words for each.
 STOP_STYLE = {
     "depth": (PALETTE["accepted"], "circle", "drafted its K levels"),
-    "confidence": (PALETTE["resampled"], "triangle-down", "stopped: drafter unsure (calibrated confidence below threshold)"),
+    "confidence": (
+        PALETTE["resampled"],
+        "triangle-down",
+        "stopped: drafter unsure (calibrated confidence below threshold)",
+    ),
     "no-match": (PALETTE["not_reached"], "square", "stopped: n-gram lookup found no (longer) match"),
     "none": (SERIES["baseline"], "circle-open", "nothing drafted"),
 }
