@@ -182,3 +182,24 @@ def test_a_failing_drafter_reports_its_message_and_stop_ends_the_comparison():
     request_stop(run_id)
     *_, (status, traces, _) = drafters.compare(engine, PROMPT, plan, settings, run_id)
     assert status.startswith("■ Stopped") and traces == {}
+
+
+def test_labels_of_nearby_points_are_stacked_not_overlapped():
+    """A drafter and its adaptive variant land almost on each other: their labels go one above
+    the other (the higher α on top; below the axis' top edge), a lone point keeps the middle."""
+    from visuals.drafter_families import label_positions
+
+    rows = [
+        dict(cost=0.01, alpha=0.60),  # ngram
+        dict(cost=0.012, alpha=0.62),  # ngram adaptive
+        dict(cost=0.65, alpha=0.97),  # int8, near the top
+        dict(cost=0.66, alpha=0.96),  # int8 adaptive
+        dict(cost=0.10, alpha=0.20),  # eagle, alone
+    ]
+    assert label_positions(rows, c_max=0.8) == [
+        "bottom right",
+        "top right",
+        "middle left",
+        "bottom left",
+        "middle right",
+    ]

@@ -30,6 +30,9 @@ MAX_ALPHA = 0.99  # the surface's α axis stops short of 1 (E is K + 1 there)
 MIN_C_AXIS = 0.3  # the c axis shows at least this much, so n-gram's c ≈ 0 does not squeeze the surface
 C_MARGIN = 1.25  # room right of the costliest drafter
 LABEL_SIDE = 0.5  # a point left of this share of the c axis is labelled on its right, else on its left
+# Points closer than this (share of the c axis, α) are one cluster: their labels are stacked
+# (a drafter and its adaptive variant usually land almost on each other).
+NEAR_C, NEAR_ALPHA = 0.12, 0.12
 GRID = 41  # surface samples per axis
 CURVES_HEIGHT = 480
 SURFACE_HEIGHT = 560
@@ -203,8 +206,38 @@ def _surface_traces(k: int, c_max: float) -> list[go.Contour]:
     return [surface, even]
 
 
-def _point(row: dict, c_max: float) -> go.Scatter:
-    """A drafter at its measured (c, α), labelled by its measured speedup (on the side with more room)."""
+def label_positions(rows: list[dict], c_max: float) -> list[str]:
+    """Plotly textposition per row: the side with more room, and within a cluster of nearby points
+    the labels stacked top / middle / bottom in order of α (the highest on top), so none overlap."""
+    placed = ["middle"] * len(rows)
+    clusters: list[list[int]] = []
+    for i, row in enumerate(rows):
+        for cluster in clusters:
+            if any(
+                abs(row["cost"] - rows[j]["cost"]) < NEAR_C * c_max
+                and abs(row["alpha"] - rows[j]["alpha"]) < NEAR_ALPHA
+                for j in cluster
+            ):
+                cluster.append(i)
+                break
+        else:
+            clusters.append([i])
+    for cluster in clusters:
+        if len(cluster) < 2:
+            continue
+        order = sorted(cluster, key=lambda j: -rows[j]["alpha"])
+        slots = ["top", "bottom"] if len(order) == 2 else ["top"] + ["middle"] * (len(order) - 2) + ["bottom"]
+        if len(order) == 2 and rows[order[0]]["alpha"] > 0.9:  # no room above the axis' top
+            slots = ["middle", "bottom"]
+        for j, slot in zip(order, slots):
+            placed[j] = slot
+    return [
+        f"{vertical} {'right' if row['cost'] < LABEL_SIDE * c_max else 'left'}" for vertical, row in zip(placed, rows)
+    ]
+
+
+def _point(row: dict, c_max: float, position: str) -> go.Scatter:
+    """A drafter at its measured (c, α), labelled by its measured speedup at `position`."""
     colour = _colour(row)
     text = f"{row['label']}: {fmt_speedup(row['speedup'])} measured"
     hover = (
@@ -217,7 +250,7 @@ def _point(row: dict, c_max: float) -> go.Scatter:
         y=[row["alpha"]],
         mode="markers+text",
         text=[text],
-        textposition="middle right" if row["cost"] < LABEL_SIDE * c_max else "middle left",
+        textposition=position,
         textfont={"size": NOTE_SIZE, "color": "#111111"},
         cliponaxis=False,
         marker={"size": 16, "color": LABEL_BG if row["adaptive"] else colour, "line": {"width": 2, "color": colour}},
@@ -239,8 +272,8 @@ def speedup_surface_figure(traces: list) -> go.Figure:
     k = max(r["k"] for r in rows)
     c_max = max(MIN_C_AXIS, C_MARGIN * max(r["cost"] for r in rows))
     fig = go.Figure(_surface_traces(k, c_max))
-    for row in rows:
-        fig.add_trace(_point(row, c_max))
+    for row, position in zip(rows, label_positions(rows, c_max)):
+        fig.add_trace(_point(row, c_max, position))
     subtitle = (
         f"surface: theory E / (K·c + 1) at K = {k}, E = (1 − α^(K+1)) / (1 − α) · points: α and c measured "
         "in this lab run, c = draft time per token ÷ a baseline target pass · labels: measured speedup "
