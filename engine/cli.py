@@ -99,7 +99,7 @@ def _build_parser() -> argparse.ArgumentParser:
     th.add_argument("--out", default=None, help="head folder (default assets/heads/<target>)")
     th.add_argument("--work", default=None, help="folder for the resumable intermediate files")
     th.add_argument("--prompts", type=int, default=None, help="training prompts (default 1200)")
-    th.add_argument("--epochs", type=int, default=None, help="passes over the data (default 6)")
+    th.add_argument("--epochs", type=int, default=None, help="passes over the data (default 12)")
     th.add_argument("--vocab", type=int, default=None, help="reduced draft vocabulary size (default 8192)")
     th.add_argument("--unroll", type=int, default=None, help="training-time test steps (default 3)")
     th.add_argument("--seed", type=int, default=0)

@@ -58,7 +58,7 @@ class TrainConfig:
     max_new_tokens: int = 128
     gen_batch: int = 64
     vocab: int = 8192
-    epochs: int = 6
+    epochs: int = 12  # 6 gave 1.36 held-out tokens per pass, 12 gave 1.51 (top-1 was still rising)
     batch_tokens: int = 3072
     lr: float = 1.5e-3
     unroll: int = 3  # training-time test steps (1 = plain EAGLE-1 training)
