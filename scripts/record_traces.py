@@ -9,7 +9,8 @@ tokens/s of both and the measured speedup into the example's ``measured`` entry
 (with the CPU, dtype and date, since speed depends on the machine). Some examples'
 first runs are also saved as traces in assets/traces/ (the app shows them before a
 model loads; the tests use them as fixtures), the first example's baseline as the
-recorded Race's opponent.
+recorded Race's opponent, and the Drafters lab's default comparison on the first
+example in assets/traces/drafters-lab/ (alone: --drafters-lab-only).
 """
 
 from __future__ import annotations
@@ -77,12 +78,38 @@ EXTRA_TRACES = {
 }
 
 
+def record_drafters_lab(engine: SpeculativeEngine, prompt: str) -> None:
+    """The Drafters lab's defaults on `prompt`, run by the lab's own code (baseline, each drafter and its
+    adaptive variant, each after an untimed warm-up): the lab shows these traces until Run all."""
+    from app.labs import drafters as lab
+
+    defaults = lab.DEFAULTS
+    settings = lab._settings({"greedy": defaults["greedy"], "k": defaults["k"], "max_new": defaults["max_new"]})
+    plan, notes = lab.plan_runs(engine, [d for d in defaults["drafters"] if d != lab.BASELINE])
+    traces, failures = {}, {}
+    for _status, traces, failures in lab.compare(engine, prompt, plan, settings):  # noqa: B007 (the last yield)
+        pass
+    if failures or len(traces) != len(plan):
+        raise SystemExit(f"drafters lab: runs failed ({failures}); notes: {notes}")
+    folder = lab.RECORDED_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.json"):
+        old.unlink()
+    for index, (label, events) in enumerate(traces.items()):
+        trace_io.save(events, folder / f"{index:02d}.json")
+        print(f"drafters lab: {label} -> {folder.name}/{index:02d}.json", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--drafters-lab-only", action="store_true", help="record only the Drafters lab's run")
     args = parser.parse_args()
     engine = SpeculativeEngine.load(dtype=args.dtype)
+    if args.drafters_lab_only:
+        record_drafters_lab(engine, json.loads(EXAMPLES.read_text(encoding="utf-8"))[0]["prompt"])
+        return 0
     machine = machine_info(engine)
     examples = json.loads(EXAMPLES.read_text(encoding="utf-8"))
     TRACES.mkdir(parents=True, exist_ok=True)
@@ -101,6 +128,7 @@ def main() -> int:
     for name, (workload, drafter, settings) in EXTRA_TRACES.items():
         trace_io.save(engine.run(workloads[workload][0], drafter, **settings)["events"], TRACES / name)
     EXAMPLES.write_text(json.dumps(examples, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    record_drafters_lab(engine, examples[0]["prompt"])
     return 0
 
 

@@ -203,3 +203,27 @@ def test_labels_of_nearby_points_are_stacked_not_overlapped():
         "bottom left",
         "middle right",
     ]
+
+
+def test_the_lab_opens_on_its_recorded_real_run():
+    """Before anyone presses Run all the lab shows the recorded comparison of its defaults on the first
+    example (scripts/record_traces.py): the baseline first, then every default drafter and its adaptive
+    variant, each row measured against that baseline, and both figures drawn from those traces."""
+    from app.examples import load_examples
+    from app.labs.drafters import BASELINE, DEFAULTS, initial_outputs, recorded_run
+
+    traces, plan = recorded_run()
+    expected = [BASELINE] + [
+        f"{d}{suffix}" for d in DEFAULTS["drafters"] if d != BASELINE for suffix in ("", " + adaptive")
+    ]
+    assert list(traces) == expected and [label for label, _, _ in plan] == expected
+    prompt = load_examples()[0]["prompt"]
+    for trace in traces.values():
+        start = trace[0]
+        assert start["prompt"] == prompt and start["settings"]["k"] == DEFAULTS["k"]
+        assert start["settings"]["max_new_tokens"] == DEFAULTS["max_new"] and start["settings"]["temperature"] == 0.0
+    status, table, curves, surface, families = initial_outputs()
+    assert status.startswith("**Recorded run**") and "Run all" in status
+    assert [row[0] for row in table] == expected and all(row[-1] != "not run" for row in table)
+    assert len(by_role(surface, "drafter")) == len(expected) - 1
+    assert "EAGLE head" in families and "n-gram" in families

@@ -11,13 +11,15 @@ engine does not offer, like EAGLE before it exists) is reported in its row; the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import time
 
 import gradio as gr
 
 from engine.metrics import run_summary
-from engine.trace import start_event, step_events
-from visuals.drafter_families import acceptance_curves_figure, comparison_rows, speedup_surface_figure
+from engine.trace import TraceError, load, start_event, step_events
+from visuals.drafter_families import acceptance_curves_figure, comparison_rows, run_label, speedup_surface_figure
 
 from .. import config
 from ..engine_access import get_engine, is_loaded, make_settings, start_generation, use_drafter
@@ -28,7 +30,16 @@ from ..stopping import ProgressReporter, Stopped
 from ..wiring import PRIVATE, run_stop_buttons
 from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
 
-__all__ = ["DRAFTERS", "build_tab", "compare", "pick_example", "plan_runs", "run_drafters"]
+__all__ = [
+    "DRAFTERS",
+    "build_tab",
+    "compare",
+    "initial_outputs",
+    "pick_example",
+    "plan_runs",
+    "recorded_run",
+    "run_drafters",
+]
 
 log = logging.getLogger("speclens.app")
 
@@ -345,6 +356,54 @@ def run_drafters(prompt, drafters, k, max_new, greedy, run_id: str = "", progres
         yield _outputs(status, traces, failures, plan)
 
 
+# ------------------------------------------------------------------------------ the recorded run
+# A lab run of the defaults on the first example, recorded by scripts/record_traces.py: the lab shows it
+# until Run all measures one on this server (a folder, so the single-trace pickers do not list it).
+RECORDED_DIR = config.TRACES_DIR / "drafters-lab"
+
+
+@functools.lru_cache(maxsize=1)
+def recorded_run() -> tuple[dict, list]:
+    """({label: trace} in the order the runs ran, plan) of the recorded lab run; ({}, []) without one."""
+    traces: dict[str, list[dict]] = {}
+    try:
+        for path in sorted(RECORDED_DIR.glob("*.json")):
+            trace = load(path)
+            traces[run_label(trace)] = trace
+    except (OSError, TraceError):
+        log.exception("drafters lab: the recorded run in %s cannot be read", RECORDED_DIR)
+        return {}, []
+    if BASELINE not in traces:
+        return {}, []
+    plan = [(label, start_event(t).get("drafter") or BASELINE, {}) for label, t in traces.items()]
+    return traces, plan
+
+
+def initial_outputs() -> tuple:
+    """(status, table, curves, surface, families) the lab opens with: the recorded run, or waiting for Run all."""
+    traces, plan = recorded_run()
+    if not traces:
+        return (
+            "*Press **Run all** to run the baseline and each drafter for real, one after another.*",
+            [["—"] * 7 + ["not run"]],
+            None,
+            None,
+            "",
+        )
+    start = start_event(traces[BASELINE])
+    settings = start.get("settings") or {}
+    host = start.get("host") or {}
+    where = host.get("gpu") or f"{host.get('cpu', 'CPU')}, {host.get('threads', '?')} threads"
+    when = time.strftime("%Y-%m-%d", time.gmtime(start["started_at"])) if start.get("started_at") else ""
+    mode = "greedy" if not settings.get("temperature") else f"sampled at T = {settings['temperature']:g}"
+    status = (
+        f"**Recorded run** ({start.get('target')}, {start.get('dtype')}, {where}{', ' + when if when else ''}): "
+        f"the first example, K = {settings.get('k')}, {settings.get('max_new_tokens')} new tokens, {mode}, measured "
+        "when it was recorded. Press **Run all** to measure it again on this server."
+    )
+    return _outputs(status, traces, {}, plan)
+
+
 # ---------------------------------------------------------------------------------------- layout
 def _controls() -> dict:
     examples = load_examples()
@@ -381,14 +440,15 @@ def _controls() -> dict:
 
 
 def _results() -> dict:
-    status = status_box(
-        "*Press **Run all** to run the baseline and each drafter for real, one after another.*", "dr-status"
-    )
+    first_status, first_table, first_curves, first_surface, first_families = initial_outputs()
+    status = status_box(first_status, "dr-status")
     widths = ["14%", "11%", "11%", "12%", "12%", "12%", "8%", "20%"]
-    table = results_table([["—"] * 7 + ["not run"]], HEADERS, "Measured in this lab run", widths, "dr-table")
-    curves = results_plot("How deep do drafts survive, drafter by drafter", "Press Run all", "dr-curves")
-    surface = results_plot("Where each drafter lands on the speedup surface", "Press Run all", "dr-surface")
-    families = gr.Markdown("", elem_id="dr-families")
+    table = results_table(first_table, HEADERS, "Measured in this lab run", widths, "dr-table")
+    curves = results_plot("How deep do drafts survive, drafter by drafter", "Press Run all", "dr-curves", first_curves)
+    surface = results_plot(
+        "Where each drafter lands on the speedup surface", "Press Run all", "dr-surface", first_surface
+    )
+    families = gr.Markdown(first_families, elem_id="dr-families")
     return {"status": status, "table": table, "curves": curves, "surface": surface, "families": families}
 
 

@@ -63,9 +63,9 @@ def results_table(value: list[list], headers: list[str], label: str, widths: lis
     )
 
 
-def results_plot(title: str, waiting: str, elem_id: str) -> gr.Plot:
-    """The lab's figure, saying `waiting` until the first run."""
-    return gr.Plot(message_figure(title, waiting), show_label=False, elem_id=elem_id)
+def results_plot(title: str, waiting: str, elem_id: str, figure=None) -> gr.Plot:
+    """The lab's figure: `figure` (a recorded run's) or one saying `waiting` until the first run."""
+    return gr.Plot(figure if figure is not None else message_figure(title, waiting), show_label=False, elem_id=elem_id)
 
 
 def wire_lab_run(c: dict, out: dict, fn, inputs: list[str], outputs: list[str]) -> None:
