@@ -20,8 +20,8 @@ Two decisions, both made before the target pass that verifies the draft:
   stops early only once its own record says deep drafts fail. q alone misjudges some drafters: under greedy
   verification a draft survives when it is the target's argmax, and the int8 self-drafter's argmax
   is the target's ~95 % of the time even where its q is 0.3 (measured: with raw q the stop cut its
-  chains from 3.8 to 3.1 tokens per pass on chat, 0.90x the speed of not adapting on summarize);
-  an EAGLE head is over-confident instead. The rates come from verifications already done.
+  chains from 3.8 to 3.1 tokens per pass on chat, 0.90x the speed of not adapting on summarize).
+  The rates come from verifications already done.
 
 Why the output is still exactly the target's distribution: every decision reads only the drafter's
 side (its q of tokens already drafted) and the outcomes of passes already verified; none looks at

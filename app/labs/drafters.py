@@ -291,11 +291,16 @@ def _families(traces: dict) -> str:
     return "\n\n".join(parts)
 
 
+def _where(start: dict) -> str:
+    """The machine a run's start event names: the GPU, else the CPU and its threads."""
+    host = start.get("host") or {}
+    return host.get("gpu") or f"{host.get('cpu', 'CPU')}, {host.get('threads', '?')} threads"
+
+
 def _verdict(traces: dict, lab: dict, notes: list[str]) -> str:
     rows = [r for r in _rows(traces).values() if not r["baseline"] and r["speedup"] is not None]
     start = start_event(traces[BASELINE])
-    host = start.get("host") or {}
-    where = host.get("gpu") or f"{host.get('cpu', 'CPU')}, {host.get('threads', '?')} threads"
+    where = _where(start)
     mode = "greedy" if lab["greedy"] else f"sampled at T = {SAMPLING_TEMPERATURE:g}, seed {SEED}"
     text = (
         f"**Done: measured now** on {start.get('target')} ({start.get('dtype')}, {where}), K = {lab['k']}, "
@@ -392,8 +397,7 @@ def initial_outputs() -> tuple:
         )
     start = start_event(traces[BASELINE])
     settings = start.get("settings") or {}
-    host = start.get("host") or {}
-    where = host.get("gpu") or f"{host.get('cpu', 'CPU')}, {host.get('threads', '?')} threads"
+    where = _where(start)
     when = time.strftime("%Y-%m-%d", time.gmtime(start["started_at"])) if start.get("started_at") else ""
     mode = "greedy" if not settings.get("temperature") else f"sampled at T = {settings['temperature']:g}"
     status = (
