@@ -71,6 +71,7 @@ import torch
 
 __all__ = [
     "VARIANTS",
+    "LayerStack",
     "PackedInt8Weight",
     "PackedQ4_1Weight",
     "PackedWeight",
@@ -78,6 +79,7 @@ __all__ = [
     "available",
     "describe",
     "rope_and_store",
+    "swiglu",
     "run_packed",
     "skinny_gemm_bf16",
     "skinny_gemm_int8w",
@@ -215,6 +217,10 @@ def _build(name: str) -> ctypes.CDLL:
     lib.rope_and_store.argtypes = [ptr] * 6 + [size] * 6
     lib.attend_few.restype = None
     lib.attend_few.argtypes = [ptr, ptr, ptr, ptr, ptr, size, size, size, size, size, size, real]
+    lib.swiglu_rows.restype = None
+    lib.swiglu_rows.argtypes = [ptr, ptr, size, size]
+    lib.decode_layers.restype = None
+    lib.decode_layers.argtypes = [ptr, size, ptr, size, real, ptr, ptr, ptr, ptr] + [size] * 6 + [ptr, real]
     return lib
 
 
@@ -680,3 +686,97 @@ def rope_and_store(
         dim,
     )
     return q
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [rows, 2 I] contiguous float32 (gate first) -> [rows, I],
+    the SwiGLU of every pass where our kernels run (decode_layers computes the same numbers
+    per element, so long passes and short ones agree)."""
+    rows, width = gate_up.shape
+    out = torch.empty(rows, width // 2, dtype=torch.float32)
+    _state["lib"].swiglu_rows(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
+    return out
+
+
+class _MatDesc(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("unused", ctypes.c_int32),
+        ("wp", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("b", ctypes.c_void_p),
+        ("n_in", ctypes.c_int64),
+        ("out", ctypes.c_int64),
+    ]
+
+
+class _LayerDesc(ctypes.Structure):
+    _fields_ = [(name, _MatDesc) for name in ("qkv", "o", "gate_up", "down")] + [
+        ("attn_norm", ctypes.c_void_p),
+        ("mlp_norm", ctypes.c_void_p),
+    ]
+
+
+def _mat_desc(packed) -> _MatDesc | None:
+    """A packed matrix as decode_layers reads it, or None where it cannot (padding)."""
+    if packed.in_padded != packed.n_in or packed.out_padded != packed.out:
+        return None
+    if isinstance(packed, PackedInt8Weight):
+        kind, (wp, scale, b) = 1, packed.args
+    else:
+        kind, (wp, b), scale = (2 if isinstance(packed, PackedQ4_1Weight) else 0), packed.args, None
+    return _MatDesc(kind, 0, wp, scale, b, packed.n_in, packed.out)
+
+
+class LayerStack:
+    """A model's decoder layers as one ``decode_layers`` call: every pass of a few tokens
+    runs its layers in C without returning to Python between products (the same functions
+    and order as the per-layer path, so the same bits). ``build`` returns None where a
+    matrix is not on our kernel or is padded."""
+
+    def __init__(self, descs: list[_LayerDesc], keep: list):
+        self.layers = (_LayerDesc * len(descs))(*descs)
+        self.count = len(descs)
+        self._keep = keep  # the tensors whose memory the descriptors point into
+
+    @classmethod
+    def build(cls, layers: list[tuple]) -> LayerStack | None:
+        """layers: per layer (qkv, o, gate_up, down packed matrices, attn_norm, mlp_norm [E] float32)."""
+        if not available():
+            return None
+        descs, keep = [], []
+        for qkv, o, gate_up, down, attn_norm, mlp_norm in layers:
+            mats = [_mat_desc(m) for m in (qkv, o, gate_up, down)]
+            if any(m is None for m in mats):
+                return None
+            norms = [n.contiguous() for n in (attn_norm, mlp_norm)]
+            if any(n.dtype != torch.float32 for n in norms):
+                return None
+            keep += [qkv, o, gate_up, down, *norms]
+            descs.append(_LayerDesc(*mats, norms[0].data_ptr(), norms[1].data_ptr()))
+        return cls(descs, keep)
+
+    def run(self, x, cos, sin, k, v, start: int, heads: int, attend: int, mask, eps: float) -> None:
+        """x [T, E] float32 contiguous, updated in place; cos, sin [T, D]; k, v the whole cache
+        [L, Hkv, S, D] float32 contiguous; mask [T, attend] bool contiguous or None (causal)."""
+        tokens = x.shape[0]
+        _, kv_heads, capacity, dim = k.shape
+        _state["lib"].decode_layers(
+            x.data_ptr(),
+            tokens,
+            self.layers,
+            self.count,
+            eps,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            start,
+            heads,
+            kv_heads,
+            capacity,
+            dim,
+            attend,
+            mask.data_ptr() if mask is not None else None,
+            dim**-0.5,
+        )

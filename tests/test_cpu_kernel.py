@@ -8,7 +8,8 @@
 (d) A whole bf16 pass is shape-invariant: a K-token pass equals K one-token
     passes, and a tree node equals the chain of its path, bit for bit; with Q4_1
     matrices too, and the default model runs on its GGUF's own Q4_1 blocks with
-    greedy speculation equal to its baseline.
+    greedy speculation equal to its baseline. decode_layers (all layers in one C
+    call) equals the per-layer path bit for bit; the SwiGLU matches torch's.
 (e) A bf16 model uses the kernels when they are available, and without them
     (disabled, a compiler that fails, a CPU without a variant, ARM64) falls back
     to torch and says why; SPECLENS_CPU_KERNEL forces a variant; dtype=auto
@@ -275,6 +276,54 @@ def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type, weights
     cache.length = base
     chain = model.forward(tokens[[0, 2, 4]], positions[:3], cache)
     assert torch.equal(tree[[0, 2, 4]], chain)
+
+
+@pytest.mark.parametrize("weights", ["bf16", "q4_1", "int8"])
+def test_layer_stack_equals_the_per_layer_path(variant, weights):
+    """decode_layers (every layer of a few-token pass in one C call) gives the per-layer
+    Python path's logits, hidden rows and cache bit for bit, causal and under a tree mask,
+    with a rebuilt stack after a matrix is swapped."""
+    from conftest import tiny_hf_model
+
+    from engine.transformer import ModelConfig, Transformer, quantize_q4_1
+
+    hf = tiny_hf_model("qwen2", 512, 0)  # q/k/v bias: the biased product path too
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16, int8=weights == "int8")
+    if weights == "q4_1":
+        quantize_q4_1(model)
+    assert model._layer_stack() is not None
+    cache = model.new_cache(64)
+    model.prefill(list(range(3, 30)), cache)
+    base = cache.length
+    new = torch.tensor([7, 9, 11, 13])
+    mask = torch.zeros(4, base + 4, dtype=torch.bool)
+    mask[:, :base] = True
+    for row, ancestors in enumerate([[0], [0, 1], [0, 2], [0, 1, 3]]):
+        mask[row, [base + a for a in ancestors]] = True
+    for kw in ({}, {"mask": mask}):
+        results = []
+        for use_stack in (True, False):
+            cache.length = base
+            if not use_stack:
+                model._layer_stack = lambda: None
+            logits, hidden = model.forward(new, torch.arange(base, base + 4), cache, return_hidden=True, **kw)
+            model.__dict__.pop("_layer_stack", None)
+            results.append((logits, hidden, cache.k[:, :, : base + 4].clone(), cache.v[:, :, : base + 4].clone()))
+        for fused, loop in zip(*results):
+            assert torch.equal(fused, loop)
+    first = model._layer_stack()
+    model.layers[0].o = model.layers[1].o  # a swapped matrix: the stack is rebuilt, never stale
+    assert model._layer_stack() is not first
+
+
+def test_swiglu_matches_torch(variant):
+    """The kernels' SwiGLU against torch's silu(gate) * up, over the range where exp matters."""
+    gate_up = torch.randn(5, 2 * 77, generator=torch.Generator().manual_seed(3)) * 6
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])
+    got = cpu_kernels.swiglu(gate_up)
+    ref = torch.nn.functional.silu(gate_up[:, :77]) * gate_up[:, 77:]
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    assert torch.equal(cpu_kernels.swiglu(gate_up[2:3].contiguous()), got[2:3])  # rows on their own
 
 
 @pytest.mark.parametrize("tokens,length", [(1, 7), (1, 1000), (5, 130), (16, 400)])

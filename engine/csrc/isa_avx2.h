@@ -49,6 +49,9 @@ typedef __m256 vf;
 #define vf_min(a, b) _mm256_min_ps(a, b)
 #define vf_abs(a) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a)
 #define vf_fmadd(a, b, c) _mm256_fmadd_ps(a, b, c) /* a * b + c, one rounding */
+#define vf_div(a, b) _mm256_div_ps(a, b)
+/* a where g >= 0, else b */
+#define vf_select_nonneg(g, a, b) _mm256_blendv_ps(b, a, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ))
 
 /* Lane sum in a fixed order: (L0 + L1) per 128-bit half, then pairs, then the two. */
 static inline float vf_reduce_add(vf v) {

@@ -47,6 +47,9 @@ typedef __m512 vf;
 #define vf_min(a, b) _mm512_min_ps(a, b)
 #define vf_abs(a) _mm512_abs_ps(a)
 #define vf_fmadd(a, b, c) _mm512_fmadd_ps(a, b, c) /* a * b + c, one rounding */
+#define vf_div(a, b) _mm512_div_ps(a, b)
+/* a where g >= 0, else b */
+#define vf_select_nonneg(g, a, b) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), b, a)
 #define vf_reduce_add(v) _mm512_reduce_add_ps(v)  /* a fixed tree: same order every call */
 #define vf_reduce_max(v) _mm512_reduce_max_ps(v)
 
