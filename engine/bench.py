@@ -129,11 +129,42 @@ def machine_info(engine: SpeculativeEngine) -> dict:
         # Which of our kernel variants ran and the CPU flags that decide it: reports differ per host.
         "cpu_kernel": _kernel_variant() if device.type == "cpu" else None,
         "cpu_flags": _cpu_flags(),
+        # torch's own instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA can cap it: the AVX2 proxy)
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
+        "torch_isa_caps": {k: os.environ[k] for k in _ISA_CAPS if k in os.environ} or None,
         "weight_bytes_per_pass": weight_bytes,
         "copy_bandwidth_gbs": round(bandwidth, 2),
         "read_bandwidth_gbs": read_bw,
         "roofline_passes_per_s": round(bandwidth * 1e9 / weight_bytes, 2),
     }
+
+
+_ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "SPECLENS_CPU_KERNEL")
+
+
+def hf_dtype(engine: SpeculativeEngine) -> tuple[torch.dtype, str]:
+    """transformers' dtype for the reference rows: the best for it on this host. The engine's
+    own dtype, except bf16 on a CPU where torch has no fast bf16 product (no AVX512-BF16 / AMX,
+    or capped below it): there a prefill-sized bf16 product is measured against float32 and
+    the faster wins (on an AVX2 host torch's bf16 product ran ~10x slower than float32)."""
+    dtype = engine.target.dtype
+    if engine.target.model.device.type != "cpu" or dtype != torch.bfloat16:
+        return dtype, "the engine's dtype"
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 576, generator=gen), torch.randn(1536, 576, generator=gen)
+    times = {}
+    for dt in (torch.bfloat16, torch.float32):
+        xd, wd = x.to(dt), w.to(dt)
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            torch.nn.functional.linear(xd, wd)
+            best = min(best, time.perf_counter() - t0)
+        times[dt] = best
+    ratio = times[torch.bfloat16] / times[torch.float32]
+    if ratio > 1.2:
+        return torch.float32, f"bf16 product {ratio:.1f}x float32's time on this torch ({torch.backends.cpu.get_cpu_capability()})"
+    return dtype, f"bf16 product {ratio:.2f}x float32's time"
 
 
 def _kernel_variant() -> str | None:
@@ -175,7 +206,8 @@ class _HF:
 
         folder = engine.target.source.get("cache") or engine.target.source.get("id")
         self.device = engine.target.model.device
-        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=engine.target.dtype).to(self.device)
+        self.dtype, self.dtype_why = hf_dtype(engine)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype).to(self.device)
         self.model.eval()
         self.eos = sorted(engine.eos_ids)
         self.assistant = None
@@ -193,7 +225,7 @@ class _HF:
         try:
             loaded = load_model(drafter, engine.target.dtype, device=str(self.device))
             folder = loaded.source.get("cache") or loaded.source.get("id")
-            self.assistant = AutoModelForCausalLM.from_pretrained(folder, dtype=engine.target.dtype).to(self.device)
+            self.assistant = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype).to(self.device)
         except Exception as exc:  # the row is optional: say why and go on
             return f"drafter {drafter} unavailable ({exc})"
         self.assistant.eval()
@@ -328,6 +360,9 @@ def run_bench(
     notes: list[str] = list(quick_notes)
     _drop_unavailable_drafters(engine, systems, notes)
     hf = _HF(engine) if any(s.startswith("hf-") for s in systems) else None
+    if hf is not None:
+        machine["hf_dtype"] = str(hf.dtype).removeprefix("torch.")
+        notes.append(f"hf rows in {machine['hf_dtype']}: {hf.dtype_why}")
     if "hf-assisted" in systems:
         # Assisted generation needs a separate small drafter model with the same
         # vocabulary: the target's preset names one (e.g. SmolLM2-360M -> 135M).
@@ -399,6 +434,10 @@ def run_bench(
             if row["tokens_per_pass"]:
                 passes_per_s = row["tok_per_s"] / row["tokens_per_pass"]
                 row["roofline_fraction"] = passes_per_s / machine["roofline_passes_per_s"]
+            if row.get("pass_ms"):
+                # The target passes alone (prefill and drafting left out): the weight bytes of one pass
+                # over its measured mean time, against the copy bandwidth.
+                row["pass_roofline_fraction"] = 1000.0 / row["pass_ms"] / machine["roofline_passes_per_s"]
             rows.append(row)
         by = {(r["system"], r["workload"]): r for r in rows}
         for r in rows:
@@ -540,12 +579,14 @@ def format_table(report: dict) -> str:
     m = report["machine"]
     lines = [
         f"machine: {m['cpu']}, {m['threads']} threads, {m['dtype']}, torch {m['torch']}, transformers {m['transformers']}",
+        f"kernel: {m.get('cpu_kernel')}, weights {m.get('weights')}, torch ISA {m.get('torch_cpu_capability')}"
+        f" (caps {m.get('torch_isa_caps')}), flags {' '.join(m.get('cpu_flags') or [])}",
         f"roofline: {m['weight_bytes_per_pass'] / 1e6:.0f} MB of weights per pass / {m['copy_bandwidth_gbs']:.1f} GB/s copy bandwidth"
         f" = {m['roofline_passes_per_s']:.1f} passes/s"
         + (f" (read-only bandwidth {m['read_bandwidth_gbs']:.1f} GB/s)" if m.get("read_bandwidth_gbs") else ""),
         f"settings: greedy, batch 1, {report['settings']['max_new_tokens']} new tokens, median of {report['settings']['repeats']}",
         "",
-        f"{'system':<{NAME_WIDTH}} {'workload':<10} {'tok/s':>7} {'tok/pass':>8} {'accept':>7} {'vs base':>8} {'vs hf':>7} {'roofline':>8}",
+        f"{'system':<{NAME_WIDTH}} {'workload':<10} {'tok/s':>7} {'tok/pass':>8} {'accept':>7} {'vs base':>8} {'vs hf':>7} {'roofline':>8} {'pass':>5}",
     ]
 
     def fmt(v, spec):
@@ -556,6 +597,7 @@ def format_table(report: dict) -> str:
             f"{r['system']:<{NAME_WIDTH}} {r['workload']:<10} {r['tok_per_s']:>7.2f} {fmt(r['tokens_per_pass'], '>8.2f'):>8} "
             f"{fmt(r['acceptance_rate'], '>7.2f'):>7} {fmt(r['speedup_vs_engine_baseline'], '>7.2f')}x "
             f"{fmt(r['speedup_vs_hf_generate'], '>6.2f')}x {fmt(r.get('roofline_fraction'), '>8.0%'):>8}"
+            f" {fmt(r.get('pass_roofline_fraction'), '>5.0%'):>5}"
         )
     if report["greedy_mismatches"]:
         lines.append("")

@@ -4,18 +4,22 @@
 # (SPECLENS_CPU_KERNEL=avx2) and building llama.cpp without AVX-512:
 #   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 #     -DGGML_BMI2=ON -DGGML_AVX512=OFF -DLLAMA_CURL=OFF" .venv/bin/pip install llama-cpp-python
+# torch is capped to AVX2 as well (its own kernels, oneDNN and MKL), so that transformers' rows and
+# "today's float32 path" run what they would run there (oneDNN's bf16 product has no AVX2 fast path:
+# ~10x float32's time, so the hf rows pick float32; see engine/bench.py hf_dtype).
 # On a real AVX2-only host `auto` picks avx2 by itself and a native llama.cpp build is AVX2 anyway.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-docs/bench}
 day=$(date +%F)
+avx2="env SPECLENS_CPU_KERNEL=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2"
 engine_rows=engine-baseline,engine-ngram,engine-int8,engine-eagle,engine-ngram-adaptive,engine-int8-adaptive,engine-eagle-adaptive
-SPECLENS_CPU_KERNEL=avx2 .venv/bin/python -m engine bench --repeats 2 --json \
+$avx2 .venv/bin/python -m engine bench --repeats 2 --json \
   --systems $engine_rows,hf-generate,hf-prompt-lookup,llamacpp > "$out/$day-avx2-bf16.json"
-SPECLENS_CPU_KERNEL=avx2 .venv/bin/python -m engine bench --repeats 2 --json --dtype q4_1 --no-events-check \
+$avx2 .venv/bin/python -m engine bench --repeats 2 --json --dtype q4_1 --no-events-check \
   --systems engine-baseline,engine-ngram,engine-eagle,llamacpp > "$out/$day-avx2-q4_1.json"
 # "Today's float32 path" of issue #16: torch's own products (MKL), no kernel of ours.
-SPECLENS_CPU_KERNEL=0 .venv/bin/python -m engine bench --repeats 2 --json --dtype float32 --no-events-check \
+$avx2 SPECLENS_CPU_KERNEL=0 .venv/bin/python -m engine bench --repeats 2 --json --dtype float32 --no-events-check \
   --systems engine-baseline,engine-ngram > "$out/$day-torch-float32.json"
 .venv/bin/python -m engine bench --repeats 2 --json --no-events-check \
   --systems $engine_rows,hf-generate,hf-prompt-lookup,llamacpp > "$out/$day-avx512bf16-bf16.json"
