@@ -163,7 +163,10 @@ def hf_dtype(engine: SpeculativeEngine) -> tuple[torch.dtype, str]:
         times[dt] = best
     ratio = times[torch.bfloat16] / times[torch.float32]
     if ratio > 1.2:
-        return torch.float32, f"bf16 product {ratio:.1f}x float32's time on this torch ({torch.backends.cpu.get_cpu_capability()})"
+        return (
+            torch.float32,
+            f"bf16 product {ratio:.1f}x float32's time on this torch ({torch.backends.cpu.get_cpu_capability()})",
+        )
     return dtype, f"bf16 product {ratio:.2f}x float32's time"
 
 

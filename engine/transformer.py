@@ -510,8 +510,12 @@ class Transformer:
         """All layers as one C call (cpu_kernels.LayerStack), where every matrix is on our kernel."""
         if self._stack is None or self._stack[0] != _LAYER_EDITS[0]:
             mats = [
-                (*(_kernel_matrix(getattr(l, a)) for a in ("qkv", "o", "gate_up", "down")), l.attn_norm, l.mlp_norm)
-                for l in self.layers
+                (
+                    *(_kernel_matrix(getattr(layer, a)) for a in ("qkv", "o", "gate_up", "down")),
+                    layer.attn_norm,
+                    layer.mlp_norm,
+                )
+                for layer in self.layers
             ]
             ok = all(m is not None for row in mats for m in row[:4])
             self._stack = (_LAYER_EDITS[0], cpu_kernels.LayerStack.build(mats) if ok else None)
