@@ -130,11 +130,30 @@ typedef acc_f32 acc_q4;
 #define Q4_GROUP 32                               /* inputs per Q4_1 block */
 #define Q4_BLOCK (2 * LANES * 2 + LANES * Q4_GROUP / 2) /* bytes per 16 outputs x 32 inputs: 320 */
 
+/* Passes of a few rows are compute bound on the widening variants, and the weights must still
+ * come from memory: left to the hardware prefetchers the two did not overlap (a 5-token pass
+ * of the default model on avx2 spent the time of reading the weights plus the time of the
+ * multiply-adds). So while the row tiles of a group of output blocks multiply, they request
+ * the next group's lines into L2, spread evenly over the tiles (tile k of n takes every n-th
+ * line): the memory streams while the FMAs run. A prefetch never faults, so the ones past the
+ * last block are harmless. One-row passes are memory bound and left to the hardware. */
+#ifndef PREFETCH_NEXT
+#define PREFETCH_NEXT 1
+#endif
+#ifndef PREFETCH_GROUPS
+#define PREFETCH_GROUPS 1
+#endif
+
 /* The per-tile loops: accumulate x rows [t0, t0 + NT) against output blocks [ob, ob + NB). */
 #define PAIR_LOOP(KIND, NB, NT)                                                                                 \
     const int64_t pairs = in / 2;                                                                               \
     const W_ELEM_##KIND *w = (const W_ELEM_##KIND *)wp;                                                         \
+    /* see PREFETCH_NEXT: row tile k of n requests the next group's lines p with p % n == k */                \
+    const int64_t fetch_every = rows > 1 ? (rows + T_TILE - 1) / T_TILE : 0, fetch_at = t0 / T_TILE;           \
     for (int64_t p = 0; p < pairs; p++) {                                                                       \
+        if (PREFETCH_NEXT && fetch_every && p % fetch_every == fetch_at)                                        \
+            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                               \
+                __builtin_prefetch(w + ((ob + PREFETCH_GROUPS * NB + g) * pairs + p) * 2 * LANES, 0, 2);                          \
         xv_##KIND xv[NT];                                                                                       \
         _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_##KIND(xr[j], p);                   \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
@@ -150,7 +169,13 @@ typedef acc_f32 acc_q4;
     const uint8_t *w = (const uint8_t *)wp;                                                                     \
     const float *info[NT];                                                                                      \
     _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) info[j] = sx + (t0 + j) * (groups + 1);               \
+    const int64_t fetch_every = rows > 1 ? (rows + Q4_T_TILE - 1) / Q4_T_TILE : 0, fetch_at = t0 / Q4_T_TILE;   \
     for (int64_t gi = 0; gi < groups; gi++) {                                                                   \
+        if (PREFETCH_NEXT && fetch_every && gi % fetch_every == fetch_at) /* the next group's 320-byte blocks */ \
+            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                             \
+                const uint8_t *next = w + ((ob + PREFETCH_GROUPS * NB + g) * groups + gi) * Q4_BLOCK;           \
+                _Pragma("GCC unroll 8") for (int c = 0; c < Q4_BLOCK; c += 64) __builtin_prefetch(next + c, 0, 2); \
+            }                                                                                                   \
         const uint8_t *blocks[NB];                                                                              \
         acc_i8 s[NB][NT][ACC_VECS];                                                                             \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
@@ -186,7 +211,7 @@ typedef acc_f32 acc_q4;
 #define DEFINE_TILE_(KIND, NB, NT)                                                                              \
     static void TILE_(KIND, NB, NT)(const void *x, const float *sx, const void *wp, const float *scale,         \
                                     const uint16_t *b, void *y, int y_f32, int64_t in, int64_t out, int64_t ob, \
-                                    int64_t t0) {                                                               \
+                                    int64_t t0, int64_t rows) {                                                 \
         acc_##KIND acc[NB][NT][ACC_VECS];                                                                       \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                                   \
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
@@ -221,18 +246,18 @@ typedef acc_f32 acc_q4;
             int64_t nt = rows - t0 < TT ? rows - t0 : TT;                                                       \
             if (nb == NBT) {                                                                                    \
                 switch (nt) {                                                                                   \
-                case 1: TILE(KIND, NBT, 1)(TILE_ARGS, ob, t0); break;                                           \
-                case 2: TILE(KIND, NBT, 2)(TILE_ARGS, ob, t0); break;                                           \
-                case 3: TILE(KIND, NBT, 3)(TILE_ARGS, ob, t0); break;                                           \
-                default: TILE(KIND, NBT, 4)(TILE_ARGS, ob, t0); break;                                          \
+                case 1: TILE(KIND, NBT, 1)(TILE_ARGS, ob, t0, rows); break;                                           \
+                case 2: TILE(KIND, NBT, 2)(TILE_ARGS, ob, t0, rows); break;                                           \
+                case 3: TILE(KIND, NBT, 3)(TILE_ARGS, ob, t0, rows); break;                                           \
+                default: TILE(KIND, NBT, 4)(TILE_ARGS, ob, t0, rows); break;                                          \
                 }                                                                                               \
             } else {                                                                                            \
                 for (int64_t g = 0; g < nb; g++) {                                                              \
                     switch (nt) {                                                                               \
-                    case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob + g, t0); break;                                     \
-                    case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob + g, t0); break;                                     \
-                    case 3: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0); break;                                     \
-                    default: TILE(KIND, 1, 4)(TILE_ARGS, ob + g, t0); break;                                    \
+                    case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob + g, t0, rows); break;                                     \
+                    case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob + g, t0, rows); break;                                     \
+                    case 3: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0, rows); break;                                     \
+                    default: TILE(KIND, 1, 4)(TILE_ARGS, ob + g, t0, rows); break;                                    \
                     }                                                                                           \
                 }                                                                                               \
             }                                                                                                   \
