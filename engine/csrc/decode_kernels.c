@@ -140,9 +140,6 @@ typedef acc_f32 acc_q4;
 #ifndef PREFETCH_NEXT
 #define PREFETCH_NEXT 1
 #endif
-#ifndef PREFETCH_GROUPS
-#define PREFETCH_GROUPS 1
-#endif
 
 /* The per-tile loops: accumulate x rows [t0, t0 + NT) against output blocks [ob, ob + NB). */
 #define PAIR_LOOP(KIND, NB, NT)                                                                                 \
@@ -153,7 +150,7 @@ typedef acc_f32 acc_q4;
     for (int64_t p = 0; p < pairs; p++) {                                                                       \
         if (PREFETCH_NEXT && fetch_every && p % fetch_every == fetch_at)                                        \
             _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                               \
-                __builtin_prefetch(w + ((ob + PREFETCH_GROUPS * NB + g) * pairs + p) * 2 * LANES, 0, 2);                          \
+                __builtin_prefetch(w + ((ob + NB + g) * pairs + p) * 2 * LANES, 0, 2);                          \
         xv_##KIND xv[NT];                                                                                       \
         _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_##KIND(xr[j], p);                   \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
@@ -173,7 +170,7 @@ typedef acc_f32 acc_q4;
     for (int64_t gi = 0; gi < groups; gi++) {                                                                   \
         if (PREFETCH_NEXT && fetch_every && gi % fetch_every == fetch_at) /* the next group's 320-byte blocks */ \
             _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                             \
-                const uint8_t *next = w + ((ob + PREFETCH_GROUPS * NB + g) * groups + gi) * Q4_BLOCK;           \
+                const uint8_t *next = w + ((ob + NB + g) * groups + gi) * Q4_BLOCK;                             \
                 _Pragma("GCC unroll 8") for (int c = 0; c < Q4_BLOCK; c += 64) __builtin_prefetch(next + c, 0, 2); \
             }                                                                                                   \
         const uint8_t *blocks[NB];                                                                              \
@@ -246,18 +243,18 @@ typedef acc_f32 acc_q4;
             int64_t nt = rows - t0 < TT ? rows - t0 : TT;                                                       \
             if (nb == NBT) {                                                                                    \
                 switch (nt) {                                                                                   \
-                case 1: TILE(KIND, NBT, 1)(TILE_ARGS, ob, t0, rows); break;                                           \
-                case 2: TILE(KIND, NBT, 2)(TILE_ARGS, ob, t0, rows); break;                                           \
-                case 3: TILE(KIND, NBT, 3)(TILE_ARGS, ob, t0, rows); break;                                           \
-                default: TILE(KIND, NBT, 4)(TILE_ARGS, ob, t0, rows); break;                                          \
+                case 1: TILE(KIND, NBT, 1)(TILE_ARGS, ob, t0, rows); break;                                     \
+                case 2: TILE(KIND, NBT, 2)(TILE_ARGS, ob, t0, rows); break;                                     \
+                case 3: TILE(KIND, NBT, 3)(TILE_ARGS, ob, t0, rows); break;                                     \
+                default: TILE(KIND, NBT, 4)(TILE_ARGS, ob, t0, rows); break;                                    \
                 }                                                                                               \
             } else {                                                                                            \
                 for (int64_t g = 0; g < nb; g++) {                                                              \
                     switch (nt) {                                                                               \
-                    case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob + g, t0, rows); break;                                     \
-                    case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob + g, t0, rows); break;                                     \
-                    case 3: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0, rows); break;                                     \
-                    default: TILE(KIND, 1, 4)(TILE_ARGS, ob + g, t0, rows); break;                                    \
+                    case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob + g, t0, rows); break;                               \
+                    case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob + g, t0, rows); break;                               \
+                    case 3: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0, rows); break;                               \
+                    default: TILE(KIND, 1, 4)(TILE_ARGS, ob + g, t0, rows); break;                              \
                     }                                                                                           \
                 }                                                                                               \
             }                                                                                                   \
