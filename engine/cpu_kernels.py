@@ -21,8 +21,10 @@ passes its self-check runs; ``variant()`` says which, ``describe()`` why):
 * ``avx512`` -- AVX-512F/BW/VL without BF16 (Skylake-X to Ice Lake): bf16 weights
   widened to float32 in 512-bit registers (a 16-bit shift), FMA with float32
   activations; int8 on ``vpmaddwd``.
-* ``avx2`` -- AVX2 + FMA (x86-64-v3: Haswell+, Zen 1+): the same on 256-bit
-  registers.
+* ``avx2`` -- AVX2 + FMA (x86-64-v3: Haswell+, Zen 1+): bf16 weights widened
+  to float32 on 256-bit registers by unpacking with zero, the even and odd
+  inputs summed apart (one FMA chain per accumulator: 16 registers cannot hide
+  two chained FMAs per pair, see ``csrc/isa_avx2.h``); int8 on ``vpmaddwd``.
 
 On other CPUs (ARM64, x86 without AVX2/FMA) no variant runs and the model uses
 torch's ops. The variant's library is compiled with the system C compiler the

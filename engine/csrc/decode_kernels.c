@@ -35,7 +35,8 @@
  * One line of wp (64 bytes of bf16, 32 of int8) holds 16 outputs x 2 inputs. It
  * is multiplied by the matching input pair of x (broadcast) and both products are
  * added into a per-output accumulator lane, so the accumulators hold finished dot
- * products with no horizontal reduction. Each output y[t][o] is accumulated over
+ * products with no horizontal reduction (avx2 sums the even and odd inputs apart
+ * and adds the two at the end: isa_avx2.h). Each output y[t][o] is accumulated over
  * the input pairs in the same order whatever T is and whichever tile (o, t) lands
  * in, then scaled, the bias added (and rounded to bf16, nearest even, for bf16 y):
  * the result for a row of x does not depend on the other rows in the call, so a
@@ -61,9 +62,14 @@
 #error "compile with -mavx2 -mfma, or -mavx512f -mavx512bw -mavx512vl (+ -mavx512bf16 -mavx512vnni)"
 #endif
 
-#ifdef BF16_WIDENED /* no bf16 dot product: x rows stay float32 and bf16 weights go through the float32 steps */
-#define X_ROWS_BF16 0 /* x rows stay float32 */
+#if defined(BF16_WIDENED) || defined(BF16_UNPACKED) /* no bf16 dot product: x rows stay float32 */
+#define X_ROWS_BF16 0
 typedef float xel_bf16;
+static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
+    if (src != dst) memcpy(dst, src, sizeof(float) * n);
+}
+#endif
+#ifdef BF16_WIDENED /* the bf16 weights go through the float32 steps (BF16_UNPACKED: the header's own) */
 typedef xv_f32 xv_bf16;
 typedef wv_f32 wv_bf16;
 typedef acc_f32 acc_bf16;
@@ -71,9 +77,6 @@ typedef acc_f32 acc_bf16;
 #define acc_zero_bf16 acc_zero_f32
 #define dot_bf16 dot_f32
 #define acc_to_blk_bf16 acc_to_blk_f32
-static inline void store_row_bf16(const float *src, xel_bf16 *dst, int64_t n) {
-    if (src != dst) memcpy(dst, src, sizeof(float) * n);
-}
 #endif
 
 /* exp(x) for x <= 0 (softmax after subtracting the max), the same arithmetic on every ISA:
@@ -92,6 +95,34 @@ static inline vf vf_exp_neg(vf x) {
 }
 
 #define LANES 16 /* outputs per packed block */
+
+/* What a kind may override in the ISA header (else one vector group per block, one
+ * part per line, the header's common tile): its accumulator vectors per block, the
+ * parts a line is taken in (wload_part/dot_part: one part's registers at a time),
+ * and its tile. */
+#ifndef ACC_VECS_bf16
+#define ACC_VECS_bf16 ACC_VECS
+#endif
+#ifndef W_PARTS_bf16
+#define W_PARTS_bf16 1
+#define wload_part_bf16(line, part) wload_bf16(line)
+#define dot_part_bf16(acc, x, w, part) dot_bf16(acc, x, w)
+#endif
+#ifndef NB_TILE_bf16
+#define NB_TILE_bf16 NB_TILE
+#endif
+#ifndef T_TILE_bf16
+#define T_TILE_bf16 T_TILE
+#endif
+#define ACC_VECS_i8 ACC_VECS
+#define W_PARTS_i8 1
+#define wload_part_i8(line, part) wload_i8(line)
+#define dot_part_i8(acc, x, w, part) dot_i8(acc, x, w)
+#define NB_TILE_i8 NB_TILE
+#define T_TILE_i8 T_TILE
+#define ACC_VECS_q4 ACC_VECS
+#define NB_TILE_q4 Q4_NB_TILE
+#define T_TILE_q4 Q4_T_TILE
 
 /* The three kinds of weights share one tiled loop; the ISA header says what a line
  * of W does for each (KIND = bf16, i8 or q4):
@@ -146,16 +177,24 @@ typedef acc_f32 acc_q4;
     const int64_t pairs = in / 2;                                                                               \
     const W_ELEM_##KIND *w = (const W_ELEM_##KIND *)wp;                                                         \
     /* see PREFETCH_NEXT: row tile k of n requests the next group's lines p with p % n == k */                \
-    const int64_t fetch_every = rows > 1 ? (rows + T_TILE - 1) / T_TILE : 0, fetch_at = t0 / T_TILE;           \
-    for (int64_t p = 0; p < pairs; p++) {                                                                       \
-        if (PREFETCH_NEXT && fetch_every && p % fetch_every == fetch_at)                                        \
+    /* (stepped in chunks of fetch_every pairs, the prefetch at the chunk's start: a modulo per   \
+     * pair put a 64-bit division in the hot loop, ~40% of a wide pass's time on avx2) */         \
+    const int64_t fetch_every = rows > 1 && PREFETCH_NEXT ? (rows + T_TILE_##KIND - 1) / T_TILE_##KIND : 0;      \
+    const int64_t fetch_at = t0 / T_TILE_##KIND, chunk = fetch_every ? fetch_every : pairs;                    \
+    for (int64_t p0 = 0; p0 < pairs; p0 += chunk) {                                                            \
+        const int64_t p_end = p0 + chunk < pairs ? p0 + chunk : pairs;                                          \
+        if (fetch_every && p0 + fetch_at < p_end)                                                               \
             _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                               \
-                __builtin_prefetch(w + ((ob + NB + g) * pairs + p) * 2 * LANES, 0, 2);                          \
-        xv_##KIND xv[NT];                                                                                       \
-        _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_##KIND(xr[j], p);                   \
-        _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
-            const wv_##KIND wv = wload_##KIND(w + ((ob + g) * pairs + p) * 2 * LANES);                          \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) dot_##KIND(acc[g][j], xv[j], wv);             \
+                __builtin_prefetch(w + ((ob + NB + g) * pairs + p0 + fetch_at) * 2 * LANES, 0, 2);              \
+        for (int64_t p = p0; p < p_end; p++) {                                                                  \
+            xv_##KIND xv[NT];                                                                                   \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_##KIND(xr[j], p);               \
+            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                               \
+                _Pragma("GCC unroll 2") for (int part = 0; part < W_PARTS_##KIND; part++) {                    \
+                    const wv_##KIND wv = wload_part_##KIND(w + ((ob + g) * pairs + p) * 2 * LANES, part);       \
+                    _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                       \
+                        dot_part_##KIND(acc[g][j], xv[j], wv, part);                                            \
+                }                                                                                               \
         }                                                                                                       \
     }
 /* Q4_1: per 32-input group, exact int32 sums over pairs 0-15 in order (pair p is
@@ -167,8 +206,8 @@ typedef acc_f32 acc_q4;
     const float *info[NT];                                                                                      \
     _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) info[j] = sx + (t0 + j) * (groups + 1);               \
     const int64_t fetch_every = rows > 1 ? (rows + Q4_T_TILE - 1) / Q4_T_TILE : 0, fetch_at = t0 / Q4_T_TILE;   \
-    for (int64_t gi = 0; gi < groups; gi++) {                                                                   \
-        if (PREFETCH_NEXT && fetch_every && gi % fetch_every == fetch_at) /* the next group's 320-byte blocks */ \
+    for (int64_t gi = 0, phase = 0; gi < groups; gi++, phase = phase + 1 == fetch_every ? 0 : phase + 1) {      \
+        if (PREFETCH_NEXT && fetch_every && phase == fetch_at) /* (phase = gi % fetch_every, no division) */    \
             _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                             \
                 const uint8_t *next = w + ((ob + NB + g) * groups + gi) * Q4_BLOCK;                             \
                 _Pragma("GCC unroll 8") for (int c = 0; c < Q4_BLOCK; c += 64) __builtin_prefetch(next + c, 0, 2); \
@@ -209,16 +248,17 @@ typedef acc_f32 acc_q4;
     static void TILE_(KIND, NB, NT)(const void *x, const float *sx, const void *wp, const float *scale,         \
                                     const uint16_t *b, void *y, int y_f32, int64_t in, int64_t out, int64_t ob, \
                                     int64_t t0, int64_t rows) {                                                 \
-        acc_##KIND acc[NB][NT][ACC_VECS];                                                                       \
+        acc_##KIND acc[NB][NT][ACC_VECS_##KIND];                                                                \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                                   \
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
-                _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++) acc[g][j][h] = acc_zero_##KIND();    \
+                _Pragma("GCC unroll 4") for (int h = 0; h < ACC_VECS_##KIND; h++) acc[g][j][h] = acc_zero_##KIND(); \
         const xel_##KIND *xr[NT];                                                                               \
         _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xr[j] = (const xel_##KIND *)x + (t0 + j) * in;    \
         LOOP_##KIND(KIND, NB, NT)                                                                               \
-        for (int g = 0; g < NB; g++) {                                                                          \
+        /* (unrolled too: an epilogue indexing acc by a variable kept it in memory, stored every pair) */      \
+        _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
             const blk bias = b ? blk_load_bf16(b + (ob + g) * LANES) : blk_zero();                             \
-            for (int j = 0; j < NT; j++) {                                                                      \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                             \
                 blk v = acc_to_blk_##KIND(acc[g][j], sx ? sx[t0 + j] : 1.0f);                                   \
                 if (scale) v = blk_mul(v, blk_load_f32(scale + (ob + g) * LANES));                              \
                 v = blk_add(v, bias);                                                                           \
@@ -277,22 +317,24 @@ typedef acc_f32 acc_q4;
         }                                                                                                       \
     }
 
-#if T_TILE < 1 || T_TILE > 4 || Q4_T_TILE < 1 || Q4_T_TILE > 4
+#if T_TILE_bf16 < 1 || T_TILE_bf16 > 4 || T_TILE_i8 < 1 || T_TILE_i8 > 4 || T_TILE_q4 < 1 || T_TILE_q4 > 4
 #error "rows per tile must be 1-4: the tile functions go up to 4"
 #endif
 DEFINE_TILES(bf16, 1)
 DEFINE_TILES(i8, 1)
 DEFINE_TILES(q4, 1)
-#if NB_TILE > 1 /* the 1-block tiles double as the tails */
-DEFINE_TILES(bf16, NB_TILE)
-DEFINE_TILES(i8, NB_TILE)
+#if NB_TILE_bf16 > 1 /* the 1-block tiles double as the tails */
+DEFINE_TILES(bf16, NB_TILE_bf16)
 #endif
-#if Q4_NB_TILE > 1
-DEFINE_TILES(q4, Q4_NB_TILE)
+#if NB_TILE_i8 > 1
+DEFINE_TILES(i8, NB_TILE_i8)
 #endif
-DEFINE_DRIVER(bf16, NB_TILE, T_TILE)
-DEFINE_DRIVER(i8, NB_TILE, T_TILE)
-DEFINE_DRIVER(q4, Q4_NB_TILE, Q4_T_TILE)
+#if NB_TILE_q4 > 1
+DEFINE_TILES(q4, NB_TILE_q4)
+#endif
+DEFINE_DRIVER(bf16, NB_TILE_bf16, T_TILE_bf16)
+DEFINE_DRIVER(i8, NB_TILE_i8, T_TILE_i8)
+DEFINE_DRIVER(q4, NB_TILE_q4, T_TILE_q4)
 
 /* RMSNorm of one float32 row into `dst` (float32, may be x): dst = x / sqrt(mean(x^2) + eps) * g.
  * The sum of squares runs in VL lanes, then a fixed reduction, then the scalar tail:

@@ -5,10 +5,10 @@
  * The packed layout is the AVX-512 one, [out/16, in/2, 16, 2]: a 64-byte line
  * (16 outputs x 2 inputs) is two 32-byte halves, outputs 0-7 and 8-15, so one
  * block's accumulator is two ymm registers.
- *   bf16: x rows stay float32; each half is widened to float32 in registers (bf16
- *         is the top half of a float32: the even input is the pair shifted left by
- *         16, the odd one the pair with its low half cleared) and multiplied by
- *         two FMAs (odd input first, then even: vdpbf16ps's order).
+ *   bf16: x rows stay float32; each half is widened to float32 in registers by two
+ *         unpacks with zero (bf16 is the top half of a float32) and multiplied by
+ *         the broadcast input pair, the even and odd inputs summed apart and added
+ *         at the end (see "the bf16 product" below for why).
  *   int8: x rows int16 (quantised per row, as on VNNI); a 16-byte half of a line
  *         is sign-extended to int16 and vpmaddwd multiplies it by the broadcast
  *         input pair, adding both products into one int32 lane: exact, like vpdpwssd.
@@ -18,10 +18,10 @@
 #include <immintrin.h>
 
 #define VL 8           /* float32 lanes of a vector */
-/* Tiles of 2 blocks x 2 rows: 8 ymm accumulators + 4 for one block's widened line
+/* int8 tiles of 2 blocks x 2 rows: 8 ymm accumulators + 4 for one block's widened line
  * + 2 for a broadcast x pair, within the 16 registers. Measured over the default
- * model's matrices (one thread, CPU time; bf16 16 rows / int8 16 rows): 2x2 56 / 38
- * ms, 4x1 62-72 / 43 ms, 1x4 60 / 61 ms, 2x4 (16 accumulators, spilled) 71-82 / 50 ms. */
+ * model's matrices (one thread, CPU time; int8 16 rows): 2x2 38 ms, 4x1 43 ms, 1x4 61 ms,
+ * 2x4 (16 accumulators, spilled) 50 ms. The bf16 tile is its own (NB_TILE_bf16 below). */
 #ifndef NB_TILE
 #define NB_TILE 2 /* 16-output blocks per tile */
 #endif
@@ -137,32 +137,62 @@ static inline void blk_store(void *y, blk v, int y_f32) {
     }
 }
 
-/* ---- float32 weights x float32 rows: the widened bf16 pairs and the dequantised
- * Q4_1 pairs both end here. One line = W[16 outputs][2 inputs] as four vectors. */
-typedef const float *xv_f32; /* the input pair x[2p], x[2p + 1]: broadcast inside dot_f32, so that the
-                                compiler does not hold every row's pair in registers at once */
-static inline xv_f32 xload_f32(const float *row, int64_t p) { return row + 2 * p; }
-typedef struct {
-    __m256 even_lo, odd_lo, even_hi, odd_hi; /* W[l][2p], W[l][2p + 1] for l in 0-7, 8-15 */
-} wv_f32;
+/* ---- float32 accumulators of 16 outputs (Q4_1's group sums fold into these) ------ */
 typedef __m256 acc_f32;
 #define acc_zero_f32() _mm256_setzero_ps()
-/* acc[l] += W[l][2p + 1] x[2p + 1], then += W[l][2p] x[2p] (vdpbf16ps's order) */
-static inline void dot_f32(acc_f32 *acc, xv_f32 x, wv_f32 w) {
-    const __m256 even = _mm256_broadcast_ss(x), odd = _mm256_broadcast_ss(x + 1);
-    acc[0] = _mm256_fmadd_ps(w.even_lo, even, _mm256_fmadd_ps(w.odd_lo, odd, acc[0]));
-    acc[1] = _mm256_fmadd_ps(w.even_hi, even, _mm256_fmadd_ps(w.odd_hi, odd, acc[1]));
-}
 #define acc_to_blk_f32(acc, sx) ((void)(sx), (blk){(acc)[0], (acc)[1]})
 
-/* ---- the bf16 product: one 64-byte line = W[16 outputs][2 inputs] ----------------- */
-#define BF16_WIDENED 1 /* bf16 weights widened to float32: the float32 product's steps (decode_kernels.c) */
-static inline wv_f32 wload_bf16(const uint16_t *line) {
-    const __m256i lo = _mm256_loadu_si256((const void *)line), hi = _mm256_loadu_si256((const void *)(line + 16));
-    const __m256i top = _mm256_set1_epi32((int)0xffff0000u);
-    return (wv_f32){_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_and_si256(lo, top)),
-                     _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)), _mm256_castsi256_ps(_mm256_and_si256(hi, top))};
+/* ---- the bf16 product: one 64-byte line = W[16 outputs][2 inputs] -----------------
+ * Taken in two parts of 32 bytes (outputs 0-7, then 8-15), each widened by two unpacks
+ * with zero (bf16 is the top half of a float32):
+ *   unpacklo -> [W0e W0o W1e W1o | W4e W4o W5e W5o],  unpackhi -> [W2e W2o W3e W3o | W6e ...]
+ * (e, o: inputs 2p, 2p + 1; the unpacks work within 128-bit lanes) and multiplied by the
+ * input pair broadcast as 64 bits, [x2p x2p+1 x2p x2p+1 ...], one FMA each. So a block
+ * has four accumulators (ACC_VECS_bf16) whose lanes each hold one output's sum over the
+ * even or the odd inputs, every one a chain of one FMA per pair; at the end a horizontal
+ * add pairs them in output order: y[l] = sum_even[l] + sum_odd[l].
+ *
+ * Why not one chain per output (the pair's two FMAs in a row, as avx512 does): that chain
+ * is two FMA latencies per pair, and 16 ymm registers cannot hold enough chains to cover
+ * it; the accumulators waited and a 16-row pass ran at ~45 % of the FMA peak. Here every
+ * accumulator is a chain of one FMA per pair (4 cycles of latency), so the 8 of a 1-block x
+ * 2-row tile keep two FMA pipes busy, and a part needs two registers for the weights and
+ * one for x. The unpacks run on the shuffle port, not the FMA ones (Intel), where the
+ * shift-and-mask widening took FMA slots. The order of every sum is the same whatever
+ * the tile and the pass width: row invariance holds. */
+#define BF16_UNPACKED 1
+#define ACC_VECS_bf16 4 /* per block: unpacklo / unpackhi sums of outputs 0-7, then of 8-15 */
+#define W_PARTS_bf16 2
+/* 1 block x 2 rows: 8 chains, 8 FMAs per pair. Measured over the default model's matrices
+ * (one thread, CPU time, 1 / 4 / 16 / 64 rows): 10.7 / 15.7 / 46.3 / 169 ms, against
+ * 15.6 / 24.0 / 82.5 / 211 for the shift-and-mask 2x2 tile before; 1x3 (12 chains) spilled
+ * two accumulators to the stack (GCC keeps the three broadcasts across both parts) and
+ * took 88 ms at 16 rows. At 64 rows 1x2 runs at ~89 % of this core's measured FMA peak. */
+#ifndef NB_TILE_bf16
+#define NB_TILE_bf16 1
+#endif
+#ifndef T_TILE_bf16
+#define T_TILE_bf16 2
+#endif
+typedef const float *xv_bf16; /* the row's input pair, broadcast inside dot_part_bf16 (registers are scarce) */
+static inline xv_bf16 xload_bf16(const float *row, int64_t p) { return row + 2 * p; }
+typedef struct {
+    __m256 lo, hi; /* unpacklo, unpackhi of a part */
+} wv_bf16;
+typedef __m256 acc_bf16;
+#define acc_zero_bf16() _mm256_setzero_ps()
+static inline wv_bf16 wload_part_bf16(const uint16_t *line, int part) {
+    const __m256i w = _mm256_loadu_si256((const void *)(line + 16 * part)), zero = _mm256_setzero_si256();
+    return (wv_bf16){_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w)),
+                     _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w))};
 }
+/* acc[2 part + i][lane] += W x over the lane's (output, input) of the part */
+static inline void dot_part_bf16(acc_bf16 *acc, xv_bf16 x, wv_bf16 w, int part) {
+    const __m256 pair = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)x));
+    acc[2 * part] = _mm256_fmadd_ps(w.lo, pair, acc[2 * part]);
+    acc[2 * part + 1] = _mm256_fmadd_ps(w.hi, pair, acc[2 * part + 1]);
+}
+#define acc_to_blk_bf16(acc, sx) ((void)(sx), (blk){_mm256_hadd_ps((acc)[0], (acc)[1]), _mm256_hadd_ps((acc)[2], (acc)[3])})
 
 /* ---- the int8 product: x rows int16, one 32-byte line = Q[16 outputs][2 inputs] --- */
 typedef __m256i xv_i8; /* the int16 input pair in every 32-bit lane */
