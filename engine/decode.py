@@ -33,6 +33,7 @@ from .eagle import EagleDrafter, EagleHead, load_head
 from .host import host_info
 from .metrics import summarize_steps
 from .models import LoadedModel, check_same_vocab, load_model
+from .pass_timing import pass_costs_ms
 from .sampling import SamplingParams, probs_from_logits
 from .transformer import KVCache, Transformer
 from .verification import Verdict, verify_chain_batched, walk_tree
@@ -89,9 +90,14 @@ class GenerationSettings:
         self.adaptive_min_confidence = check_min_confidence(self.adaptive_min_confidence)
         return params, TreeShape(self.k, self.topk, self.num_draft_tokens)
 
-    def adaptive_depth(self, shape: TreeShape) -> AdaptiveDepth | None:
-        """A fresh adaptive-depth policy for one run of this shape, or None when drafting does not adapt."""
-        return AdaptiveDepth(shape.steps, self.adaptive_min_confidence) if self.adaptive else None
+    def adaptive_depth(self, shape: TreeShape, pass_ms=None) -> AdaptiveDepth | None:
+        """A fresh adaptive-depth policy for one run of this shape, or None when drafting does not adapt.
+        pass_ms: measured target pass times by width (index w - 1; SpeculativeEngine.pass_costs_ms)."""
+        if not self.adaptive:
+            return None
+        return AdaptiveDepth(
+            shape.steps, self.adaptive_min_confidence, pass_ms=pass_ms, branching=shape.topk, budget=shape.max_tokens
+        )
 
     def merged(self, overrides: dict) -> GenerationSettings:
         return GenerationSettings(**{**asdict(self), **overrides}) if overrides else self
@@ -148,6 +154,8 @@ class SpeculativeEngine:
         self._drafter_models: dict[str, Transformer] = {}
         self._drafter_lock = threading.Lock()
         self._head: EagleHead | None = None  # the EAGLE head, loaded at the first eagle run
+        self._pass_costs: list[float] = []  # measured target pass ms by width (pass_costs_ms)
+        self._pass_costs_lock = threading.Lock()
         self.allow_remote_code = False
         self._token_text: dict[int, str] = {}
         self.eos_ids = target.eos_token_ids
@@ -171,6 +179,26 @@ class SpeculativeEngine:
         engine = cls(load_model(target, dtype, progress, allow_remote_code=allow_remote_code, device=device))
         engine.allow_remote_code = allow_remote_code
         return engine
+
+    # ------------------------------------------------------------ pass costs
+    def pass_costs_ms(self, max_width: int) -> list[float]:
+        """Measured ms of a target pass of w tokens (index w - 1, w up to max_width) on this machine:
+        what adaptive drafting weighs a deeper draft against. Measured once per engine (~1 s for
+        16 widths of the default model on a 2-core CPU) and again only for a wider shape."""
+        with self._pass_costs_lock:
+            if len(self._pass_costs) < max_width:
+                self._pass_costs = pass_costs_ms(self.target.model, max_width)
+            return self._pass_costs[:max_width]
+
+    def _adaptive_pass_ms(self, settings, shape: TreeShape, strict: bool | None = None):
+        """The pass costs an adaptive run of this shape weighs (None when not adaptive). Strict runs
+        pad every pass to the full width, so every depth costs that width's pass."""
+        if not settings.adaptive:
+            return None
+        width = shape.max_tokens + 1
+        costs = self.pass_costs_ms(width)
+        strict = settings.strict if strict is None else strict
+        return [costs[-1]] * width if strict else costs
 
     # ----------------------------------------------------------------- drafters
     def drafter(self, spec: str) -> Drafter:
@@ -360,7 +388,7 @@ class SpeculativeEngine:
             self._start_info(drafter, settings, params, shape, seed, max_new), prompt, prompt_ids, self.token_text
         )
         try:
-            adaptive = settings.adaptive_depth(shape)
+            adaptive = settings.adaptive_depth(shape, self._adaptive_pass_ms(settings, shape))
             state, prefill_s = self._new_state(
                 prompt_ids, drafter, shape, params, seed, max_new, settings.strict, adaptive
             )
@@ -431,7 +459,10 @@ class SpeculativeEngine:
         if hidden is not None:  # the features of the committed rows, from the pass just run
             state.drafter.take_features(hidden[rows], base)
         if state.adaptive is not None:
-            state.adaptive.update(len(verdict.path), max(tree.depths, default=0), verified_outcomes(tree, verdict.path))
+            # draft_ms as the step event records it (3 decimals): a trace replays the policy exactly.
+            state.adaptive.update(
+                len(verdict.path), max(tree.depths, default=0), verified_outcomes(tree, verdict.path), round(draft_ms, 3)
+            )
         k = 0 if isinstance(state.drafter, NoDrafter) else shape.steps
         return StepResult(tree, verdict, draft_ms, (time.perf_counter() - t1) * 1000.0, k)
 
@@ -514,7 +545,7 @@ class SpeculativeEngine:
         # One adaptive policy for all samples: K follows the acceptance of the samples before, which
         # changes how each sample is drafted but not its distribution (engine.adaptive).
         extra = n_tokens + shape.max_tokens + 1
-        adaptive = settings.adaptive_depth(shape)
+        adaptive = settings.adaptive_depth(shape, self._adaptive_pass_ms(settings, shape, strict=False))
         state, _ = self._new_state(prompt_ids, drafter_obj, shape, params, seed, extra, False, adaptive)
         base = state.cache.length
         samples: list[tuple[int, ...]] = []

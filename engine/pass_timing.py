@@ -23,7 +23,7 @@ import torch
 from .metrics import batch_throughputs
 from .transformer import Transformer
 
-__all__ = ["batch_tradeoff", "measure_pass_ms", "measure_pass_times"]
+__all__ = ["batch_tradeoff", "measure_pass_ms", "measure_pass_times", "pass_costs_ms"]
 
 
 class _PassBench:
@@ -127,3 +127,34 @@ def batch_tradeoff(
     them at acceptance α (``metrics.batch_throughputs``)."""
     measured = measure_pass_times(model, k, batch_sizes, prefix_len, repeats, progress)
     return batch_throughputs(measured, alpha, draft_ms_per_token)
+
+
+@torch.inference_mode()
+def pass_costs_ms(model: Transformer, max_width: int, prefix_len: int = 64, repeats: int = 3) -> list[float]:
+    """Median milliseconds of one causal target pass of w new tokens after a `prefix_len` prefix, for
+    w = 1 .. max_width (index w - 1): what the adaptive K policy weighs a deeper draft against
+    (engine.adaptive). One cache, rolled back between passes; the widths are measured in rounds, so
+    a slow moment of a shared machine hits them alike. ~max_width * (repeats + 1) passes."""
+    if not 1 <= max_width <= 257:
+        raise ValueError(f"max_width must be between 1 and 257, got {max_width}")
+    vocab = model.cfg.vocab_size
+    gen = torch.Generator().manual_seed(max_width)
+    cache = model.new_cache(prefix_len + max_width)
+    model.forward(
+        torch.randint(0, vocab, (prefix_len,), generator=gen),
+        torch.arange(prefix_len),
+        cache,
+        logits_rows=torch.tensor([prefix_len - 1]),
+    )
+    ids = torch.randint(0, vocab, (max_width,), generator=gen)
+    samples: list[list[float]] = [[] for _ in range(max_width)]
+    for round_ in range(repeats + 1):  # round 0 warms every width up
+        for w in range(1, max_width + 1):
+            cache.length = prefix_len
+            t0 = time.perf_counter()
+            model.forward(ids[:w], prefix_len + torch.arange(w), cache)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            if round_:
+                samples[w - 1].append((time.perf_counter() - t0) * 1000.0)
+    return [sorted(times)[len(times) // 2] for times in samples]

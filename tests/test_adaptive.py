@@ -33,20 +33,21 @@ def drafts(run_or_events) -> list[dict]:
     return [s["draft"] for s in step_events(events)]
 
 
-def assert_k_follows_the_policy(events: list[dict], k_max: int) -> None:
-    """Each pass's K is the last one's moved by the heuristic, from what the events recorded."""
+def assert_k_follows_the_policy(events: list[dict], engine) -> None:
+    """Each pass's K is the policy's choice replayed from what the events recorded: the run's shape,
+    the engine's measured pass costs, and the outcomes and draft times of the passes before."""
+    recorded = events[0]["settings"]
+    settings = GenerationSettings(
+        k=recorded["k"], topk=recorded["topk"], num_draft_tokens=recorded["num_draft_tokens"], adaptive=True
+    )
+    _, shape = settings.validate()
+    policy = settings.adaptive_depth(shape, engine._adaptive_pass_ms(settings, shape, strict=recorded["strict"]))
     steps = step_events(events)
-    assert steps[0]["draft"]["k"] == k_max  # the first pass drafts at the maximum
-    for before, after in zip(steps, steps[1:]):
-        k, depth = before["draft"]["k"], before["draft_depth"]
-        if depth == 0:
-            expected = k
-        elif before["accepted_len"] >= depth:
-            expected = min(k_max, k + GROW)
-        else:
-            expected = max(1, k - SHRINK)
-        assert after["draft"]["k"] == expected, (before, after)
-        assert after["draft_depth"] <= after["draft"]["k"]
+    assert steps[0]["draft"]["k"] == shape.steps  # the first pass drafts at the maximum
+    for step in steps:
+        assert step["draft"]["k"] == policy.k, (step["step"], drafts(events))
+        assert step["draft_depth"] <= step["draft"]["k"]
+        policy.update(step["accepted_len"], step["draft_depth"], (), step["draft_ms"])
 
 
 # ------------------------------------------------------------------------------------- the policy
@@ -58,6 +59,41 @@ def test_k_grows_by_two_after_a_fully_accepted_draft_and_shrinks_by_one_after_a_
     assert policy.k == 5
     policy.update(accepted_len=2, drafted_depth=2)  # stopped early by confidence, all kept: still a success
     assert policy.k == 7
+
+
+def test_with_measured_pass_costs_k_is_the_depth_that_pays():
+    """K = argmax (1 + alpha + ... + alpha^k) / (k draft_ms + pass_ms[k]): deep while guesses survive,
+    short once they fail where wide passes cost more; dearer drafting shortens it further."""
+    costs = [10.0, 10.5, 11.0, 11.5, 12.0, 14.0, 16.0, 18.0, 20.0]  # memory bound, then compute bound
+    policy = AdaptiveDepth(k_max=8, pass_ms=costs)
+    assert policy.k == 8  # starts at the maximum
+    for _ in range(3):
+        policy.update(accepted_len=policy.k, drafted_depth=policy.k, draft_ms=0.0)
+    assert policy.k == 8 and policy.alpha > 0.99
+    for _ in range(30):
+        policy.update(accepted_len=0, drafted_depth=policy.k, draft_ms=0.0)
+    assert policy.alpha < 0.3 and policy.k <= 2, (policy.alpha, policy.k)  # failing guesses: a short draft
+    assert all(policy.expected_speed(policy.k) >= policy.expected_speed(k) for k in range(1, 9))
+    # The same record with drafting that costs half a target pass per level: shorter still.
+    cheap, dear = AdaptiveDepth(k_max=8, pass_ms=costs), AdaptiveDepth(k_max=8, pass_ms=costs)
+    for accepted in (8, 3, 8, 2, 5):
+        cheap.update(accepted, 8, draft_ms=0.0)
+        dear.update(accepted, 8, draft_ms=8 * 5.0)
+    assert dear.draft_ms_per_level == pytest.approx(5.0) and dear.k < cheap.k, (dear.k, cheap.k)
+    # Noise in the measured costs never makes a wider pass look cheaper.
+    assert AdaptiveDepth(k_max=2, pass_ms=[10.0, 9.0, 12.0]).pass_ms == [10.0, 10.0, 12.0]
+    with pytest.raises(ValueError, match="pass_ms"):
+        AdaptiveDepth(k_max=4, pass_ms=[10.0, 11.0])  # no cost for a 5-token pass
+    # A tree's pass width counts its branches (budget-bounded): depth 2 of topk 3 is 1 + 6 rows.
+    tree = AdaptiveDepth(k_max=3, pass_ms=[float(w) for w in range(1, 11)], branching=3, budget=8)
+    assert tree._width(2) == 7 and tree._width(3) == 9
+
+
+def test_the_engine_measures_pass_costs_once(tiny_engine):
+    costs = tiny_engine.pass_costs_ms(5)
+    assert len(costs) == 5 and all(c > 0 for c in costs)
+    assert tiny_engine.pass_costs_ms(3) == costs[:3]  # cached: no second measurement
+    assert tiny_engine.pass_costs_ms(5) == costs
 
 
 def test_k_stays_between_one_and_the_maximum():
@@ -162,7 +198,7 @@ def test_greedy_adaptive_output_equals_the_baseline(tiny_with_eagle, drafter, sh
         base = engine.run(prompt, "none", max_new_tokens=24)
         run = engine.run(prompt, drafter, max_new_tokens=24, adaptive=True, adaptive_min_confidence=0.5, **shape)
         assert run["token_ids"] == base["token_ids"], (prompt, drafts(run))
-        assert_k_follows_the_policy(run["events"], shape["k"])
+        assert_k_follows_the_policy(run["events"], engine)
     # The confidence is calibrated by the run's own record: a run starts trusting its drafter fully,
     # so a confidence stop can only follow a pass whose draft was (partly) rejected.
     steps = step_events(run["events"])
@@ -193,7 +229,8 @@ def test_payload_off_runs_adapt_too(tiny_engine):
     a = tiny_engine.run(PROMPT, "int8", max_new_tokens=16, k=4, adaptive=True, payload="off")
     b = tiny_engine.run(PROMPT, "int8", max_new_tokens=16, k=4, adaptive=True, payload="reduced")
     assert a["token_ids"] == b["token_ids"]
-    assert a["metrics"]["target_passes"] == b["metrics"]["target_passes"]
+    # K weighs measured times (draft ms per pass), so the two runs' passes may differ; both drafted.
+    assert a["metrics"]["accepted"] > 0 and b["metrics"]["accepted"] > 0
 
 
 # --------------------------------------------------------------------- sampling: exactly p
@@ -230,12 +267,25 @@ def test_adaptive_sampling_is_exact_and_the_negative_control_is_caught(flat_engi
     (accept with min(1, p)) on the same drafts must be detected (ngram, int8)."""
     engine = flat_with_eagle if drafter == "eagle" else flat_engine
     settings = dict(temperature=1.0, top_k=3, k=4, seed=7, chat=False, adaptive=True, adaptive_min_confidence=0.3)
+    # K weighs measured costs: on the tiny target a head step costs about a target pass, so K would
+    # settle at 1 and no draft would go deep enough to meet the confidence stop. The costs of a host
+    # where target passes are dear (a large target) keep drafts deep, so the stop is exercised.
+    saved = engine._pass_costs
+    if drafter == "eagle":
+        engine._pass_costs = [1000.0] * 16
+    try:
+        _adaptive_sampling_checks(engine, drafter, settings)
+    finally:
+        engine._pass_costs = saved
+
+
+def _adaptive_sampling_checks(engine, drafter: str, settings: dict) -> None:
     run = engine.run(REPEAT_PROMPT, drafter, max_new_tokens=24, **settings)
     if drafter == "ngram":
         assert len({d["k"] for d in drafts(run)}) > 1, drafts(run)
     if drafter == "eagle":
         assert any(d["stop"] == "confidence" for d in drafts(run)), drafts(run)
-    assert_k_follows_the_policy(run["events"], 4)
+    assert_k_follows_the_policy(run["events"], engine)
     exact = _pair_test(engine, drafter, "exact", 600, **settings)
     assert exact["pvalue"] is not None and exact["pvalue"] > TEST_LEVEL, exact
     if drafter == "eagle":
@@ -352,7 +402,7 @@ def test_greedy_adaptive_int8_equals_the_baseline_on_the_real_model(real_engine)
     base = real_engine.run(prompt, "none", max_new_tokens=24)
     run = real_engine.run(prompt, "int8", max_new_tokens=24, k=6, adaptive=True)
     assert run["token_ids"] == base["token_ids"], drafts(run)
-    assert_k_follows_the_policy(run["events"], 6)
+    assert_k_follows_the_policy(run["events"], real_engine)
 
 
 def test_confidence_is_calibrated_by_the_runs_own_acceptance_per_tenth_of_q():
