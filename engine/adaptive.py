@@ -124,6 +124,7 @@ class AdaptiveDepth:
         # Recency-weighted evidence (prior: one token tested and accepted, so a run starts deep):
         self.alpha_accepted, self.alpha_tested = 1.0, 1.0
         self.draft_ms_per_level = 0.0  # recency-weighted; 0 until a draft was timed
+        self.drafts_seen = 0  # passes that drafted something
 
     def _width(self, k: int) -> int:
         """Tokens in the target pass of a depth-k draft: the pending token plus the drafted nodes."""
@@ -180,10 +181,14 @@ class AdaptiveDepth:
         tested = min(drafted_depth, accepted_len + 1)
         self.alpha_accepted = RECENCY * self.alpha_accepted + accepted_len
         self.alpha_tested = RECENCY * self.alpha_tested + tested
-        if draft_ms is not None:
+        # The run's first draft also catches a model drafter up on the whole prompt (its prefill,
+        # 160 ms for the int8 drafter on a code edit against ~6 ms per level after): a one-off, so
+        # its time is not a level's cost (counted, it held the int8 drafter at K = 1 for dozens of passes).
+        if draft_ms is not None and self.drafts_seen:
             per_level = max(0.0, float(draft_ms)) / drafted_depth
             seen = self.draft_ms_per_level > 0
             self.draft_ms_per_level = RECENCY * self.draft_ms_per_level + (1 - RECENCY) * per_level if seen else per_level
+        self.drafts_seen += 1
         self.k = max(range(1, self.k_max + 1), key=self.expected_speed)
 
 

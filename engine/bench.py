@@ -48,9 +48,9 @@ SYSTEMS = [
 VLLM_SYSTEMS = ("vllm-baseline", "vllm-ngram")
 ENGINE_SYSTEMS = {
     "engine-baseline": ("none", {}),
-    # K = 15: a 16-token pass costs about what a 9-token pass costs with this CPU's BLAS (its
-    # kernels favour multiples of 4 and 8 rows; see the README's pass-cost table), and long
-    # verbatim copies (code edits) then go through in fewer passes.
+    # K = 15: long verbatim copies (code edits) go through in few passes. Which K pays depends on
+    # the host's pass costs (a 16-token pass costs ~3x a one-token pass on the avx2 kernels, ~2x on
+    # avx512bf16): engine-ngram-adaptive picks K per pass from those measured costs.
     "engine-ngram": ("ngram", {"k": 15}),
     "engine-int8": ("int8", {"k": 3}),
     # Greedy int8 drafts are accepted ~90% of the time, so branching buys little; a 3-node tree

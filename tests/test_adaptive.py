@@ -76,7 +76,10 @@ def test_with_measured_pass_costs_k_is_the_depth_that_pays():
     assert all(policy.expected_speed(policy.k) >= policy.expected_speed(k) for k in range(1, 9))
     # The same record with drafting that costs half a target pass per level: shorter still.
     cheap, dear = AdaptiveDepth(k_max=8, pass_ms=costs), AdaptiveDepth(k_max=8, pass_ms=costs)
-    for accepted in (8, 3, 8, 2, 5):
+    cheap.update(8, 8, draft_ms=0.0)
+    dear.update(8, 8, draft_ms=500.0)  # the first draft also caught the drafter up on the prompt: not counted
+    assert dear.draft_ms_per_level == 0.0
+    for accepted in (3, 8, 2, 5):
         cheap.update(accepted, 8, draft_ms=0.0)
         dear.update(accepted, 8, draft_ms=8 * 5.0)
     assert dear.draft_ms_per_level == pytest.approx(5.0) and dear.k < cheap.k, (dear.k, cheap.k)
