@@ -8,8 +8,9 @@ Two decisions, both made before the target pass that verifies the draft:
   measures its drafter's cost per drafted level and its acceptance rate alpha (each drafted token's
   chance of surviving, given its parent did: accepted / tested over recent passes, recency-weighted
   by ``RECENCY`` per pass, so a code edit's copy phases and its novel lines each get their own K).
-  Then K = argmax over k of (1 + alpha + ... + alpha^k) / (k * draft_ms + pass_ms[width(k)]):
-  expected tokens per pass over the time a pass of depth k takes. With cheap wide passes and good
+  Then K = argmax over k of (1 + alpha + ... + alpha^k) / (k * draft_ms + pass_ms[width(k)] + overhead):
+  expected tokens per pass over the time a step of depth k takes (width(k): the pending token plus
+  the nodes of a depth-k draft; overhead: what the run's steps measured beyond the pass itself). With cheap wide passes and good
   guesses K goes deep; where every extra row costs a lot or guesses fail, it stays short
   (measured on the AVX2 host, n-gram: chat 1.17x instead of 0.98x the baseline for a fixed K = 15,
   code edits 2.24x instead of 2.08x, summaries 1.54x instead of 1.46x; simulated over the
@@ -83,7 +84,8 @@ def check_min_confidence(value) -> float:
 
 
 class AdaptiveDepth:
-    """The current K of one run, grown and shrunk from its recent acceptance, bounded to [1, k_max].
+    """The current K of one run, bounded to [1, k_max]: with measured pass costs the depth with the
+    most expected tokens per ms (module docstring), else grown and shrunk by the heuristic schedule.
 
     >>> policy = AdaptiveDepth(k_max=6, min_confidence=0.3)
     >>> policy.shape_for_step(TreeShape(6)).steps      # starts at the maximum
@@ -101,10 +103,13 @@ class AdaptiveDepth:
         pass_ms=None,
         branching: int = 1,
         budget: int | None = None,
+        level_nodes: int | None = None,
     ):
         """pass_ms: measured ms of a target pass of w tokens at index w - 1 (w = 1 .. at least the
         widest pass of this shape), or None for the heuristic schedule. branching, budget: the
-        shape's topk and draft-token budget (the pass width a depth implies)."""
+        shape's topk and draft-token budget; level_nodes: the nodes each level past the first adds
+        (topk for n-gram branches, topk^2 for a model drafter's EAGLE-2 expansion; default topk):
+        together, the pass width a depth implies."""
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ValueError(f"k_max must be a positive integer, got {k_max!r}")
         self.k_max = k_max
@@ -113,7 +118,8 @@ class AdaptiveDepth:
         self.tried = [0] * CALIBRATION_BINS  # verified drafts per tenth of q
         self.accepted = [0] * CALIBRATION_BINS  # of those, accepted
         self.branching = max(1, int(branching))
-        self.budget = budget if budget is not None else k_max * self.branching
+        self.level_nodes = self.branching if level_nodes is None else max(1, int(level_nodes))
+        self.budget = budget if budget is not None else self.branching + (k_max - 1) * self.level_nodes
         self.pass_ms = None
         if pass_ms is not None:
             costs = [float(c) for c in pass_ms]
@@ -124,11 +130,15 @@ class AdaptiveDepth:
         # Recency-weighted evidence (prior: one token tested and accepted, so a run starts deep):
         self.alpha_accepted, self.alpha_tested = 1.0, 1.0
         self.draft_ms_per_level = 0.0  # recency-weighted; 0 until a draft was timed
+        # Recency-weighted ms a step spends besides drafting and the target pass itself (verification,
+        # cache bookkeeping, events): the same whatever k, so it favours fewer, deeper passes.
+        self.step_overhead_ms = 0.0
+        self.overheads_seen = 0
         self.drafts_seen = 0  # passes that drafted something
 
     def _width(self, k: int) -> int:
         """Tokens in the target pass of a depth-k draft: the pending token plus the drafted nodes."""
-        return 1 + min(self.budget, k * self.branching)
+        return 1 + min(self.budget, self.branching + (k - 1) * self.level_nodes)
 
     @property
     def alpha(self) -> float:
@@ -140,7 +150,7 @@ class AdaptiveDepth:
         drafting and the target pass it costs (needs pass_ms)."""
         a = self.alpha
         tokens = sum(a**i for i in range(k + 1))
-        return tokens / (k * self.draft_ms_per_level + self.pass_ms[self._width(k) - 1])
+        return tokens / (k * self.draft_ms_per_level + self.pass_ms[self._width(k) - 1] + self.step_overhead_ms)
 
     @property
     def calibration(self) -> tuple[float, ...]:
@@ -163,11 +173,20 @@ class AdaptiveDepth:
             base, steps=min(self.k, base.steps), min_confidence=self.min_confidence, calibration=self.calibration
         )
 
-    def update(self, accepted_len: int, drafted_depth: int, outcomes=(), draft_ms: float | None = None) -> None:
+    def update(
+        self,
+        accepted_len: int,
+        drafted_depth: int,
+        outcomes=(),
+        draft_ms: float | None = None,
+        verify_ms: float | None = None,
+        drafted: int | None = None,
+    ) -> None:
         """After a verification: accepted_len = depth the accepted path reached, drafted_depth = the
         deepest node drafted, outcomes = (q, accepted) of the drafts whose fate is known
-        (``verified_outcomes``), draft_ms = what drafting this pass took. A pass that drafted
-        nothing carries no evidence and leaves K alone."""
+        (``verified_outcomes``), draft_ms = what drafting this pass took, verify_ms = what the rest
+        of the step took (the target pass of 1 + drafted tokens and the verification). A pass that
+        drafted nothing carries no evidence and leaves K alone."""
         for q, accepted in outcomes:
             b = min(CALIBRATION_BINS - 1, int(q * CALIBRATION_BINS))
             self.tried[b] += 1
@@ -189,6 +208,11 @@ class AdaptiveDepth:
             seen = self.draft_ms_per_level > 0
             self.draft_ms_per_level = RECENCY * self.draft_ms_per_level + (1 - RECENCY) * per_level if seen else per_level
         self.drafts_seen += 1
+        if verify_ms is not None and drafted is not None and 1 + drafted <= len(self.pass_ms):
+            extra = max(0.0, float(verify_ms) - self.pass_ms[drafted])
+            seen = self.overheads_seen > 0
+            self.step_overhead_ms = RECENCY * self.step_overhead_ms + (1 - RECENCY) * extra if seen else extra
+            self.overheads_seen += 1
         self.k = max(range(1, self.k_max + 1), key=self.expected_speed)
 
 

@@ -49,8 +49,8 @@ VLLM_SYSTEMS = ("vllm-baseline", "vllm-ngram")
 ENGINE_SYSTEMS = {
     "engine-baseline": ("none", {}),
     # K = 15: long verbatim copies (code edits) go through in few passes. Which K pays depends on
-    # the host's pass costs (a 16-token pass costs ~3x a one-token pass on the avx2 kernels, ~2x on
-    # avx512bf16): engine-ngram-adaptive picks K per pass from those measured costs.
+    # the host's pass costs (a 16-token pass cost 3-4.5x a one-token pass on the avx2 kernels and
+    # 1.8-2.7x on avx512bf16 in our runs): engine-ngram-adaptive picks K per pass from those costs.
     "engine-ngram": ("ngram", {"k": 15}),
     "engine-int8": ("int8", {"k": 3}),
     # Greedy int8 drafts are accepted ~90% of the time, so branching buys little; a 3-node tree
@@ -60,8 +60,8 @@ ENGINE_SYSTEMS = {
     # training reports held-out acceptance for. Skipped with a note when no head exists for the target.
     "engine-eagle": ("eagle", {"k": 4}),
     # Adaptive depth (engine/adaptive.py) at the same maximum K as the fixed row beside it, so the
-    # pair measures the policy alone: K moves in [1, K] with acceptance, model drafters stop below
-    # the default confidence threshold.
+    # pair measures the policy alone: each pass drafts the depth in [1, K] with the most expected
+    # tokens per measured ms, model drafters stop below the default confidence threshold.
     "engine-ngram-adaptive": ("ngram", {"k": 15, "adaptive": True}),
     "engine-int8-adaptive": ("int8", {"k": 3, "adaptive": True}),
     "engine-eagle-adaptive": ("eagle", {"k": 4, "adaptive": True}),

@@ -37,7 +37,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--adaptive",
         action="store_true",
-        help="drafting that adapts: K moves in [1, --k] with recent acceptance, and a model drafter stops "
+        help="drafting that adapts: each pass drafts the depth in [1, --k] with the most expected tokens per "
+        "measured ms (pass costs measured once, ~1 s), and a model drafter stops "
         "deeper when its best path's cumulative confidence (q calibrated by past acceptance) is below --adaptive-min-confidence",
     )
     p.add_argument(

@@ -63,8 +63,9 @@ class GenerationSettings:
     payload: str = "full"  # "full" (top-k of p and q, token texts), "reduced", or "off" (start and finish only)
     strict: bool = False  # shape-invariant target passes: bitwise greedy parity in any dtype
     max_prompt_tokens: int | None = None
-    # Drafting that adapts (engine.adaptive): K moves in [1, k] with recent acceptance, and a model
-    # drafter stops deeper when its best path's cumulative q is below adaptive_min_confidence.
+    # Drafting that adapts (engine.adaptive): each pass drafts the depth in [1, k] with the most expected
+    # tokens per measured ms, and a model drafter stops deeper when its best path's calibrated cumulative
+    # q is below adaptive_min_confidence.
     adaptive: bool = False
     adaptive_min_confidence: float = 0.3
 
@@ -90,13 +91,19 @@ class GenerationSettings:
         self.adaptive_min_confidence = check_min_confidence(self.adaptive_min_confidence)
         return params, TreeShape(self.k, self.topk, self.num_draft_tokens)
 
-    def adaptive_depth(self, shape: TreeShape, pass_ms=None) -> AdaptiveDepth | None:
+    def adaptive_depth(self, shape: TreeShape, pass_ms=None, level_nodes: int | None = None) -> AdaptiveDepth | None:
         """A fresh adaptive-depth policy for one run of this shape, or None when drafting does not adapt.
-        pass_ms: measured target pass times by width (index w - 1; SpeculativeEngine.pass_costs_ms)."""
+        pass_ms: measured target pass times by width (index w - 1; SpeculativeEngine.pass_costs_ms);
+        level_nodes: draft nodes each level past the first adds (SpeculativeEngine.level_nodes)."""
         if not self.adaptive:
             return None
         return AdaptiveDepth(
-            shape.steps, self.adaptive_min_confidence, pass_ms=pass_ms, branching=shape.topk, budget=shape.max_tokens
+            shape.steps,
+            self.adaptive_min_confidence,
+            pass_ms=pass_ms,
+            branching=shape.topk,
+            budget=shape.max_tokens,
+            level_nodes=level_nodes,
         )
 
     def merged(self, overrides: dict) -> GenerationSettings:
@@ -190,10 +197,17 @@ class SpeculativeEngine:
                 self._pass_costs = pass_costs_ms(self.target.model, max_width)
             return self._pass_costs[:max_width]
 
-    def _adaptive_pass_ms(self, settings, shape: TreeShape, strict: bool | None = None):
-        """The pass costs an adaptive run of this shape weighs (None when not adaptive). Strict runs
-        pad every pass to the full width, so every depth costs that width's pass."""
-        if not settings.adaptive:
+    @staticmethod
+    def level_nodes(drafter: Drafter, shape: TreeShape) -> int:
+        """Draft nodes each level past the first adds: an n-gram tree's topk branches grow one node
+        each, a model drafter expands its topk best nodes into topk children each (EAGLE-2)."""
+        return shape.topk if drafter.point_mass else shape.topk**2
+
+    def _adaptive_pass_ms(self, settings, shape: TreeShape, strict: bool | None = None, drafter=None):
+        """The pass costs an adaptive run of this shape weighs (None when not adaptive, or for the
+        baseline, which drafts nothing). Strict runs pad every pass to the full width, so every
+        depth costs that width's pass."""
+        if not settings.adaptive or isinstance(drafter, NoDrafter):
             return None
         width = shape.max_tokens + 1
         costs = self.pass_costs_ms(width)
@@ -383,12 +397,15 @@ class SpeculativeEngine:
 
     def _run(self, prompt, prompt_ids, drafter: Drafter, settings, params, shape, seed):
         max_new = min(settings.max_new_tokens, self.target.context_window - len(prompt_ids))
+        # Measured before the run's clock starts (the first adaptive run on an engine, ~1 s).
+        pass_ms = self._adaptive_pass_ms(settings, shape, drafter=drafter)
         started = time.perf_counter()
-        yield events.start_event(
-            self._start_info(drafter, settings, params, shape, seed, max_new), prompt, prompt_ids, self.token_text
-        )
+        info = self._start_info(drafter, settings, params, shape, seed, max_new)
+        if pass_ms is not None:  # what the K policy weighs, recorded: a trace replays it on its own
+            info["adaptive"] = {"pass_ms": pass_ms, "level_nodes": self.level_nodes(drafter, shape)}
+        yield events.start_event(info, prompt, prompt_ids, self.token_text)
         try:
-            adaptive = settings.adaptive_depth(shape, self._adaptive_pass_ms(settings, shape))
+            adaptive = settings.adaptive_depth(shape, pass_ms, self.level_nodes(drafter, shape))
             state, prefill_s = self._new_state(
                 prompt_ids, drafter, shape, params, seed, max_new, settings.strict, adaptive
             )
@@ -458,13 +475,19 @@ class SpeculativeEngine:
         state.drafter.accept(tree, verdict.path)
         if hidden is not None:  # the features of the committed rows, from the pass just run
             state.drafter.take_features(hidden[rows], base)
+        verify_ms = (time.perf_counter() - t1) * 1000.0
         if state.adaptive is not None:
-            # draft_ms as the step event records it (3 decimals): a trace replays the policy exactly.
+            # Times as the step event records them (3 decimals): a trace replays the policy exactly.
             state.adaptive.update(
-                len(verdict.path), max(tree.depths, default=0), verified_outcomes(tree, verdict.path), round(draft_ms, 3)
+                len(verdict.path),
+                max(tree.depths, default=0),
+                verified_outcomes(tree, verdict.path),
+                round(draft_ms, 3),
+                round(verify_ms, 3),
+                n,
             )
         k = 0 if isinstance(state.drafter, NoDrafter) else shape.steps
-        return StepResult(tree, verdict, draft_ms, (time.perf_counter() - t1) * 1000.0, k)
+        return StepResult(tree, verdict, draft_ms, verify_ms, k)
 
     def _target_pass(self, state: DecodeState, tree: DraftTree, to_host: bool):
         """Logits [1 + n, V]: row 0 = the pending token, row 1 + i = draft node i; and the
@@ -545,7 +568,9 @@ class SpeculativeEngine:
         # One adaptive policy for all samples: K follows the acceptance of the samples before, which
         # changes how each sample is drafted but not its distribution (engine.adaptive).
         extra = n_tokens + shape.max_tokens + 1
-        adaptive = settings.adaptive_depth(shape, self._adaptive_pass_ms(settings, shape, strict=False))
+        adaptive = settings.adaptive_depth(
+            shape, self._adaptive_pass_ms(settings, shape, strict=False, drafter=drafter_obj), self.level_nodes(drafter_obj, shape)
+        )
         state, _ = self._new_state(prompt_ids, drafter_obj, shape, params, seed, extra, False, adaptive)
         base = state.cache.length
         samples: list[tuple[int, ...]] = []

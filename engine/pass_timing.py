@@ -129,32 +129,49 @@ def batch_tradeoff(
     return batch_throughputs(measured, alpha, draft_ms_per_token)
 
 
+MEASURED_WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64)  # wider: extrapolated
+
+
 @torch.inference_mode()
 def pass_costs_ms(model: Transformer, max_width: int, prefix_len: int = 64, repeats: int = 3) -> list[float]:
-    """Median milliseconds of one causal target pass of w new tokens after a `prefix_len` prefix, for
+    """Milliseconds of one causal target pass of w new tokens after a `prefix_len` prefix, for
     w = 1 .. max_width (index w - 1): what the adaptive K policy weighs a deeper draft against
-    (engine.adaptive). One cache, rolled back between passes; the widths are measured in rounds, so
-    a slow moment of a shared machine hits them alike. ~max_width * (repeats + 1) passes."""
-    if not 1 <= max_width <= 257:
-        raise ValueError(f"max_width must be between 1 and 257, got {max_width}")
+    (engine.adaptive). The widths of MEASURED_WIDTHS up to max_width are measured (median of
+    `repeats`, in rounds so that a slow moment of a shared machine hits them alike, one cache
+    rolled back between passes); the widths between are interpolated linearly, and those past 64
+    extrapolated from the last two measured. Rounded to 3 decimals (as a trace records them)."""
+    if not 1 <= max_width <= 4096:
+        raise ValueError(f"max_width must be between 1 and 4096, got {max_width}")
+    widths = [w for w in MEASURED_WIDTHS if w <= max_width]
+    if max_width <= MEASURED_WIDTHS[-1] and widths[-1] != max_width:
+        widths.append(max_width)
     vocab = model.cfg.vocab_size
     gen = torch.Generator().manual_seed(max_width)
-    cache = model.new_cache(prefix_len + max_width)
+    cache = model.new_cache(prefix_len + widths[-1])
     model.forward(
         torch.randint(0, vocab, (prefix_len,), generator=gen),
         torch.arange(prefix_len),
         cache,
         logits_rows=torch.tensor([prefix_len - 1]),
     )
-    ids = torch.randint(0, vocab, (max_width,), generator=gen)
-    samples: list[list[float]] = [[] for _ in range(max_width)]
+    ids = torch.randint(0, vocab, (widths[-1],), generator=gen)
+    samples: dict[int, list[float]] = {w: [] for w in widths}
     for round_ in range(repeats + 1):  # round 0 warms every width up
-        for w in range(1, max_width + 1):
+        for w in widths:
             cache.length = prefix_len
             t0 = time.perf_counter()
             model.forward(ids[:w], prefix_len + torch.arange(w), cache)
             if model.device.type == "cuda":
                 torch.cuda.synchronize(model.device)
             if round_:
-                samples[w - 1].append((time.perf_counter() - t0) * 1000.0)
-    return [sorted(times)[len(times) // 2] for times in samples]
+                samples[w].append((time.perf_counter() - t0) * 1000.0)
+    measured = [(w, sorted(t)[len(t) // 2]) for w, t in samples.items()]
+    costs = []
+    for w in range(1, max_width + 1):
+        # the measured pair around w (or the last two, past the widest measured)
+        hi = next((i for i, (mw, _) in enumerate(measured) if mw >= w), len(measured) - 1)
+        lo = max(0, hi - 1)
+        (w0, c0), (w1, c1) = measured[lo], measured[hi]
+        cost = c1 if w1 == w0 else c0 + (c1 - c0) * (w - w0) / (w1 - w0)
+        costs.append(round(max(cost, 1e-3), 3))
+    return costs

@@ -33,21 +33,24 @@ def drafts(run_or_events) -> list[dict]:
     return [s["draft"] for s in step_events(events)]
 
 
-def assert_k_follows_the_policy(events: list[dict], engine) -> None:
-    """Each pass's K is the policy's choice replayed from what the events recorded: the run's shape,
-    the engine's measured pass costs, and the outcomes and draft times of the passes before."""
-    recorded = events[0]["settings"]
+def assert_k_follows_the_policy(events: list[dict], engine=None) -> None:
+    """Each pass's K is the policy's choice replayed from the trace alone: the run's shape and the
+    pass costs its start event recorded, and the outcomes and times of the passes before."""
+    start = events[0]
+    recorded = start["settings"]
     settings = GenerationSettings(
         k=recorded["k"], topk=recorded["topk"], num_draft_tokens=recorded["num_draft_tokens"], adaptive=True
     )
     _, shape = settings.validate()
-    policy = settings.adaptive_depth(shape, engine._adaptive_pass_ms(settings, shape, strict=recorded["strict"]))
+    policy = settings.adaptive_depth(shape, start["adaptive"]["pass_ms"], start["adaptive"]["level_nodes"])
     steps = step_events(events)
     assert steps[0]["draft"]["k"] == shape.steps  # the first pass drafts at the maximum
     for step in steps:
         assert step["draft"]["k"] == policy.k, (step["step"], drafts(events))
         assert step["draft_depth"] <= step["draft"]["k"]
-        policy.update(step["accepted_len"], step["draft_depth"], (), step["draft_ms"])
+        policy.update(
+            step["accepted_len"], step["draft_depth"], (), step["draft_ms"], step["verify_ms"], step["drafted"]
+        )
 
 
 # ------------------------------------------------------------------------------------- the policy
@@ -97,6 +100,23 @@ def test_the_engine_measures_pass_costs_once(tiny_engine):
     assert len(costs) == 5 and all(c > 0 for c in costs)
     assert tiny_engine.pass_costs_ms(3) == costs[:3]  # cached: no second measurement
     assert tiny_engine.pass_costs_ms(5) == costs
+
+
+def test_wide_shapes_get_interpolated_costs_and_adapt(tiny_engine):
+    """Widths past the measured ones are interpolated / extrapolated (a 129-token pass is not timed
+    four times at every width), and a wide model-drafter tree adapts without error, its start event
+    recording what the policy weighs."""
+    from engine.pass_timing import pass_costs_ms
+
+    costs = pass_costs_ms(tiny_engine.target.model, 100, repeats=1)
+    assert len(costs) == 100 and all(c > 0 for c in costs)
+    run = tiny_engine.run(PROMPT, "int8", max_new_tokens=8, k=8, topk=16, adaptive=True)
+    adaptive = run["events"][0]["adaptive"]
+    assert adaptive["level_nodes"] == 256 and len(adaptive["pass_ms"]) == 129
+    assert_k_follows_the_policy(run["events"])
+    tree = AdaptiveDepth(k_max=3, pass_ms=[float(w) for w in range(1, 40)], branching=2, budget=5, level_nodes=4)
+    assert [tree._width(k) for k in (1, 2, 3)] == [3, 6, 6]  # 2, then 2 + 4 nodes (budget 5)
+    assert tiny_engine.run(PROMPT, "none", max_new_tokens=2, adaptive=True)["events"][0].get("adaptive") is None
 
 
 def test_k_stays_between_one_and_the_maximum():
@@ -270,12 +290,13 @@ def test_adaptive_sampling_is_exact_and_the_negative_control_is_caught(flat_engi
     (accept with min(1, p)) on the same drafts must be detected (ngram, int8)."""
     engine = flat_with_eagle if drafter == "eagle" else flat_engine
     settings = dict(temperature=1.0, top_k=3, k=4, seed=7, chat=False, adaptive=True, adaptive_min_confidence=0.3)
-    # K weighs measured costs: on the tiny target a head step costs about a target pass, so K would
-    # settle at 1 and no draft would go deep enough to meet the confidence stop. The costs of a host
-    # where target passes are dear (a large target) keep drafts deep, so the stop is exercised.
+    # K weighs measured costs, and a tiny target's passes cost about the same at every width (Python
+    # overhead), so K would sit at one value. Costs of other hosts exercise the policy: for eagle,
+    # target passes that are dear against a head step (a large target) keep drafts deep enough to meet
+    # the confidence stop; for the n-gram drafter, passes whose cost grows with width (a CPU's compute-
+    # bound passes) make K follow acceptance up and down.
     saved = engine._pass_costs
-    if drafter == "eagle":
-        engine._pass_costs = [1000.0] * 16
+    engine._pass_costs = [1000.0] * 16 if drafter == "eagle" else [10.0 * w for w in range(1, 17)]
     try:
         _adaptive_sampling_checks(engine, drafter, settings)
     finally:

@@ -38,8 +38,9 @@ def api_generate(
         top_k: keep the top-k tokens (0 = off).
         seed: random seed; -1 = random (the seed used is returned).
         max_new_tokens: number of tokens to generate at most.
-        adaptive: drafting that adapts: K moves between 1 and k with recent acceptance, and a model drafter
-            stops drafting deeper when unsure (the output's distribution is unchanged).
+        adaptive: drafting that adapts: each pass drafts the depth between 1 and k that pays most on this
+            machine (measured pass costs and recent acceptance), and a model drafter stops drafting deeper
+            when unsure (the output's distribution is unchanged).
 
     Returns:
         While running, {"partial": true, "text" so far, "tokens", "target_passes"} after each target pass;

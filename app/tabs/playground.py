@@ -106,8 +106,9 @@ DRAFTER_CHOICES = [
     ("model:SmolLM2-135M-Instruct", "model:SmolLM2-135M-Instruct"),
 ]
 ADAPTIVE_INFO = (
-    "K moves between 1 and the slider's K with recent acceptance, and a model drafter stops guessing deeper "
-    "when unsure; the text's distribution stays the target's."
+    "Each pass drafts the depth between 1 and the slider's K that pays most on this machine (measured pass "
+    "costs and recent acceptance), and a model drafter stops guessing deeper when unsure; the text's "
+    "distribution stays the target's."
 )
 DRAFTER_INFO = (
     "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. int8 is a cheaper "

@@ -129,9 +129,12 @@ static inline vf vf_exp_neg(vf x) {
  *   xel_KIND            element of the kernel's x rows (bf16/float32 for bf16, int16 for i8,
  *                       float32 for q4)
  *   xload_KIND(row, p)  input pair p of a row, broadcast
- *   wload_KIND(line)    a line of W, loaded (and widened); q4: q4_line, see below
- *   acc_KIND            a vector of accumulators; ACC_VECS of them hold a block's 16 outputs
- *   dot_KIND(acc, x, w) acc[l] += W[l][2p] x[2p] + W[l][2p + 1] x[2p + 1], acc updated in place
+ *   wload_part_KIND(line, part)  part `part` of a line of W (W_PARTS_KIND parts; most kinds take
+ *                       the line whole, wload_KIND), loaded (and widened); q4: q4_pair, see below
+ *   acc_KIND            a vector of accumulators; ACC_VECS_KIND of them hold a block's 16 outputs
+ *   dot_part_KIND(acc, x, w, part)  acc[l] += W[l][2p] x[2p] + W[l][2p + 1] x[2p + 1] for the
+ *                       part's outputs, in place (avx2 bf16 keeps the even and odd products in
+ *                       lanes of their own, added by acc_to_blk)
  *   acc_to_blk_KIND     the accumulators as 16 float32 (int8: times the row's scale sx)
  * (Accumulators are plain arrays of vectors, not structs: GCC kept an array of
  * structs in memory, spilling every accumulator once per input pair.)

@@ -4,7 +4,7 @@
  *
  * The packed layout is the AVX-512 one, [out/16, in/2, 16, 2]: a 64-byte line
  * (16 outputs x 2 inputs) is two 32-byte halves, outputs 0-7 and 8-15, so one
- * block's accumulator is two ymm registers.
+ * block's accumulator is two ymm registers (four for bf16: even and odd inputs apart).
  *   bf16: x rows stay float32; each half is widened to float32 in registers by two
  *         unpacks with zero (bf16 is the top half of a float32) and multiplied by
  *         the broadcast input pair, the even and odd inputs summed apart and added
