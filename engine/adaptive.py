@@ -206,7 +206,9 @@ class AdaptiveDepth:
         if draft_ms is not None and self.drafts_seen:
             per_level = max(0.0, float(draft_ms)) / drafted_depth
             seen = self.draft_ms_per_level > 0
-            self.draft_ms_per_level = RECENCY * self.draft_ms_per_level + (1 - RECENCY) * per_level if seen else per_level
+            self.draft_ms_per_level = (
+                RECENCY * self.draft_ms_per_level + (1 - RECENCY) * per_level if seen else per_level
+            )
         self.drafts_seen += 1
         if verify_ms is not None and drafted is not None and 1 + drafted <= len(self.pass_ms):
             extra = max(0.0, float(verify_ms) - self.pass_ms[drafted])

@@ -569,7 +569,9 @@ class SpeculativeEngine:
         # changes how each sample is drafted but not its distribution (engine.adaptive).
         extra = n_tokens + shape.max_tokens + 1
         adaptive = settings.adaptive_depth(
-            shape, self._adaptive_pass_ms(settings, shape, strict=False, drafter=drafter_obj), self.level_nodes(drafter_obj, shape)
+            shape,
+            self._adaptive_pass_ms(settings, shape, strict=False, drafter=drafter_obj),
+            self.level_nodes(drafter_obj, shape),
         )
         state, _ = self._new_state(prompt_ids, drafter_obj, shape, params, seed, extra, False, adaptive)
         base = state.cache.length

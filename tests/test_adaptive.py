@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.adaptive import GROW, SHRINK, STOP_REASONS, AdaptiveDepth, verified_outcomes
+from engine.adaptive import STOP_REASONS, AdaptiveDepth, verified_outcomes
 from engine.decode import GenerationSettings
 from engine.drafters import DraftTree, TreeShape
 from engine.exactness import TEST_LEVEL, chi_square_test, pair_distribution
