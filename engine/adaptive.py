@@ -1,4 +1,4 @@
-"""Drafting that adapts: how deep each pass drafts, from the drafter's confidence and recent acceptance.
+"""Drafting that adapts: how deep each pass drafts, from measured costs, recent acceptance and the drafter's confidence.
 
 Two decisions, both made before the target pass that verifies the draft:
 

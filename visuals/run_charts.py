@@ -426,7 +426,7 @@ def draft_depth_figure(trace) -> go.Figure:
     )
     counts = _depth_markers(fig, records)
     k_max = (start.get("settings") or {}).get("k") or max(ks)
-    how = "adapts to recent acceptance" if is_adaptive(events) else "fixed"
+    how = "adapts to measured costs and recent acceptance" if is_adaptive(events) else "fixed"
     title = f"{DEPTH_TITLE}: mean K {sum(ks) / len(ks):.2f} of at most {k_max}"
     subtitle = f"{mode_words(start)} · K {how} · " + ", ".join(f"{n} {stop}" for stop, n in counts.items())
     fig.update_xaxes(title_text="target pass", rangemode="tozero")
