@@ -10,11 +10,11 @@ Two decisions, both made before the target pass that verifies the draft:
   by ``RECENCY`` per pass, so a code edit's copy phases and its novel lines each get their own K).
   Then K = argmax over k of (1 + alpha + ... + alpha^k) / (k * draft_ms + pass_ms[width(k)] + overhead):
   expected tokens per pass over the time a step of depth k takes (width(k): the pending token plus
-  the nodes of a depth-k draft; overhead: what the run's steps measured beyond the pass itself). With cheap wide passes and good
-  guesses K goes deep; where every extra row costs a lot or guesses fail, it stays short
-  (measured on the AVX2 host, n-gram: chat 1.17x instead of 0.98x the baseline for a fixed K = 15,
-  code edits 2.24x instead of 2.08x, summaries 1.54x instead of 1.46x; simulated over the
-  workloads' recorded outputs with the measured pass costs, then run). Without pass costs (a policy
+  the nodes of a depth-k draft; overhead: what the run's steps measured beyond the pass itself).
+  With cheap wide passes and good guesses K goes deep; where every extra row costs a lot or guesses
+  fail, it stays short (n-gram, simulated over the workloads' recorded outputs with the AVX2 host's
+  measured pass costs: chat 1.17x instead of 0.98x the baseline for a fixed K = 15, code edits
+  2.24x instead of 2.08x, summaries 1.54x instead of 1.46x; measured runs: docs/bench). Without pass costs (a policy
   built by hand) K follows transformers' "heuristic" schedule: after a pass accepted to its last
   depth K += 2, after any rejection K -= 1. K stays in [1, settings.k]: settings.k is the maximum,
   so the target pass width and the cache sizes computed from the run's TreeShape at the start still
@@ -205,17 +205,18 @@ class AdaptiveDepth:
         # its time is not a level's cost (counted, it held the int8 drafter at K = 1 for dozens of passes).
         if draft_ms is not None and self.drafts_seen:
             per_level = max(0.0, float(draft_ms)) / drafted_depth
-            seen = self.draft_ms_per_level > 0
-            self.draft_ms_per_level = (
-                RECENCY * self.draft_ms_per_level + (1 - RECENCY) * per_level if seen else per_level
-            )
+            self.draft_ms_per_level = _recent(self.draft_ms_per_level, per_level, self.draft_ms_per_level > 0)
         self.drafts_seen += 1
         if verify_ms is not None and drafted is not None and 1 + drafted <= len(self.pass_ms):
             extra = max(0.0, float(verify_ms) - self.pass_ms[drafted])
-            seen = self.overheads_seen > 0
-            self.step_overhead_ms = RECENCY * self.step_overhead_ms + (1 - RECENCY) * extra if seen else extra
+            self.step_overhead_ms = _recent(self.step_overhead_ms, extra, self.overheads_seen > 0)
             self.overheads_seen += 1
         self.k = max(range(1, self.k_max + 1), key=self.expected_speed)
+
+
+def _recent(average: float, sample: float, seen: bool) -> float:
+    """A recency-weighted mean of timings: the first sample as is, then RECENCY of the old mean."""
+    return RECENCY * average + (1 - RECENCY) * sample if seen else sample
 
 
 def verified_outcomes(tree: DraftTree, path: list[int]) -> list[tuple[float, bool]]:
