@@ -348,6 +348,33 @@ def test_attention_matches_torch(variant, tokens, length, dim, tree):
     torch.testing.assert_close(got, ref.transpose(0, 1).reshape(tokens, 6 * dim), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tokens", [2, 5, 16])
+@pytest.mark.parametrize("hole", [None, 40, 10])
+def test_attention_rows_do_not_depend_on_the_pass(variant, tokens, hole):
+    """Queries of one key/value head walk the shared prefix together (attend_few's key
+    blocks); each token's output must still be bit for bit what it gets alone: causally,
+    under a tree mask, and when a row does not see the whole prefix (hole: a cached
+    position one row skips, which shortens or disables the shared walk)."""
+    gen = torch.Generator().manual_seed(tokens)
+    length, heads = 200, 9
+    q = torch.randn(heads, tokens, 64, generator=gen)
+    k = torch.randn(3, length + 8, 64, generator=gen)
+    v = torch.randn(3, length + 8, 64, generator=gen)
+    mask = torch.ones(tokens, length, dtype=torch.bool)
+    mask[:, length - tokens :] = torch.tril(mask[:, length - tokens :])
+    mask[1:, length - tokens] = False  # a tree: only token 0 sees the first new slot
+    if hole is not None:
+        mask[tokens - 1, hole] = False
+    for rows in (None, mask):
+        together = cpu_kernels.attend_few(q, k, v, length, rows)  # [T, H D]
+        for t in range(tokens):
+            if rows is None:
+                alone = cpu_kernels.attend_few(q[:, t : t + 1], k, v, length - tokens + t + 1)
+            else:
+                alone = cpu_kernels.attend_few(q[:, t : t + 1], k, v, length, rows[t : t + 1].contiguous())
+            assert torch.equal(alone[0], together[t]), (t, rows is None)
+
+
 # ---- (e) choosing a variant -------------------------------------------------------
 
 

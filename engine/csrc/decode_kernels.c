@@ -492,108 +492,238 @@ void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_
  * (causal); with mask [T, A] (1 = may attend; a draft tree's ancestors) token t
  * attends the positions its row allows. Query head h reads key/value head
  * h / (H / Hkv): softmax(q k^T * scale) v with the max subtracted before exp.
- * (head, token) pairs run in parallel. torch's SDPA spent 40-55 us per layer on
- * setup for these. Every row must allow at least one position. */
+ * torch's SDPA spent 40-55 us per layer on setup for these. Every row must allow
+ * at least one position.
+ *
+ * The attended positions of a query, in slot order, form its key list; every sum
+ * below runs over list ranks, not slots, so a tree node whose ancestors sit at
+ * other slots than in a chain still sums the same numbers in the same order. Per
+ * query (one head, one token) three steps, each a function of that query alone:
+ *   scores   s[a] = (q . k[list[a]]) * scale: eight keys at a time, eight FMA chains
+ *            sharing each chunk of q, summed lane-wise by one transpose-add (hsum4);
+ *            each score's arithmetic is the same whichever block it falls in;
+ *   softmax  e[a] = exp(s[a] - max), total summed VL lanes at a time over ranks;
+ *   values   out = sum_a e[a] / total * v[list[a]]: key rank a goes to output chain
+ *            a % ATTN_CHAINS, in increasing a; the chains are added in order.
+ *
+ * Sharing key loads. A query alone streams its K and V rows once each: with one
+ * query per (head, token) a 16-token pass over 600 positions read ~44 MB per layer
+ * from L2 and was bound by it (13 ms of a ~30 ms pass on the avx2 variant). All
+ * queries of one key/value head (its H / Hkv query heads x T tokens) attend the
+ * same committed prefix: ranks 0 .. P-1 are slots 0 .. P-1 for every one of them
+ * (P = A - T causally, the shortest leading run of allowed slots under a mask). So
+ * a chunk of them walks that prefix together, a block of keys at a time, each
+ * query doing its own step on the block while the block sits in L1, then its own
+ * tail of ranks P .. len-1 alone. Nothing in a query's arithmetic depends on the
+ * blocking (score blocks are independent, the value chains keep their order, a
+ * chain spilled to memory between blocks is stored exactly), so a token gets the
+ * same bits with one query per task or forty-eight. */
+#define ATTN_KEY_BLOCK 32 /* keys per shared block: 8 KB of K (or V) rows at D = 64, in L1 */
+#define ATTN_CHUNK 8      /* queries sharing a walk over the prefix (one task) */
+#if ATTN_KEY_BLOCK % 8 || ATTN_KEY_BLOCK % ATTN_CHAINS || ATTN_CHAINS > 2
+#error "score blocks are eight keys, value chains one or two"
+#endif
+
+/* Scores of ranks [from, to) of one query into s[from, to) (the last block may write up
+ * to 7 floats past `to`; the caller leaves room). listed: the key list (NULL: rank = slot). */
+static inline void attn_scores(const float *qh, const float *kh, const int32_t *listed, int64_t from, int64_t to,
+                               int64_t D, float scale, float *s) {
+    const int64_t dv = D - D % VL;
+    for (int64_t a0 = from; a0 < to; a0 += 8) {
+        const float *kr[8];
+        for (int j = 0; j < 8; j++) { /* keys past `to` read a real row; their sums are never used */
+            const int64_t a = a0 + j < to ? a0 + j : from;
+            kr[j] = kh + (listed ? (int64_t)listed[a] : a) * D;
+        }
+        vf acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = vf_zero();
+        for (int64_t i = 0; i < dv; i += VL) {
+            const vf qv = vf_load(qh + i);
+            for (int j = 0; j < 8; j++) acc[j] = vf_fmadd(qv, vf_load(kr[j] + i), acc[j]);
+        }
+        _mm_storeu_ps(s + a0, hsum4(acc[0], acc[1], acc[2], acc[3]));
+        _mm_storeu_ps(s + a0 + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
+        for (int j = 0; j < 8 && a0 + j < to; j++) {
+            float sdot = s[a0 + j];
+            for (int64_t i = dv; i < D; i++) sdot += qh[i] * kr[j][i];
+            s[a0 + j] = sdot * scale;
+        }
+    }
+}
+
+/* s[0, len) -> exp(s - max) in place; returns 1 / their sum. */
+static inline float attn_softmax(float *s, int64_t len) {
+    float mx = -INFINITY;
+    for (int64_t a = 0; a < len; a++) mx = s[a] > mx ? s[a] : mx;
+    const vf vmx = vf_set1(mx);
+    vf vtotal = vf_zero();
+    int64_t a = 0;
+    for (; a + VL <= len; a += VL) {
+        const vf e = vf_exp_neg(vf_sub(vf_load(s + a), vmx));
+        vf_store(s + a, e);
+        vtotal = vf_add(vtotal, e);
+    }
+    if (a < len) {
+        const vf e = vf_keep_first(vf_exp_neg(vf_sub(vf_load_tail(s + a, len - a), vmx)), len - a);
+        vf_store_tail(s + a, e, len - a);
+        vtotal = vf_add(vtotal, e);
+    }
+    return 1.0f / vf_reduce_add(vtotal);
+}
+
+/* D = 64, the common head size: o [ATTN_CHAINS, 64] (memory) += e[a] * inv * v[list[a]] for
+ * ranks [from, to), rank a into chain a % ATTN_CHAINS; the chains live in registers here. */
+enum { ATTN_NV = 64 / VL };
+static inline void attn_values64(float *o, const float *e, float inv, const float *vh, const int32_t *listed,
+                                 int64_t from, int64_t to) {
+    vf c0[ATTN_NV], c1[ATTN_NV];
+    for (int i = 0; i < ATTN_NV; i++) c0[i] = vf_load(o + i * VL);
+    for (int i = 0; i < ATTN_NV; i++) c1[i] = ATTN_CHAINS == 2 ? vf_load(o + 64 + i * VL) : vf_zero();
+#define ATTN_ROW(a) (vh + (listed ? (int64_t)listed[a] : (a)) * 64)
+#define ATTN_ADD(chain, a)                                                                     \
+    do {                                                                                       \
+        const vf wv = vf_set1(e[a] * inv);                                                     \
+        const float *va = ATTN_ROW(a);                                                         \
+        for (int i = 0; i < ATTN_NV; i++) chain[i] = vf_fmadd(wv, vf_load(va + i * VL), chain[i]); \
+    } while (0)
+    int64_t a = from;
+    if (ATTN_CHAINS == 2) {
+        if ((a & 1) && a < to) { ATTN_ADD(c1, a); a++; }
+        for (; a + 2 <= to; a += 2) { ATTN_ADD(c0, a); ATTN_ADD(c1, a + 1); }
+        if (a < to) { ATTN_ADD(c0, a); a++; }
+    } else {
+        for (; a < to; a++) ATTN_ADD(c0, a);
+    }
+#undef ATTN_ADD
+#undef ATTN_ROW
+    for (int i = 0; i < ATTN_NV; i++) vf_store(o + i * VL, c0[i]);
+    if (ATTN_CHAINS == 2)
+        for (int i = 0; i < ATTN_NV; i++) vf_store(o + 64 + i * VL, c1[i]);
+}
+
+static inline void attn_finish64(const float *o, float *oh) {
+    for (int i = 0; i < ATTN_NV; i++) {
+        vf sum = vf_load(o + i * VL);
+        if (ATTN_CHAINS == 2) sum = vf_add(sum, vf_load(o + 64 + i * VL));
+        vf_store(oh + i * VL, sum);
+    }
+}
+
+/* Any head size: out = sum over ranks of e[a] * inv * v[list[a]], one chain. */
+static inline void attn_values_any(const float *e, float inv, const float *vh, const int32_t *listed, int64_t len,
+                                   int64_t D, float *oh) {
+    for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
+    for (int64_t a = 0; a < len; a++) {
+        const float w = e[a] * inv;
+        const float *va = vh + (listed ? (int64_t)listed[a] : a) * D;
+        const vf wv = vf_set1(w);
+        int64_t i = 0;
+        for (; i + VL <= D; i += VL) vf_store(oh + i, vf_fmadd(wv, vf_load(va + i), vf_load(oh + i)));
+        for (; i < D; i++) oh[i] += w * va[i];
+    }
+}
+
+/* The key list of token t: NULL (rank = slot) and its length causally, else the allowed slots. */
+static inline int64_t attn_list(const uint8_t *mask, int64_t A, int64_t T, int64_t t, int32_t *listed,
+                                const int32_t **out) {
+    if (!mask) {
+        *out = NULL;
+        return A - T + t + 1;
+    }
+    int64_t len = 0;
+    const uint8_t *allowed = mask + t * A;
+    for (int64_t a = 0; a < A; a++)
+        if (allowed[a]) listed[len++] = (int32_t)a;
+    *out = listed;
+    return len;
+}
+
+/* Queries [qbeg, qend) of key/value head g (query qi = head g * group + qi / T, token qi % T),
+ * walking the shared prefix [0, P) together. work: (qend - qbeg) * (A + 8 + 64 * ATTN_CHAINS)
+ * floats and as many int32 lists of A. D = 64. */
+static void attend_chunk(const float *q, const float *k, const float *v, const uint8_t *mask, float *out,
+                         int64_t H, int64_t Hkv, int64_t S, int64_t A, int64_t T, float scale, int64_t g,
+                         int64_t qbeg, int64_t qend, int64_t P, float *work, int32_t *lists) {
+    enum { D = 64 };
+    const int64_t group = H / Hkv, C = qend - qbeg, stride = A + 8;
+    const float *kh = k + g * S * D, *vh = v + g * S * D;
+    float *scores = work, *acc = work + C * stride;
+    const int32_t *listed[ATTN_CHUNK];
+    int64_t len[ATTN_CHUNK];
+    float inv[ATTN_CHUNK];
+    for (int64_t c = 0; c < C; c++) len[c] = attn_list(mask, A, T, (qbeg + c) % T, lists + c * A, &listed[c]);
+#define QROW(c) (q + ((g * group + (qbeg + (c)) / T) * T + (qbeg + (c)) % T) * D)
+    for (int64_t b = 0; b < P; b += ATTN_KEY_BLOCK) {
+        const int64_t e = b + ATTN_KEY_BLOCK < P ? b + ATTN_KEY_BLOCK : P;
+        for (int64_t c = 0; c < C; c++) attn_scores(QROW(c), kh, listed[c], b, e, D, scale, scores + c * stride);
+    }
+    for (int64_t c = 0; c < C; c++) {
+        attn_scores(QROW(c), kh, listed[c], P, len[c], D, scale, scores + c * stride);
+        inv[c] = attn_softmax(scores + c * stride, len[c]);
+    }
+#undef QROW
+    memset(acc, 0, sizeof(float) * C * 64 * ATTN_CHAINS);
+    for (int64_t b = 0; b < P; b += ATTN_KEY_BLOCK) {
+        const int64_t e = b + ATTN_KEY_BLOCK < P ? b + ATTN_KEY_BLOCK : P;
+        for (int64_t c = 0; c < C; c++)
+            attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, inv[c], vh, listed[c], b, e);
+    }
+    for (int64_t c = 0; c < C; c++) {
+        const int64_t qi = qbeg + c, h = g * group + qi / T, t = qi % T;
+        attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, inv[c], vh, listed[c], P, len[c]);
+        attn_finish64(acc + c * 64 * ATTN_CHAINS, out + (t * H + h) * D);
+    }
+}
+
 void attend_few(const float *q, const float *k, const float *v, const uint8_t *mask, float *out, int64_t H,
                 int64_t Hkv, int64_t S, int64_t A, int64_t T, int64_t D, float scale) {
-    const int64_t group = H / Hkv;
+    const int64_t group = H / Hkv, per_head = group * T;
+    /* The shared prefix: ranks that are the same slots for every query. */
+    int64_t P = A - T;
+    if (mask) {
+        P = A;
+        for (int64_t t = 0; t < T; t++) {
+            int64_t run = 0;
+            while (run < P && mask[t * A + run]) run++;
+            P = run;
+        }
+    }
+    if (D == 64 && T >= 2 && P >= ATTN_KEY_BLOCK) {
+        /* Chunks of at most ATTN_CHUNK queries per key/value head, sized evenly. */
+        const int64_t chunks = (per_head + ATTN_CHUNK - 1) / ATTN_CHUNK;
+#pragma omp parallel for schedule(static)
+        for (int64_t u = 0; u < Hkv * chunks; u++) {
+            const int64_t g = u / chunks, c = u % chunks;
+            const int64_t qbeg = c * per_head / chunks, qend = (c + 1) * per_head / chunks;
+            float *work = malloc(sizeof(float) * (qend - qbeg) * (A + 8 + 64 * ATTN_CHAINS) +
+                                 sizeof(int32_t) * (qend - qbeg) * A);
+            if (!work) abort();
+            int32_t *lists = (int32_t *)(work + (qend - qbeg) * (A + 8 + 64 * ATTN_CHAINS));
+            attend_chunk(q, k, v, mask, out, H, Hkv, S, A, T, scale, g, qbeg, qend, P, work, lists);
+            free(work);
+        }
+        return;
+    }
+    /* One query per task: (head, token) pairs in parallel, the same three steps. */
 #pragma omp parallel for schedule(static)
     for (int64_t ht = 0; ht < H * T; ht++) {
         const int64_t h = ht / T, t = ht % T;
-        /* The attended positions, in slot order: [0, A - T + t] causally, the allowed
-         * ones under a mask. Everything below runs over this compact list, so the sums
-         * are grouped by rank, not by slot: a tree node whose ancestors sit at other
-         * slots than in a chain still sums the same numbers in the same order. */
-        int64_t len = 0;
-        int32_t listed[A];
-        if (mask) {
-            const uint8_t *allowed = mask + t * A;
-            for (int64_t a = 0; a < A; a++)
-                if (allowed[a]) listed[len++] = (int32_t)a;
-        } else {
-            for (; len < A - T + t + 1; len++) listed[len] = (int32_t)len;
-        }
-#define KEY(a) ((int64_t)listed[a])
-        const float *qh = q + (h * T + t) * D;
-        const float *kh = k + (h / group) * S * D;
-        const float *vh = v + (h / group) * S * D;
+        int32_t store[mask ? A : 1];
+        const int32_t *listed;
+        const int64_t len = attn_list(mask, A, T, t, store, &listed);
+        const float *qh = q + (h * T + t) * D, *kh = k + (h / group) * S * D, *vh = v + (h / group) * S * D;
         float scores[len + 8];
-        float mx = -INFINITY;
-        const int64_t dv = D - D % VL;
-        /* Eight keys at a time: eight independent FMA chains sharing each chunk of q,
-         * then four dot-product vectors summed lane-wise by one transpose-add (hsum4)
-         * instead of four full horizontal reductions. */
-        for (int64_t a0 = 0; a0 < len; a0 += 8) {
-            vf acc[8];
-            for (int j = 0; j < 8; j++) acc[j] = vf_zero();
-            for (int64_t i = 0; i < dv; i += VL) {
-                const vf qv = vf_load(qh + i);
-                for (int j = 0; j < 8; j++)
-                    if (a0 + j < len) acc[j] = vf_fmadd(qv, vf_load(kh + KEY(a0 + j) * D + i), acc[j]);
-            }
-            _mm_storeu_ps(scores + a0, hsum4(acc[0], acc[1], acc[2], acc[3]));
-            _mm_storeu_ps(scores + a0 + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
-            for (int j = 0; j < 8 && a0 + j < len; j++) {
-                const int64_t a = a0 + j;
-                float sdot = scores[a];
-                for (int64_t i = dv; i < D; i++) sdot += qh[i] * kh[KEY(a) * D + i];
-                scores[a] = sdot * scale;
-                mx = scores[a] > mx ? scores[a] : mx;
-            }
-        }
-        /* exp(s - max), VL at a time, the tail masked */
-        const vf vmx = vf_set1(mx);
-        vf vtotal = vf_zero();
-        int64_t a = 0;
-        for (; a + VL <= len; a += VL) {
-            const vf e = vf_exp_neg(vf_sub(vf_load(scores + a), vmx));
-            vf_store(scores + a, e);
-            vtotal = vf_add(vtotal, e);
-        }
-        if (a < len) {
-            const vf e = vf_keep_first(vf_exp_neg(vf_sub(vf_load_tail(scores + a, len - a), vmx)), len - a);
-            vf_store_tail(scores + a, e, len - a);
-            vtotal = vf_add(vtotal, e);
-        }
-        const float inv = 1.0f / vf_reduce_add(vtotal);
+        attn_scores(qh, kh, listed, 0, len, D, scale, scores);
+        const float inv = attn_softmax(scores, len);
         float *oh = out + (t * H + h) * D;
         if (D == 64) {
-            /* The common head size: the output row stays in registers (64 / VL vectors
-             * per chain). Key a goes to chain a % ATTN_CHAINS (independent FMA chains),
-             * the chains are added in order at the end. */
-            enum { NV = 64 / VL };
-            vf o[ATTN_CHAINS][NV];
-            for (int c = 0; c < ATTN_CHAINS; c++)
-                for (int i = 0; i < NV; i++) o[c][i] = vf_zero();
-            for (a = 0; a + ATTN_CHAINS <= len; a += ATTN_CHAINS) {
-                for (int c = 0; c < ATTN_CHAINS; c++) {
-                    const vf wv = vf_set1(scores[a + c] * inv);
-                    const float *va = vh + KEY(a + c) * D;
-                    for (int i = 0; i < NV; i++) o[c][i] = vf_fmadd(wv, vf_load(va + i * VL), o[c][i]);
-                }
-            }
-            for (int c = 0; a < len; a++, c++) {
-                const vf wv = vf_set1(scores[a] * inv);
-                const float *va = vh + KEY(a) * D;
-                for (int i = 0; i < NV; i++) o[c][i] = vf_fmadd(wv, vf_load(va + i * VL), o[c][i]);
-            }
-            for (int i = 0; i < NV; i++) {
-                vf sum = o[0][i];
-                for (int c = 1; c < ATTN_CHAINS; c++) sum = vf_add(sum, o[c][i]);
-                vf_store(oh + i * VL, sum);
-            }
+            float acc[64 * ATTN_CHAINS];
+            memset(acc, 0, sizeof(acc));
+            attn_values64(acc, scores, inv, vh, listed, 0, len);
+            attn_finish64(acc, oh);
         } else {
-            for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
-            for (a = 0; a < len; a++) {
-                const float w = scores[a] * inv;
-                const vf wv = vf_set1(w);
-                int64_t i = 0;
-                for (; i + VL <= D; i += VL)
-                    vf_store(oh + i, vf_fmadd(wv, vf_load(vh + KEY(a) * D + i), vf_load(oh + i)));
-                for (; i < D; i++) oh[i] += w * vh[KEY(a) * D + i];
-            }
+            attn_values_any(scores, inv, vh, listed, len, D, oh);
         }
-#undef KEY
     }
 }
 
