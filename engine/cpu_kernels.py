@@ -8,8 +8,8 @@ plus one per-ISA header):
   (``PackedWeight``), optionally with the RMSNorm of x fused into the kernel's pass
   over x; ``skinny_gemm_int8w``: the same with int8 weights (``PackedInt8Weight``,
   the int8 drafter), x quantised per row to int16 inside the kernel;
-* ``attend_few``: attention of up to ``MAX_ATTENTION_TOKENS`` new tokens over the
-  KV cache, causal or under a draft tree's mask;
+* ``attend_few``: attention of a pass's new tokens over the KV cache (any number:
+  decoding, verification, drafting and prefill), causal or under a draft tree's mask;
 * ``rope_and_store``: rotary embedding of queries and keys plus the KV-cache write.
 
 Variants (``VARIANTS``, best first; the first the CPU supports that builds and
@@ -621,9 +621,6 @@ def skinny_gemm_q4_1(
     dequantised in registers and multiplied in float32 (x is never rounded to bf16 here,
     on any variant); norm_weight as in skinny_gemm_bf16."""
     return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
-
-
-MAX_ATTENTION_TOKENS = 16  # longer passes (prefill) go to torch's flash attention
 
 
 def attend_few(

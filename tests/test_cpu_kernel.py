@@ -278,6 +278,30 @@ def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type, weights
     assert torch.equal(tree[[0, 2, 4]], chain)
 
 
+def test_a_prefill_gives_its_rows_what_decoding_gives_them(variant):
+    """A prompt's pass runs on the same kernels (attention included) as decoding, so its
+    rows -- hidden states, the cache, the last logits -- are bit for bit those of a
+    shorter prefill followed by one-token passes."""
+    from conftest import tiny_hf_model
+
+    from engine.transformer import ModelConfig, Transformer
+
+    hf = tiny_hf_model("llama", 512, 0)
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
+    prompt = list(range(3, 80))
+    whole = model.new_cache(96)
+    logits, hidden = model.prefill(prompt, whole, return_hidden=True)
+    parts = model.new_cache(96)
+    rows = [model.prefill(prompt[:70], parts, return_hidden=True)[1]]
+    for i in range(70, len(prompt)):
+        last, h = model.forward(torch.tensor([prompt[i]]), torch.tensor([i]), parts, return_hidden=True)
+        rows.append(h)
+    assert torch.equal(torch.cat(rows), hidden)
+    assert torch.equal(last[0], logits)
+    assert torch.equal(whole.k[:, :, : len(prompt)], parts.k[:, :, : len(prompt)])
+    assert torch.equal(whole.v[:, :, : len(prompt)], parts.v[:, :, : len(prompt)])
+
+
 @pytest.mark.parametrize("weights", ["bf16", "q4_1", "int8"])
 def test_layer_stack_equals_the_per_layer_path(variant, weights):
     """decode_layers (every layer of a few-token pass in one C call) gives the per-layer
@@ -326,7 +350,7 @@ def test_swiglu_matches_torch(variant):
     assert torch.equal(cpu_kernels.swiglu(gate_up[2:3].contiguous()), got[2:3])  # rows on their own
 
 
-@pytest.mark.parametrize("tokens,length", [(1, 7), (1, 1000), (5, 130), (16, 400)])
+@pytest.mark.parametrize("tokens,length", [(1, 7), (1, 1000), (5, 130), (16, 400), (40, 40), (64, 300)])
 @pytest.mark.parametrize("dim", [64, 72])
 @pytest.mark.parametrize("tree", [False, True])
 def test_attention_matches_torch(variant, tokens, length, dim, tree):
@@ -348,7 +372,7 @@ def test_attention_matches_torch(variant, tokens, length, dim, tree):
     torch.testing.assert_close(got, ref.transpose(0, 1).reshape(tokens, 6 * dim), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("tokens", [2, 5, 16])
+@pytest.mark.parametrize("tokens", [2, 5, 16, 90])
 @pytest.mark.parametrize("hole", [None, 40, 10])
 def test_attention_rows_do_not_depend_on_the_pass(variant, tokens, hole):
     """Queries of one key/value head walk the shared prefix together (attend_few's key

@@ -3,10 +3,10 @@
  *
  *   skinny_gemm_bf16:  y = x W^T (+ b), W bf16   (the bf16 target)
  *   skinny_gemm_int8w: y = (x Q^T) * scale (+ b), Q int8 per output channel (the int8 drafter)
- *   attend_few:        attention of a few new tokens over the KV cache (causal or tree mask)
+ *   attend_few:        attention of a pass's new tokens over the KV cache (causal or tree mask)
  *   rope_and_store:    rotary embedding + KV-cache write
  *   swiglu_rows:       silu(gate) * up
- *   decode_layers:     every decoder layer of a few-token pass in one call (the above, in order)
+ *   decode_layers:     every decoder layer of a pass in one call (the above, in order)
  *
  * One source, compiled once per instruction set into its own library; everything
  * here (the tiling, the prologues, attention) is shared, and the per-ISA inner
@@ -485,7 +485,7 @@ void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_
     if (info != small_info) free(info);
 }
 
-/* ---- attention of a few new tokens over the cache --------------------------------
+/* ---- attention of a pass's new tokens over the cache ------------------------------
  * q: [H, T, D] float32 (rotated), k, v: one layer of the cache, [Hkv, S, D] float32;
  * out: [T, H, D]. Without a mask the cache holds A positions of which the last T
  * are the new tokens (their K/V already written) and token t attends [0, A - T + t]
@@ -510,11 +510,11 @@ void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_
  * query per (head, token) a 16-token pass over 600 positions read ~44 MB per layer
  * from L2 and was bound by it (13 ms of a ~30 ms pass on the avx2 variant). All
  * queries of one key/value head (its H / Hkv query heads x T tokens) attend the
- * same committed prefix: ranks 0 .. P-1 are slots 0 .. P-1 for every one of them
- * (P = A - T causally, the shortest leading run of allowed slots under a mask). So
- * a chunk of them walks that prefix together, a block of keys at a time, each
- * query doing its own step on the block while the block sits in L1, then its own
- * tail of ranks P .. len-1 alone. Nothing in a query's arithmetic depends on the
+ * committed prefix: ranks 0 .. P-1 are slots 0 .. P-1 for every query of a chunk
+ * (P: the chunk's shortest list causally, its shortest leading run of allowed slots
+ * under a mask; for a prefill, the chunk's earliest token). So the chunk walks that
+ * prefix together, a block of keys at a time, each query doing its own step on the
+ * block while the block sits in L1, then its own tail of ranks P .. len-1 alone. Nothing in a query's arithmetic depends on the
  * blocking (score blocks are independent, the value chains keep their order, a
  * chain spilled to memory between blocks is stored exactly), so a token gets the
  * same bits with one query per task or forty-eight. */
@@ -639,19 +639,25 @@ static inline int64_t attn_list(const uint8_t *mask, int64_t A, int64_t T, int64
 }
 
 /* Queries [qbeg, qend) of key/value head g (query qi = head g * group + qi / T, token qi % T),
- * walking the shared prefix [0, P) together. work: (qend - qbeg) * (A + 8 + 64 * ATTN_CHAINS)
- * floats and as many int32 lists of A. D = 64. */
-static void attend_chunk(const float *q, const float *k, const float *v, const uint8_t *mask, float *out,
-                         int64_t H, int64_t Hkv, int64_t S, int64_t A, int64_t T, float scale, int64_t g,
-                         int64_t qbeg, int64_t qend, int64_t P, float *work, int32_t *lists) {
+ * walking their shared prefix [0, P) together: P is the shortest of their lists causally,
+ * the shortest leading run of allowed slots (lead[t]) under a mask. work: (qend - qbeg) *
+ * (A + 8 + 64 * ATTN_CHAINS) floats and as many int32 lists of A. D = 64. */
+static void attend_chunk(const float *q, const float *k, const float *v, const uint8_t *mask, const int64_t *lead,
+                         float *out, int64_t H, int64_t Hkv, int64_t S, int64_t A, int64_t T, float scale,
+                         int64_t g, int64_t qbeg, int64_t qend, float *work, int32_t *lists) {
     enum { D = 64 };
     const int64_t group = H / Hkv, C = qend - qbeg, stride = A + 8;
     const float *kh = k + g * S * D, *vh = v + g * S * D;
     float *scores = work, *acc = work + C * stride;
     const int32_t *listed[ATTN_CHUNK];
-    int64_t len[ATTN_CHUNK];
+    int64_t len[ATTN_CHUNK], P = A;
     float inv[ATTN_CHUNK];
-    for (int64_t c = 0; c < C; c++) len[c] = attn_list(mask, A, T, (qbeg + c) % T, lists + c * A, &listed[c]);
+    for (int64_t c = 0; c < C; c++) {
+        const int64_t t = (qbeg + c) % T;
+        len[c] = attn_list(mask, A, T, t, lists + c * A, &listed[c]);
+        const int64_t shared = mask ? lead[t] : len[c];
+        P = shared < P ? shared : P;
+    }
 #define QROW(c) (q + ((g * group + (qbeg + (c)) / T) * T + (qbeg + (c)) % T) * D)
     for (int64_t b = 0; b < P; b += ATTN_KEY_BLOCK) {
         const int64_t e = b + ATTN_KEY_BLOCK < P ? b + ATTN_KEY_BLOCK : P;
@@ -678,17 +684,14 @@ static void attend_chunk(const float *q, const float *k, const float *v, const u
 void attend_few(const float *q, const float *k, const float *v, const uint8_t *mask, float *out, int64_t H,
                 int64_t Hkv, int64_t S, int64_t A, int64_t T, int64_t D, float scale) {
     const int64_t group = H / Hkv, per_head = group * T;
-    /* The shared prefix: ranks that are the same slots for every query. */
-    int64_t P = A - T;
-    if (mask) {
-        P = A;
-        for (int64_t t = 0; t < T; t++) {
+    if (D == 64 && T >= 2) {
+        /* Under a mask, each row's leading run of allowed slots (its ranks that are slots). */
+        int64_t lead[mask ? T : 1];
+        for (int64_t t = 0; mask && t < T; t++) {
             int64_t run = 0;
-            while (run < P && mask[t * A + run]) run++;
-            P = run;
+            while (run < A && mask[t * A + run]) run++;
+            lead[t] = run;
         }
-    }
-    if (D == 64 && T >= 2 && P >= ATTN_KEY_BLOCK) {
         /* Chunks of at most ATTN_CHUNK queries per key/value head, sized evenly. */
         const int64_t chunks = (per_head + ATTN_CHUNK - 1) / ATTN_CHUNK;
 #pragma omp parallel for schedule(static)
@@ -699,7 +702,7 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
                                  sizeof(int32_t) * (qend - qbeg) * A);
             if (!work) abort();
             int32_t *lists = (int32_t *)(work + (qend - qbeg) * (A + 8 + 64 * ATTN_CHAINS));
-            attend_chunk(q, k, v, mask, out, H, Hkv, S, A, T, scale, g, qbeg, qend, P, work, lists);
+            attend_chunk(q, k, v, mask, lead, out, H, Hkv, S, A, T, scale, g, qbeg, qend, work, lists);
             free(work);
         }
         return;
@@ -754,7 +757,7 @@ void rope_and_store(const float *qkv, const float *cos, const float *sin, float 
  * A one-token pass of the default model is ~120 matrix products, 30 rotary and 30
  * attention calls, each a few microseconds of Python and ctypes around the C: together
  * ~1.5 ms of a ~11 ms pass (2-core EPYC, measured). decode_layers runs the layers of a
- * pass of a few tokens in one foreign call with exactly the steps, and so the numbers,
+ * pass (a few tokens, or a whole prompt) in one foreign call with exactly the steps, and so the numbers,
  * of the per-layer path (Transformer.forward): the same product, rotary and attention
  * functions, float32 residual adds x + y, and the SwiGLU below, which both paths use. */
 
@@ -811,7 +814,7 @@ static void add_rows(float *x, const float *y, int64_t n) {
     for (; i < n; i++) x[i] = x[i] + y[i];
 }
 
-/* The decoder layers over T new tokens (T <= a few: attention on attend_few):
+/* The decoder layers over T new tokens (attention on attend_few):
  *   x      [T, E] float32, the residual stream, updated in place
  *   cos, sin [T, D] the tokens' rotary factors
  *   k, v   the cache, [L, Hkv, S, D] float32; the new keys/values go to slots [start, start + T)
