@@ -728,8 +728,8 @@ def _mat_desc(packed) -> _MatDesc | None:
 
 
 class LayerStack:
-    """A model's decoder layers as one ``decode_layers`` call: every pass of a few tokens
-    runs its layers in C without returning to Python between products (the same functions
+    """A model's decoder layers as one ``decode_layers`` call: every pass (a few tokens or a
+    whole prompt) runs its layers in C without returning to Python between products (the same functions
     and order as the per-layer path, so the same bits). ``build`` returns None where a
     matrix is not on our kernel or is padded."""
 

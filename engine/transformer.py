@@ -506,6 +506,15 @@ class Transformer:
         self._attention_kernel = self.device.type == "cpu" and cpu_kernels.available()
         self._stack: tuple[int, cpu_kernels.LayerStack | None] | None = None  # (layer edits seen, stack)
 
+    def use_torch_ops(self) -> None:
+        """Run on torch's own ops only, no kernel of ours: the float32 path of a host where
+        none of our kernels runs (bench row engine-torch-float32 measures it beside the
+        kernels, in the same run). Float32 weights only: their products are torch's already."""
+        mats = [self.lm_head] + [getattr(layer, a) for layer in self.layers for a in ("qkv", "o", "gate_up", "down")]
+        if self.dtype != torch.float32 or any(not isinstance(m, Linear) or m._kernel is not None for m in mats):
+            raise ValueError("use_torch_ops needs float32 weights (these matrices are on our kernels)")
+        self._attention_kernel = False
+
     def _layer_stack(self) -> cpu_kernels.LayerStack | None:
         """All layers as one C call (cpu_kernels.LayerStack), where every matrix is on our kernel."""
         if self._stack is None or self._stack[0] != _LAYER_EDITS[0]:
@@ -610,7 +619,7 @@ class Transformer:
         # Every pass on the CPU kernel's host attends on our kernel, causally or through
         # the tree mask: for a few tokens torch's SDPA spent 40-55 us per layer on setup,
         # and a prefill then runs its layers in one C call too (a 130-token prompt:
-        # 213 -> 189 ms on the avx2 variant), the rows bit for bit what decoding gives them.
+        # 186-224 -> 161 ms on the avx2 variant), its rows bit for bit what decoding gives them.
         few_kernel = self._attention_kernel and (mask is not None or attend == end)
         if few_kernel and mask is not None:
             if mask.shape != (t, attend) or not bool(mask.any(dim=1).all()):

@@ -512,12 +512,13 @@ void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_
  * queries of one key/value head (its H / Hkv query heads x T tokens) attend the
  * committed prefix: ranks 0 .. P-1 are slots 0 .. P-1 for every query of a chunk
  * (P: the chunk's shortest list causally, its shortest leading run of allowed slots
- * under a mask; for a prefill, the chunk's earliest token). So the chunk walks that
+ * under a mask; in a prefill, its earliest token's). So the chunk walks that
  * prefix together, a block of keys at a time, each query doing its own step on the
- * block while the block sits in L1, then its own tail of ranks P .. len-1 alone. Nothing in a query's arithmetic depends on the
- * blocking (score blocks are independent, the value chains keep their order, a
- * chain spilled to memory between blocks is stored exactly), so a token gets the
- * same bits with one query per task or forty-eight. */
+ * block while the block sits in L1, then its own tail of ranks P .. len-1 alone.
+ * Nothing in a query's arithmetic depends on the blocking (score blocks are
+ * independent, the value chains keep their order, a chain spilled to memory between
+ * blocks is stored exactly), so a token gets the same bits with one query per task
+ * or forty-eight. */
 #define ATTN_KEY_BLOCK 32 /* keys per shared block: 8 KB of K (or V) rows at D = 64, in L1 */
 #define ATTN_CHUNK 8      /* queries sharing a walk over the prefix (one task) */
 #if ATTN_KEY_BLOCK % 8 || ATTN_KEY_BLOCK % ATTN_CHAINS || ATTN_CHAINS > 2
@@ -638,10 +639,12 @@ static inline int64_t attn_list(const uint8_t *mask, int64_t A, int64_t T, int64
     return len;
 }
 
-/* Queries [qbeg, qend) of key/value head g (query qi = head g * group + qi / T, token qi % T),
- * walking their shared prefix [0, P) together: P is the shortest of their lists causally,
- * the shortest leading run of allowed slots (lead[t]) under a mask. work: (qend - qbeg) *
- * (A + 8 + 64 * ATTN_CHAINS) floats and as many int32 lists of A. D = 64. */
+/* Queries [qbeg, qend) of key/value head g, token-major (query qi is token qi / group of
+ * query head g * group + qi % group: a chunk holds one or two neighbouring tokens, whose
+ * lists are nearly as long), walking their shared prefix [0, P) together: P is the
+ * shortest of their lists causally, the shortest leading run of allowed slots (lead[t])
+ * under a mask. work: (qend - qbeg) * (A + 8 + 64 * ATTN_CHAINS) floats; lists: as many
+ * int32 lists of A (NULL without a mask). D = 64. */
 static void attend_chunk(const float *q, const float *k, const float *v, const uint8_t *mask, const int64_t *lead,
                          float *out, int64_t H, int64_t Hkv, int64_t S, int64_t A, int64_t T, float scale,
                          int64_t g, int64_t qbeg, int64_t qend, float *work, int32_t *lists) {
@@ -650,15 +653,16 @@ static void attend_chunk(const float *q, const float *k, const float *v, const u
     const float *kh = k + g * S * D, *vh = v + g * S * D;
     float *scores = work, *acc = work + C * stride;
     const int32_t *listed[ATTN_CHUNK];
-    int64_t len[ATTN_CHUNK], P = A;
+    int64_t len[ATTN_CHUNK], head[ATTN_CHUNK], token[ATTN_CHUNK], P = A;
     float inv[ATTN_CHUNK];
     for (int64_t c = 0; c < C; c++) {
-        const int64_t t = (qbeg + c) % T;
-        len[c] = attn_list(mask, A, T, t, lists + c * A, &listed[c]);
-        const int64_t shared = mask ? lead[t] : len[c];
+        token[c] = (qbeg + c) / group;
+        head[c] = g * group + (qbeg + c) % group;
+        len[c] = attn_list(mask, A, T, token[c], lists ? lists + c * A : NULL, &listed[c]);
+        const int64_t shared = mask ? lead[token[c]] : len[c];
         P = shared < P ? shared : P;
     }
-#define QROW(c) (q + ((g * group + (qbeg + (c)) / T) * T + (qbeg + (c)) % T) * D)
+#define QROW(c) (q + (head[c] * T + token[c]) * D)
     for (int64_t b = 0; b < P; b += ATTN_KEY_BLOCK) {
         const int64_t e = b + ATTN_KEY_BLOCK < P ? b + ATTN_KEY_BLOCK : P;
         for (int64_t c = 0; c < C; c++) attn_scores(QROW(c), kh, listed[c], b, e, D, scale, scores + c * stride);
@@ -675,9 +679,8 @@ static void attend_chunk(const float *q, const float *k, const float *v, const u
             attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, inv[c], vh, listed[c], b, e);
     }
     for (int64_t c = 0; c < C; c++) {
-        const int64_t qi = qbeg + c, h = g * group + qi / T, t = qi % T;
         attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, inv[c], vh, listed[c], P, len[c]);
-        attn_finish64(acc + c * 64 * ATTN_CHAINS, out + (t * H + h) * D);
+        attn_finish64(acc + c * 64 * ATTN_CHAINS, out + (token[c] * H + head[c]) * D);
     }
 }
 
@@ -692,17 +695,21 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
             while (run < A && mask[t * A + run]) run++;
             lead[t] = run;
         }
-        /* Chunks of at most ATTN_CHUNK queries per key/value head, sized evenly. */
+        /* Chunks of at most ATTN_CHUNK queries per key/value head, sized evenly; one
+         * workspace per thread. Dynamic: a prompt's later tokens attend more keys. */
         const int64_t chunks = (per_head + ATTN_CHUNK - 1) / ATTN_CHUNK;
-#pragma omp parallel for schedule(static)
-        for (int64_t u = 0; u < Hkv * chunks; u++) {
-            const int64_t g = u / chunks, c = u % chunks;
-            const int64_t qbeg = c * per_head / chunks, qend = (c + 1) * per_head / chunks;
-            float *work = malloc(sizeof(float) * (qend - qbeg) * (A + 8 + 64 * ATTN_CHAINS) +
-                                 sizeof(int32_t) * (qend - qbeg) * A);
+#pragma omp parallel
+        {
+            float *work = malloc(sizeof(float) * ATTN_CHUNK * (A + 8 + 64 * ATTN_CHAINS) +
+                                 (mask ? sizeof(int32_t) * ATTN_CHUNK * A : 0));
             if (!work) abort();
-            int32_t *lists = (int32_t *)(work + (qend - qbeg) * (A + 8 + 64 * ATTN_CHAINS));
-            attend_chunk(q, k, v, mask, lead, out, H, Hkv, S, A, T, scale, g, qbeg, qend, work, lists);
+            int32_t *lists = mask ? (int32_t *)(work + ATTN_CHUNK * (A + 8 + 64 * ATTN_CHAINS)) : NULL;
+#pragma omp for schedule(dynamic)
+            for (int64_t u = 0; u < Hkv * chunks; u++) {
+                const int64_t g = u / chunks, c = u % chunks;
+                const int64_t qbeg = c * per_head / chunks, qend = (c + 1) * per_head / chunks;
+                attend_chunk(q, k, v, mask, lead, out, H, Hkv, S, A, T, scale, g, qbeg, qend, work, lists);
+            }
             free(work);
         }
         return;
