@@ -36,6 +36,7 @@ SYSTEMS = [
     "engine-ngram-adaptive",
     "engine-int8-adaptive",
     "engine-eagle-adaptive",
+    "engine-torch-float32",
     "hf-generate",
     "hf-prompt-lookup",
     "hf-assisted",
@@ -66,6 +67,11 @@ ENGINE_SYSTEMS = {
     "engine-int8-adaptive": ("int8", {"k": 3, "adaptive": True}),
     "engine-eagle-adaptive": ("eagle", {"k": 4, "adaptive": True}),
 }
+# Our decoder, no drafter, on float32 weights with torch's own products and attention: what a
+# host where none of our kernels runs gets (issue #16's "float32 path"), in the same run as the
+# rows it is compared with (before, a separate process with SPECLENS_CPU_KERNEL=0, minutes apart
+# on a machine whose speed drifts). Its greedy outputs may differ from the bf16 rows' (other weights).
+TORCH_FLOAT32 = "engine-torch-float32"
 NAME_WIDTH = max(len(name) for name in SYSTEMS)
 
 
@@ -313,6 +319,25 @@ def _vllm_backends(engine, systems: list[str], notes: list[str]) -> tuple[dict, 
     return backends, servers
 
 
+def _torch_float32_engine(engine, systems: list[str], notes: list[str]) -> SpeculativeEngine | None:
+    """The target again in float32 on torch's ops only (TORCH_FLOAT32), or None with a note."""
+    from .models import load_model
+
+    reason = None
+    if engine.target.model.device.type != "cpu":
+        reason = "a CPU comparison (our kernels against torch's ops on the same host)"
+    else:
+        try:
+            loaded = load_model(engine.target.name, "float32", device="cpu")
+            loaded.model.use_torch_ops()
+            return SpeculativeEngine(loaded)
+        except Exception as exc:  # an optional reference row: say why and go on
+            reason = f"the float32 target could not be loaded ({exc})"
+    notes.append(f"{TORCH_FLOAT32}: not run ({reason})")
+    systems.remove(TORCH_FLOAT32)
+    return None
+
+
 def _drop_unavailable_drafters(engine, systems: list[str], notes: list[str]) -> None:
     """Engine rows whose drafter this target cannot have (no EAGLE head trained for it) are
     dropped, each with the engine's own reason as a note, like an uninstalled reference point."""
@@ -381,13 +406,14 @@ def run_bench(
         if llm is None:
             notes.append("llamacpp: llama-cpp-python not installed (optional)")
             systems.remove("llamacpp")
+    plain = _torch_float32_engine(engine, systems, notes) if TORCH_FLOAT32 in systems else None
     vllm, servers = _vllm_backends(engine, systems, notes) if any(s in VLLM_SYSTEMS for s in systems) else ({}, [])
     # vLLM servers started for the vLLM rows are stopped whatever happens below.
     try:
         # Warm up every system once (first calls allocate and build the int8 drafter).
         warm = engine.encode_prompt("Hello")
         for name in systems:
-            _run_system(name, engine, hf, llm, warm, 4, vllm=vllm)
+            _run_system(name, engine, hf, llm, warm, 4, vllm=vllm, plain=plain)
         samples: dict[tuple[str, str], list[dict]] = {}
         outputs: dict[tuple[str, str, int], list[int]] = {}
         total = sum(len(p) for p in workloads.values()) * repeats * len(systems)
@@ -398,7 +424,7 @@ def run_bench(
                 for rep in range(repeats):
                     order = systems[rep % len(systems) :] + systems[: rep % len(systems)]  # rotate
                     for name in order:
-                        result = _run_system(name, engine, hf, llm, ids, max_new, vllm=vllm)
+                        result = _run_system(name, engine, hf, llm, ids, max_new, vllm=vllm, plain=plain)
                         samples.setdefault((name, workload), []).append(result)
                         outputs[(name, workload, pi)] = result["token_ids"]
                         done += 1
@@ -434,13 +460,16 @@ def run_bench(
                 # Our engine's own timings: mean target pass, and the drafting time per drafted token.
                 row["pass_ms"] = 1000.0 * sum(r["verify_s"] for r in runs) / max(1, sum(r["passes"] for r in runs))
                 row["draft_ms_per_token"] = 1000.0 * sum(r["draft_s"] for r in runs) / drafted if drafted else None
+            roofline = machine["roofline_passes_per_s"]
+            if name == TORCH_FLOAT32:  # its own weights: float32, twice the bytes per pass
+                roofline = machine["copy_bandwidth_gbs"] * 1e9 / plain.target.model.weight_bytes
             if row["tokens_per_pass"]:
                 passes_per_s = row["tok_per_s"] / row["tokens_per_pass"]
-                row["roofline_fraction"] = passes_per_s / machine["roofline_passes_per_s"]
+                row["roofline_fraction"] = passes_per_s / roofline
             if row.get("pass_ms"):
                 # The target passes alone (prefill and drafting left out): the weight bytes of one pass
                 # over its measured mean time, against the copy bandwidth.
-                row["pass_roofline_fraction"] = 1000.0 / row["pass_ms"] / machine["roofline_passes_per_s"]
+                row["pass_roofline_fraction"] = 1000.0 / row["pass_ms"] / roofline
             rows.append(row)
         by = {(r["system"], r["workload"]): r for r in rows}
         for r in rows:
@@ -454,7 +483,7 @@ def run_bench(
         mismatches = []
         for (name, workload, pi), toks in outputs.items():
             ref = outputs.get(("engine-baseline", workload, pi))
-            if ref is None or name == "engine-baseline" or name == "llamacpp":
+            if ref is None or name in ("engine-baseline", "llamacpp", TORCH_FLOAT32):  # the same weights only
                 continue
             if toks != ref:
                 at = next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), min(len(toks), len(ref)))
@@ -535,7 +564,10 @@ def _timed(start_run) -> dict:
     }
 
 
-def _run_system(name, engine, hf, llm, ids, max_new, payload="reduced", vllm=None) -> dict:
+def _run_system(name, engine, hf, llm, ids, max_new, payload="reduced", vllm=None, plain=None) -> dict:
+    if name == TORCH_FLOAT32:
+        settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0)
+        return _timed(lambda: plain.generate(ids, "none", settings))
     if name in ENGINE_SYSTEMS:
         drafter, kw = ENGINE_SYSTEMS[name]
         settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0, **kw)

@@ -54,6 +54,8 @@ def test_quick_bench_reports_every_system_and_workload(real_engine):
     for (system, _), row in rows.items():
         if system in ENGINE_SYSTEMS:
             assert row["tokens_per_pass"] >= 1.0
+    for workload in workloads:  # today's float32 path on torch's ops, measured in the same run
+        assert rows[("engine-torch-float32", workload)]["roofline_fraction"] > 0
     assert rows[("engine-baseline", "chat")]["speedup_vs_engine_baseline"] == pytest.approx(1.0)
     assert rows[("hf-generate", "chat")]["speedup_vs_hf_generate"] == pytest.approx(1.0)
     engine_mismatches = [m for m in report["greedy_mismatches"] if m["system"] in ENGINE_SYSTEMS]

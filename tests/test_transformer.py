@@ -109,3 +109,25 @@ def test_int8_linear_is_close_to_full_precision():
         q = Int8Linear(w.to(dtype))(x.to(dtype)).float()
         rel = (q - full).norm() / full.norm()
         assert rel < 0.03, (dtype, float(rel))
+
+
+def test_torch_ops_only_computes_the_same_pass():
+    """use_torch_ops (the bench's engine-torch-float32: a host where none of our kernels runs)
+    leaves only torch's products and attention; the pass is the same computation, and a model
+    whose matrices sit on our bf16 kernel refuses it."""
+    from conftest import tiny_hf_model
+
+    from engine import cpu_kernels
+    from engine.transformer import ModelConfig, Transformer
+
+    hf, ours = tiny_transformer()
+    plain = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.float32)
+    plain.use_torch_ops()
+    assert not plain._attention_kernel
+    prompt = list(range(3, 40))
+    got = [m.prefill(prompt, m.new_cache(64)) for m in (ours, plain)]
+    torch.testing.assert_close(got[0], got[1], rtol=1e-4, atol=1e-4)
+    if cpu_kernels.available():
+        bf16 = Transformer(ModelConfig.from_hf(hf.config), dict(tiny_hf_model().state_dict()), torch.bfloat16)
+        with pytest.raises(ValueError, match="float32 weights"):
+            bf16.use_torch_ops()
