@@ -8,9 +8,15 @@ Two decisions, both made before the target pass that verifies the draft:
   measures its drafter's cost per drafted level and its acceptance rate alpha (each drafted token's
   chance of surviving, given its parent did: accepted / tested over recent passes, recency-weighted
   by ``RECENCY`` per pass, so a code edit's copy phases and its novel lines each get their own K).
-  Then K = argmax over k of (1 + alpha + ... + alpha^k) / (k * draft_ms + pass_ms[width(k)] + overhead):
+  Then K = argmax over k of (1 + alpha + ... + alpha^k) / (draft_ms(k) + pass_ms[width(k)] + overhead):
   expected tokens per pass over the time a step of depth k takes (width(k): the pending token plus
   the nodes of a depth-k draft; overhead: what the run's steps measured beyond the pass itself).
+  draft_ms(k) = first + (k - 1) * deeper: a model drafter's first level also feeds it the tokens
+  the last pass committed (a pass of several tokens), each deeper level is one small pass. The two
+  are fitted by recency-weighted least squares over the depths the run drafted; while it has drafted
+  one depth only, draft_ms(k) is proportional to k. (Proportional throughout, the int8 drafter at
+  K = 3 made K = 1 look cheaper than it is, and once there made K = 3 look dearer: some runs stayed
+  at K = 1, 0.90-0.94x the fixed K = 3 on the AVX2 proxy.)
   With cheap wide passes and good guesses K goes deep; where every extra row costs a lot or guesses
   fail, it stays short (n-gram, simulated over the workloads' recorded outputs with the AVX2 host's
   measured pass costs: chat 1.17x instead of 0.98x the baseline for a fixed K = 15, code edits
@@ -129,7 +135,8 @@ class AdaptiveDepth:
             self.pass_ms = [max(costs[: i + 1]) for i in range(len(costs))]
         # Recency-weighted evidence (prior: one token tested and accepted, so a run starts deep):
         self.alpha_accepted, self.alpha_tested = 1.0, 1.0
-        self.draft_ms_per_level = 0.0  # recency-weighted; 0 until a draft was timed
+        # Per drafted depth d: [recency weight, recency-weighted mean draft ms] (draft_ms(k) fits them)
+        self.draft_by_depth: dict[int, list[float]] = {}
         # Recency-weighted ms a step spends besides drafting and the target pass itself (verification,
         # cache bookkeeping, events): the same whatever k, so it favours fewer, deeper passes.
         self.step_overhead_ms = 0.0
@@ -145,12 +152,29 @@ class AdaptiveDepth:
         """The run's recent acceptance rate per drafted token (given its parent was accepted)."""
         return min(ALPHA_MAX, self.alpha_accepted / self.alpha_tested)
 
+    def draft_ms(self, k: int) -> float:
+        """What drafting k levels costs: first + (k - 1) * deeper, the line that fits the mean draft
+        time of each depth drafted (least squares, weighted by recency); proportional to k while a
+        single depth was seen; 0 before any draft was timed."""
+        seen = self.draft_by_depth
+        total = sum(w for w, _ in seen.values())
+        if total <= 0:
+            return 0.0
+        x_mean = sum(w * (d - 1) for d, (w, _) in seen.items()) / total
+        y_mean = sum(w * m for w, m in seen.values()) / total
+        sxx = sum(w * (d - 1 - x_mean) ** 2 for d, (w, _) in seen.items())
+        if sxx <= 1e-9 * total:  # one depth: no slope to fit
+            return k * y_mean / (x_mean + 1)
+        deeper = max(0.0, sum(w * (d - 1 - x_mean) * (m - y_mean) for d, (w, m) in seen.items()) / sxx)
+        first = max(0.0, y_mean - deeper * x_mean)
+        return first + (k - 1) * deeper
+
     def expected_speed(self, k: int) -> float:
         """Expected tokens per ms of a pass of depth k: (1 + alpha + ... + alpha^k) over the
         drafting and the target pass it costs (needs pass_ms)."""
         a = self.alpha
         tokens = sum(a**i for i in range(k + 1))
-        return tokens / (k * self.draft_ms_per_level + self.pass_ms[self._width(k) - 1] + self.step_overhead_ms)
+        return tokens / (self.draft_ms(k) + self.pass_ms[self._width(k) - 1] + self.step_overhead_ms)
 
     @property
     def calibration(self) -> tuple[float, ...]:
@@ -204,8 +228,13 @@ class AdaptiveDepth:
         # 160 ms for the int8 drafter on a code edit against ~6 ms per level after): a one-off, so
         # its time is not a level's cost (counted, it held the int8 drafter at K = 1 for dozens of passes).
         if draft_ms is not None and self.drafts_seen:
-            per_level = max(0.0, float(draft_ms)) / drafted_depth
-            self.draft_ms_per_level = _recent(self.draft_ms_per_level, per_level, self.draft_ms_per_level > 0)
+            for entry in self.draft_by_depth.values():
+                entry[0] *= RECENCY
+            weight, mean = self.draft_by_depth.get(drafted_depth, (0.0, 0.0))
+            self.draft_by_depth[drafted_depth] = [
+                weight + 1.0,
+                (weight * mean + max(0.0, float(draft_ms))) / (weight + 1.0),
+            ]
         self.drafts_seen += 1
         if verify_ms is not None and drafted is not None and 1 + drafted <= len(self.pass_ms):
             extra = max(0.0, float(verify_ms) - self.pass_ms[drafted])

@@ -81,11 +81,11 @@ def test_with_measured_pass_costs_k_is_the_depth_that_pays():
     cheap, dear = AdaptiveDepth(k_max=8, pass_ms=costs), AdaptiveDepth(k_max=8, pass_ms=costs)
     cheap.update(8, 8, draft_ms=0.0)
     dear.update(8, 8, draft_ms=500.0)  # the first draft also caught the drafter up on the prompt: not counted
-    assert dear.draft_ms_per_level == 0.0
+    assert dear.draft_ms(8) == 0.0
     for accepted in (3, 8, 2, 5):
         cheap.update(accepted, 8, draft_ms=0.0)
         dear.update(accepted, 8, draft_ms=8 * 5.0)
-    assert dear.draft_ms_per_level == pytest.approx(5.0) and dear.k < cheap.k, (dear.k, cheap.k)
+    assert dear.draft_ms(1) == pytest.approx(5.0) and dear.k < cheap.k, (dear.k, cheap.k)  # one depth: per level
     # Noise in the measured costs never makes a wider pass look cheaper.
     assert AdaptiveDepth(k_max=2, pass_ms=[10.0, 9.0, 12.0]).pass_ms == [10.0, 10.0, 12.0]
     with pytest.raises(ValueError, match="pass_ms"):
@@ -93,6 +93,31 @@ def test_with_measured_pass_costs_k_is_the_depth_that_pays():
     # A tree's pass width counts its branches (budget-bounded): depth 2 of topk 3 is 1 + 6 rows.
     tree = AdaptiveDepth(k_max=3, pass_ms=[float(w) for w in range(1, 11)], branching=3, budget=8)
     assert tree._width(2) == 7 and tree._width(3) == 9
+
+
+def test_drafting_cost_is_a_first_level_plus_cheaper_deeper_ones():
+    """A model drafter's first level also feeds it what the last pass committed: draft_ms(k) =
+    first + (k - 1) * deeper, fitted over the depths drafted. With it a policy that tries K = 1
+    (proportional costs made it look cheap) sees the truth and goes back to the K that pays."""
+    policy = AdaptiveDepth(k_max=5, pass_ms=[10.0] * 6)
+    policy.update(3, 3, draft_ms=99.0)  # the first draft (prompt catch-up): not a level's cost
+    for depth, ms in [(3, 14.0), (1, 8.0), (3, 14.0), (1, 8.0)]:
+        policy.update(depth, depth, draft_ms=ms)
+    assert policy.draft_ms(1) == pytest.approx(8.0) and policy.draft_ms(5) == pytest.approx(20.0)
+    # An int8-like drafter: alpha ~0.96, first level 8 ms (catch-up + one token), deeper 3 ms, passes
+    # of 1 .. 4 tokens 8, 8.5, 9.5, 11 ms. K = 3 pays; proportional costs from K = 3 alone (14 / 3
+    # per level) priced K = 1 at 4.7 ms instead of 8.
+    costs = [8.0, 8.5, 9.5, 11.0]
+    policy = AdaptiveDepth(k_max=3, pass_ms=costs)
+    policy.update(3, 3, draft_ms=200.0)
+    seen = []
+    for i in range(40):
+        k = policy.k
+        seen.append(k)
+        accepted = k if i % 3 else k - 1  # alpha ~0.88
+        policy.update(accepted, k, draft_ms=8.0 + 3.0 * (k - 1), verify_ms=costs[k], drafted=k)
+    assert 1 in seen[:3] and seen[-30:] == [3] * 30, seen  # tried K = 1 once, measured it, went back
+    assert policy.draft_ms(1) == pytest.approx(8.0) and policy.draft_ms(3) == pytest.approx(14.0)
 
 
 def test_the_engine_measures_pass_costs_once(tiny_engine):
