@@ -41,6 +41,13 @@ from .verification import Verdict, verify_chain_batched, walk_tree
 __all__ = ["DecodeState", "GenerationSettings", "OutOfMemory", "SpeculativeEngine", "StepResult"]
 
 MAX_NEW_TOKENS = 4096
+# A chain's verification reads the target's logits row by row and stops at the first rejection:
+# rows past it are never used. On the CPU the lm_head product (49152 x 576 for the default model)
+# is a sixth of a 16-token pass on the avx2 kernels, and up to a few rows it costs what one row
+# costs (reading its 57 MB of weights). So a chain's pass computes the logits of its first
+# CHAIN_LOGITS_FIRST rows and keeps the rest as last-layer rows; the walk projects them, all in one
+# product, only if it gets that far (row-invariant kernels: the same bits as an eager pass).
+CHAIN_LOGITS_FIRST = 5
 
 
 class OutOfMemory(RuntimeError):
@@ -145,6 +152,40 @@ class StepResult:
     def draft_info(self) -> dict:
         """The step event's ``draft``: the K used and why drafting stopped (the drafter's own record)."""
         return {"k": self.k, "stop": self.tree.stop}
+
+
+class _ChainLogits:
+    """The logits [1 + n, V] of a chain's pass (see CHAIN_LOGITS_FIRST): the first rows computed
+    with the pass, the others from their last-layer rows [rest, E] in one product the first time
+    the walk reads one of them. Rows read like a tensor's: chain[i] -> [V] float32."""
+
+    def __init__(self, model: Transformer, first: torch.Tensor, rest_hidden: torch.Tensor):
+        self.model = model
+        self.first = first  # [CHAIN_LOGITS_FIRST, V]
+        self.rest_hidden = rest_hidden  # [1 + n - CHAIN_LOGITS_FIRST, E]
+        self.rest: torch.Tensor | None = None
+        self.shape = (first.shape[0] + rest_hidden.shape[0], first.shape[1])
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self if i.indices(self.shape[0]) == (0, self.shape[0], 1) else self.materialise()[i]
+        i = int(i)
+        if i < 0:
+            i += self.shape[0]
+        if i < self.first.shape[0]:
+            return self.first[i]
+        if self.rest is None:
+            self.rest = self.model.logits_of(self.rest_hidden)
+        return self.rest[i - self.first.shape[0]]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def materialise(self) -> torch.Tensor:
+        """Every row as one tensor (what an eager pass returns)."""
+        if self.rest is None:
+            self.rest = self.model.logits_of(self.rest_hidden)
+        return torch.cat([self.first, self.rest])
 
 
 class SpeculativeEngine:
@@ -490,8 +531,9 @@ class SpeculativeEngine:
         return StepResult(tree, verdict, draft_ms, verify_ms, k)
 
     def _target_pass(self, state: DecodeState, tree: DraftTree, to_host: bool):
-        """Logits [1 + n, V]: row 0 = the pending token, row 1 + i = draft node i; and the
-        same rows' last-layer features [1 + n, E] when the drafter reads them (else None)."""
+        """Logits [1 + n, V]: row 0 = the pending token, row 1 + i = draft node i (a long chain's
+        on the CPU as _ChainLogits, projected when the walk reaches them); and the same rows'
+        last-layer features [1 + n, E] when the drafter reads them (else None)."""
         model = self.target.model
         base = state.cache.length
         n = len(tree)
@@ -513,6 +555,9 @@ class SpeculativeEngine:
                 tokens = tokens + [0] * (rows - 1 - n)
                 positions = positions + [base] * (rows - 1 - n)
         features = state.drafter.reads_target_features
+        # (only where the lm_head runs on our row-invariant kernel: torch's BLAS may round a row
+        # differently in products of another height)
+        lazy = tree.is_chain and mask is None and to_host and model.lm_head_on_kernel and n + 1 > CHAIN_LOGITS_FIRST
         out = model.forward(
             torch.tensor(tokens),
             torch.tensor(positions),
@@ -520,9 +565,12 @@ class SpeculativeEngine:
             mask=mask,
             attend_len=attend_len,
             to_host=to_host,
-            return_hidden=features,
+            return_hidden=features or lazy,
+            logits_rows=torch.arange(CHAIN_LOGITS_FIRST) if lazy else None,
         )
-        logits, hidden = out if features else (out, None)
+        logits, hidden = out if features or lazy else (out, None)
+        if lazy:
+            logits = _ChainLogits(model, logits, hidden[CHAIN_LOGITS_FIRST : 1 + n])
         return logits[: 1 + n], (hidden[: 1 + n] if features else None)
 
     def _use_batched_chain(self, tree: DraftTree, params, drop_q: bool) -> bool:

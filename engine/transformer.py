@@ -677,9 +677,20 @@ class Transformer:
         hidden = x
         if logits_rows is not None:
             x = x[logits_rows]
-        logits = self._normed_linear(self.lm_head, x, self.norm).float()
-        logits = logits.cpu() if to_host else logits
+        logits = self.logits_of(x, to_host)
         return (logits, hidden) if return_hidden else logits
+
+    @property
+    def lm_head_on_kernel(self) -> bool:
+        """Whether the lm_head runs on our (row-invariant) CPU kernel."""
+        return isinstance(self.lm_head, Linear) and self.lm_head._kernel is not None
+
+    def logits_of(self, hidden: torch.Tensor, to_host: bool = True) -> torch.Tensor:
+        """[R, E] last-layer rows (forward's return_hidden) -> their logits [R, V] float32: the
+        final norm and the lm_head, as forward ends. Row by row the same bits on our kernels
+        (shape-invariant), so logits computed later for some rows of a pass equal the pass's own."""
+        logits = self._normed_linear(self.lm_head, hidden, self.norm).float()
+        return logits.cpu() if to_host else logits
 
     def prefill(self, token_ids: list[int], cache: KVCache, return_hidden: bool = False):
         """Append token_ids to the cache; returns the logits [V] of the last one

@@ -280,3 +280,44 @@ def test_payload_off_yields_start_and_finish_only(tiny_engine):
     reduced = tiny_engine.run(PROMPT, "int8", max_new_tokens=12, k=3, payload="reduced")
     assert events[-1]["token_ids"] == reduced["token_ids"]
     assert events[-1]["metrics"]["target_passes"] == reduced["metrics"]["target_passes"]
+
+
+def test_a_long_chain_projects_only_the_rows_its_walk_reads(monkeypatch):
+    """A chain's pass on the CPU kernels computes the logits of its first rows and projects the
+    others only when the walk reaches them (decode.CHAIN_LOGITS_FIRST): the same tokens and
+    events as projecting every row with the pass."""
+    from conftest import tiny_hf_model
+
+    from engine import cpu_kernels, decode
+    from engine.decode import SpeculativeEngine
+    from engine.models import LoadedModel, load_model
+    from engine.transformer import ModelConfig, Transformer
+
+    if not cpu_kernels.available():
+        pytest.skip(f"no CPU kernel here: {cpu_kernels.why_unavailable()}")
+    hf = tiny_hf_model()
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
+    assert model.lm_head_on_kernel
+    tokenizer = load_model("default", "float32").tokenizer
+    engine = SpeculativeEngine(LoadedModel("tiny-bf16", model, tokenizer, torch.bfloat16))
+    prompt = [1, 504, 2741, 314, 253, 1345, 28, 504, 2741, 314, 253, 1345, 28, 504, 2741, 314]
+    chains = []
+
+    class Counted(decode._ChainLogits):
+        def __init__(self, *args):
+            super().__init__(*args)
+            chains.append(self)
+
+    monkeypatch.setattr(decode, "_ChainLogits", Counted)
+    runs = {}
+    for first in (5, 100):  # lazy, then every row with the pass
+        monkeypatch.setattr(decode, "CHAIN_LOGITS_FIRST", first)
+        for temperature in (0.0, 1.0):
+            run = engine.run(prompt, "ngram", max_new_tokens=24, k=12, temperature=temperature, seed=3)
+            runs[first, temperature] = [e["emitted"] for e in run["events"] if e["type"] == "step"]
+    for temperature in (0.0, 1.0):
+        assert runs[5, temperature] == runs[100, temperature]
+    assert chains, "no pass took the lazy path"
+    for chain in chains:  # a walk that stopped in the first rows never projected the rest
+        assert chain.rest is None or chain.rest.shape[0] == len(chain) - 5
+    assert any(chain.rest is None for chain in chains)
