@@ -157,35 +157,23 @@ class StepResult:
 class _ChainLogits:
     """The logits [1 + n, V] of a chain's pass (see CHAIN_LOGITS_FIRST): the first rows computed
     with the pass, the others from their last-layer rows [rest, E] in one product the first time
-    the walk reads one of them. Rows read like a tensor's: chain[i] -> [V] float32."""
+    the walk reads one of them. Read row by row like a tensor: chain[i] -> [V] float32."""
 
     def __init__(self, model: Transformer, first: torch.Tensor, rest_hidden: torch.Tensor):
         self.model = model
         self.first = first  # [CHAIN_LOGITS_FIRST, V]
         self.rest_hidden = rest_hidden  # [1 + n - CHAIN_LOGITS_FIRST, E]
-        self.rest: torch.Tensor | None = None
-        self.shape = (first.shape[0] + rest_hidden.shape[0], first.shape[1])
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return self if i.indices(self.shape[0]) == (0, self.shape[0], 1) else self.materialise()[i]
-        i = int(i)
-        if i < 0:
-            i += self.shape[0]
-        if i < self.first.shape[0]:
-            return self.first[i]
-        if self.rest is None:
-            self.rest = self.model.logits_of(self.rest_hidden)
-        return self.rest[i - self.first.shape[0]]
+        self.rest: torch.Tensor | None = None  # [1 + n - CHAIN_LOGITS_FIRST, V] once projected
 
     def __len__(self) -> int:
-        return self.shape[0]
+        return self.first.shape[0] + self.rest_hidden.shape[0]
 
-    def materialise(self) -> torch.Tensor:
-        """Every row as one tensor (what an eager pass returns)."""
+    def __getitem__(self, row: int) -> torch.Tensor:
+        if row < self.first.shape[0]:
+            return self.first[row]
         if self.rest is None:
             self.rest = self.model.logits_of(self.rest_hidden)
-        return torch.cat([self.first, self.rest])
+        return self.rest[row - self.first.shape[0]]
 
 
 class SpeculativeEngine:
@@ -569,9 +557,10 @@ class SpeculativeEngine:
             logits_rows=torch.arange(CHAIN_LOGITS_FIRST) if lazy else None,
         )
         logits, hidden = out if features or lazy else (out, None)
+        features = hidden[: 1 + n] if features else None
         if lazy:
-            logits = _ChainLogits(model, logits, hidden[CHAIN_LOGITS_FIRST : 1 + n])
-        return logits[: 1 + n], (hidden[: 1 + n] if features else None)
+            return _ChainLogits(model, logits, hidden[CHAIN_LOGITS_FIRST : 1 + n]), features
+        return logits[: 1 + n], features
 
     def _use_batched_chain(self, tree: DraftTree, params, drop_q: bool) -> bool:
         mode = self.chain_verifier

@@ -620,12 +620,12 @@ class Transformer:
         # the tree mask: for a few tokens torch's SDPA spent 40-55 us per layer on setup,
         # and a prefill then runs its layers in one C call too (a 130-token prompt:
         # 186-224 -> 161 ms on the avx2 variant), its rows bit for bit what decoding gives them.
-        few_kernel = self._attention_kernel and (mask is not None or attend == end)
-        if few_kernel and mask is not None:
+        kernel_attention = self._attention_kernel and (mask is not None or attend == end)
+        if kernel_attention and mask is not None:
             if mask.shape != (t, attend) or not bool(mask.any(dim=1).all()):
                 raise ValueError(f"mask must be [{t}, {attend}] with at least one allowed position per row")
             mask = mask.to(torch.bool).contiguous()
-        if mask is None and t > 1 and not few_kernel:
+        if mask is None and t > 1 and not kernel_attention:
             # Causal over the new tokens, full view of the committed prefix.
             mask = torch.ones(t, attend, dtype=torch.bool, device=tokens.device)
             mask[:, start:end] = torch.tril(mask[:, start:end])
@@ -638,7 +638,7 @@ class Transformer:
         x = (self.embed[tokens] if x_in is None else x_in).to(self.act_dtype)  # [T, E]
         nq, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         group = nq // nkv
-        stack = self._layer_stack() if few_kernel and fused_rope and x.dtype == torch.float32 else None
+        stack = self._layer_stack() if kernel_attention and fused_rope and x.dtype == torch.float32 else None
         if stack is not None:
             # Every layer in one C call (cpu_kernels.decode_layers): the same steps and numbers
             # as the loop below, without ~1.5 ms of Python per pass around ~150 foreign calls.
@@ -655,7 +655,7 @@ class Transformer:
                 q, k = qk[:nq].to(cache.k.dtype), qk[nq:]  # [H, T, D], [Hkv, T, D]
                 cache.k[li, :, start:end] = k
                 cache.v[li, :, start:end] = v.view(t, nkv, hd).transpose(0, 1)
-            if few_kernel:
+            if kernel_attention:
                 attn = cpu_kernels.attend_few(q, cache.k[li], cache.v[li], attend, mask, check=False)  # [T, H D]
             else:
                 keys = cache.k[li, :, :attend]  # [Hkv, A, D]
