@@ -5,7 +5,7 @@ Two decisions, both made before the target pass that verifies the draft:
 * **K per pass** (``AdaptiveDepth``), chosen for speed from measurements. The engine measures, once
   per loaded model, what a target pass of w tokens costs on this machine (``pass_ms``: it is not
   linear; on a CPU a pass is memory bound up to a few tokens, then compute bound), and the run
-  measures its drafter's cost per drafted level and its acceptance rate alpha (each drafted token's
+  measures its drafter's cost by drafted depth and its acceptance rate alpha (each drafted token's
   chance of surviving, given its parent did: accepted / tested over recent passes, recency-weighted
   by ``RECENCY`` per pass, so a code edit's copy phases and its novel lines each get their own K).
   Then K = argmax over k of (1 + alpha + ... + alpha^k) / (draft_ms(k) + pass_ms[width(k)] + overhead):
@@ -16,7 +16,7 @@ Two decisions, both made before the target pass that verifies the draft:
   are fitted by recency-weighted least squares over the depths the run drafted; while it has drafted
   one depth only, draft_ms(k) is proportional to k. (Proportional throughout, the int8 drafter at
   K = 3 made K = 1 look cheaper than it is, and once there made K = 3 look dearer: some runs stayed
-  at K = 1, 0.90-0.94x the fixed K = 3 on the AVX2 proxy.)
+  at K = 1, 0.91-0.94x the fixed K = 3 on the AVX2 proxy.)
   With cheap wide passes and good guesses K goes deep; where every extra row costs a lot or guesses
   fail, it stays short (n-gram, simulated over the workloads' recorded outputs with the AVX2 host's
   measured pass costs: chat 1.17x instead of 0.98x the baseline for a fixed K = 15, code edits
@@ -137,6 +137,7 @@ class AdaptiveDepth:
         self.alpha_accepted, self.alpha_tested = 1.0, 1.0
         # Per drafted depth d: [recency weight, recency-weighted mean draft ms] (draft_ms(k) fits them)
         self.draft_by_depth: dict[int, list[float]] = {}
+        self._draft_line = (0.0, 0.0)  # (first, deeper) ms, refitted after each timed draft
         # Recency-weighted ms a step spends besides drafting and the target pass itself (verification,
         # cache bookkeeping, events): the same whatever k, so it favours fewer, deeper passes.
         self.step_overhead_ms = 0.0
@@ -153,21 +154,27 @@ class AdaptiveDepth:
         return min(ALPHA_MAX, self.alpha_accepted / self.alpha_tested)
 
     def draft_ms(self, k: int) -> float:
-        """What drafting k levels costs: first + (k - 1) * deeper, the line that fits the mean draft
-        time of each depth drafted (least squares, weighted by recency); proportional to k while a
-        single depth was seen; 0 before any draft was timed."""
+        """What drafting k levels costs: first + (k - 1) * deeper (``_fit_draft_costs``)."""
+        first, deeper = self._draft_line
+        return first + (k - 1) * deeper
+
+    def _fit_draft_costs(self) -> tuple[float, float]:
+        """(first, deeper): the line through the mean draft time of each depth drafted (least
+        squares, weighted by recency); proportional to k while a single depth was seen (first =
+        deeper = the per-level mean); (0, 0) before any draft was timed. Fitted once per update,
+        read for every candidate k."""
         seen = self.draft_by_depth
         total = sum(w for w, _ in seen.values())
         if total <= 0:
-            return 0.0
+            return 0.0, 0.0
         x_mean = sum(w * (d - 1) for d, (w, _) in seen.items()) / total
         y_mean = sum(w * m for w, m in seen.values()) / total
         sxx = sum(w * (d - 1 - x_mean) ** 2 for d, (w, _) in seen.items())
         if sxx <= 1e-9 * total:  # one depth: no slope to fit
-            return k * y_mean / (x_mean + 1)
+            per_level = y_mean / (x_mean + 1)
+            return per_level, per_level
         deeper = max(0.0, sum(w * (d - 1 - x_mean) * (m - y_mean) for d, (w, m) in seen.items()) / sxx)
-        first = max(0.0, y_mean - deeper * x_mean)
-        return first + (k - 1) * deeper
+        return max(0.0, y_mean - deeper * x_mean), deeper
 
     def expected_speed(self, k: int) -> float:
         """Expected tokens per ms of a pass of depth k: (1 + alpha + ... + alpha^k) over the
@@ -235,6 +242,7 @@ class AdaptiveDepth:
                 weight + 1.0,
                 (weight * mean + max(0.0, float(draft_ms))) / (weight + 1.0),
             ]
+            self._draft_line = self._fit_draft_costs()
         self.drafts_seen += 1
         if verify_ms is not None and drafted is not None and 1 + drafted <= len(self.pass_ms):
             extra = max(0.0, float(verify_ms) - self.pass_ms[drafted])
