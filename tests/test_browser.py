@@ -83,7 +83,7 @@ def test_playground_step_through_and_race(app_url, browser, monkeypatch):
     drafter.fill("ngram")
     drafter.press("Enter")
     _set_slider(page, "sl-max-new", 48)
-    page.locator("#sl-run").click()
+    _click_run(page)
     page.wait_for_selector("#sl-stats .sl-badge-running", timeout=120_000)
     page.wait_for_function(
         "() => document.querySelectorAll('#sl-output .sl-tok').length > 0 && "
@@ -103,7 +103,7 @@ def test_playground_step_through_and_race(app_url, browser, monkeypatch):
     # to a larger model's length: a 135M run on a fast CPU can end before the Stop round trip.
     pace_target_passes(monkeypatch)
     _set_slider(page, "sl-max-new", 200)
-    page.locator("#sl-run").click()
+    _click_run(page)
     page.wait_for_function(
         "() => document.querySelector('#sl-stats .sl-badge-running') !== null && "
         "document.querySelectorAll('#sl-output .sl-pass').length >= 3",
@@ -189,7 +189,25 @@ def _start_run(page, app_url: str, prompt: str, drafter: str, max_new: int) -> N
     box.fill(drafter)
     box.press("Enter")
     _set_slider(page, "sl-max-new", max_new)
-    page.locator("#sl-run").click()
+    _click_run(page)
+
+
+def _click_run(page) -> None:
+    """Click Run, waiting up to 2 minutes for it to be clickable (the suite's own runs load both CPU
+    cores, and the page's first render of the recorded trace can take long there). If it never is,
+    say why: disabled (a run of this session still holding it), hidden, or moving."""
+    run = page.locator("#sl-run")
+    try:
+        run.click(timeout=120_000)
+    except Exception as exc:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "run-not-clickable.png"), full_page=True)
+        state = page.evaluate(
+            "() => { const b = document.querySelector('#sl-run'); const r = b.getBoundingClientRect();"
+            " return {disabled: b.disabled, rect: [r.x, r.y, r.width, r.height],"
+            " visibility: document.visibilityState, status: document.querySelector('#sl-status')?.innerText}; }"
+        )
+        raise AssertionError(f"the Run button never became clickable: {state}") from exc
 
 
 def test_closing_the_tab_ends_the_run_within_a_pass_and_frees_its_slot(app_url, browser, target_pass_times):
