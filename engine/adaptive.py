@@ -76,8 +76,9 @@ CALIBRATION_PRIOR = 2.0  # the run's overall acceptance counts as this many draf
 #   depth      it drafted the pass's K levels (or filled the tree budget)
 #   confidence a model drafter's best path fell below the confidence threshold (adaptive only)
 #   no-match   an n-gram lookup found no (longer) continuation
+#   short-match an n-gram draft ended where its match stopped vouching for it (NgramDrafter.per_match)
 #   none       nothing was drafted by design (the baseline; an EAGLE head before any target feature)
-STOP_REASONS = ("depth", "confidence", "no-match", "none")
+STOP_REASONS = ("depth", "confidence", "no-match", "short-match", "none")
 
 
 def check_min_confidence(value) -> float:

@@ -262,7 +262,9 @@ class SpeculativeEngine:
                 try:
                     parts = [int(x) for x in spec.split(":", 1)[1].split(",")]
                 except ValueError:
-                    raise ValueError(f"ngram drafter takes ngram:MAX[,MIN[,WINDOW]], got {spec!r}") from None
+                    parts = []
+                if not 1 <= len(parts) <= 4:
+                    raise ValueError(f"ngram drafter takes ngram:MAX[,MIN[,WINDOW[,PER_MATCH]]], got {spec!r}")
                 if len(parts) == 1:  # ngram:1 means single-token matches only
                     parts.append(min(2, parts[0]))
             return NgramDrafter(*parts, stop_ids=self.special_ids)

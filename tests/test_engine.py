@@ -54,9 +54,32 @@ def test_ngram_tree_respects_shape():
     assert tree.point_mass
 
 
+def test_ngram_draft_is_as_long_as_its_match_vouches_for():
+    """An n-token match drafts at most per_match * n tokens; the step records why it stopped."""
+    copy = list(range(100, 112))  # 12 tokens that followed the match earlier
+    shape = TreeShape(steps=8)
+    # The suffix (7, 8) matches 2 tokens (9, 7, 8 did not occur before): 2 * 2 = 4 tokens.
+    short = [1, 7, 8] + copy + [9, 7, 8]
+    tree = NgramDrafter(max_ngram=6, per_match=2).propose(short, shape, SamplingParams(), None)
+    assert tree.tokens == copy[:4] and tree.stop == "short-match"
+    # The same match with no limit drafts the pass's K.
+    tree = NgramDrafter(max_ngram=6, per_match=0).propose(short, shape, SamplingParams(), None)
+    assert tree.tokens == copy[:8] and tree.stop == "depth"
+    # A 4-token match vouches for 8 tokens: the pass's K.
+    long = [1, 5, 6, 7, 8] + copy + [9, 5, 6, 7, 8]
+    tree = NgramDrafter(max_ngram=6, per_match=2).propose(long, shape, SamplingParams(), None)
+    assert tree.tokens == copy[:8] and tree.stop == "depth"
+    # A continuation that ends before the limit is a lookup that found no more.
+    ends = [1, 7, 8, 100, 101, 9, 7, 8]
+    tree = NgramDrafter(max_ngram=6, per_match=3).propose(ends, shape, SamplingParams(), None)
+    assert tree.tokens == [100, 101, 9, 7, 8] and tree.stop == "no-match"
+
+
 def test_bad_ngram_sizes():
     with pytest.raises(ValueError):
         NgramDrafter(max_ngram=2, min_ngram=3)
+    with pytest.raises(ValueError, match="per_match"):
+        NgramDrafter(per_match=-1)
 
 
 # ------------------------------------------------------------------ bad input
@@ -85,6 +108,18 @@ def test_bad_input_raises_clear_value_error(tiny_engine, prompt, kwargs, match):
 def test_unknown_drafter(tiny_engine):
     with pytest.raises(ValueError, match="unknown drafter"):
         next(iter(tiny_engine.generate("hi", "medusa")))
+
+
+@pytest.mark.parametrize("spec", ["ngram:", "ngram:a", "ngram:6,2,1024,2,9", "ngram:6,2,1024,-1", "ngram:2,3"])
+def test_bad_ngram_spec_says_what_it_takes(tiny_engine, spec):
+    with pytest.raises(ValueError, match="ngram|n-gram|per_match"):
+        tiny_engine.drafter(spec)
+
+
+def test_ngram_spec_sets_the_lookup(tiny_engine):
+    d = tiny_engine.drafter("ngram:4,3,512,0")
+    assert (d.max_ngram, d.min_ngram, d.window, d.per_match) == (4, 3, 512, 0)
+    assert tiny_engine.drafter("ngram:1").max_ngram == 1
 
 
 # ------------------------------------------------------------ events and loop

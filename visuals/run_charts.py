@@ -356,6 +356,7 @@ STOP_STYLE = {
         "stopped: drafter unsure (calibrated confidence below threshold)",
     ),
     "no-match": (PALETTE["not_reached"], "square", "stopped: n-gram lookup found no (longer) match"),
+    "short-match": (PALETTE["drafted"], "diamond", "stopped: n-gram match too short to vouch for more"),
     "none": (SERIES["baseline"], "circle-open", "nothing drafted"),
 }
 

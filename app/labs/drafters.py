@@ -86,7 +86,8 @@ tokens costs more than a pass over one.
 FAMILY_TEXT = {
     "ngram": (
         "**n-gram (prompt lookup)** reads nothing but token ids: it finds the last few tokens of the context earlier "
-        "in the prompt or the answer and proposes what followed them there. No network runs, so a draft token costs "
+        "in the prompt or the answer and proposes what followed them there, more of it the longer the match (two tokens "
+        "per matched token). No network runs, so a draft token costs "
         "next to nothing; it is right when the answer repeats its input (code edits, quoting, summaries) and has "
         "nothing, or the wrong thing, to propose in open chat."
     ),
