@@ -29,6 +29,7 @@ final norm and lm_head rows are the target's, frozen.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import random
@@ -150,9 +151,15 @@ def _jsonl(path: Path) -> list[dict]:
 @torch.inference_mode()
 def _generate_answers(cfg: TrainConfig, hf, engine, prompts: list[dict], path: Path) -> list[dict]:
     """Greedy answers of the target, many prompts per batch (left padded); appended to path as they finish."""
-    done = {row["index"]: row for row in _jsonl(path)}
+    encoded = {i: engine.encode_prompt(p["prompt"]) for i, p in enumerate(prompts)}
+    # A row is reused only for the prompt it answered: another --prompts or --seed reorders the
+    # prompts, and a stale row would train on an old prompt (maybe one now held out).
+    done = {
+        row["index"]: row
+        for row in _jsonl(path)
+        if row["index"] in encoded and row["prompt_ids"] == encoded[row["index"]]
+    }
     todo = [i for i in range(len(prompts)) if i not in done]
-    encoded = {i: engine.encode_prompt(prompts[i]["prompt"]) for i in todo}
     todo.sort(key=lambda i: len(encoded[i]))  # similar lengths per batch: little padding
     eos = sorted(engine.eos_ids)
     pad = eos[0]
@@ -526,11 +533,15 @@ def train_head(cfg: TrainConfig) -> dict:
     del gen_model
     sequences = [r["prompt_ids"] + r["answer_ids"] for r in answers]
     feat_path = work / "features.pt"
-    if feat_path.exists():
+    # The features are reused only for the sequences they were computed from (their digest is saved beside them).
+    digest = hashlib.sha256(json.dumps(sequences).encode()).hexdigest()
+    digest_path = work / "features.sha256"
+    if feat_path.exists() and digest_path.exists() and digest_path.read_text().strip() == digest:
         features = torch.load(feat_path)
     else:
         features = _features(hf, sequences, cfg.batch_tokens)
         torch.save(features, feat_path)
+        digest_path.write_text(digest + "\n")
     vocab_ids = _vocabulary(sequences, cfg.vocab, set(engine.eos_ids), hf.config.vocab_size)
     rms = float(torch.cat([f[:64].float() for f in features[:64]]).pow(2).mean().sqrt())
     model = _Trainable(hf, vocab_ids, rms, cfg.seed)

@@ -138,6 +138,27 @@ def test_train_head_quick_writes_a_head_the_engine_drafts_with(tmp_path, tiny_en
     head = load_head(tiny_engine.target.model, "tiny-random", out)
     assert head.vocab_ids.numel() == 512 and int(head.meta["hidden_size"]) == 64
 
+    # Another seed in the same work folder draws other prompts: every answer row is for its own
+    # prompt (none reused from the first run's prompt at that index), the features are recomputed.
+    work = tmp_path / "w"
+    first_digest = (work / "features.sha256").read_text()
+    again = ["train-head", "--quick", "--seed", "1", "--out", str(out), "--work", str(work)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", *again],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    prompts = json.loads((work / "prompts.json").read_text())
+    rows = {}
+    for line in (work / "answers.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows[row["index"]] = row  # the last row written for an index is the one the run used
+    for i, row in rows.items():
+        assert row["prompt_ids"] == tiny_engine.encode_prompt(prompts[i]["prompt"]), i
+    assert (work / "features.sha256").read_text() != first_digest
+
 
 # ------------------------------------------------------------------ real model
 REAL_HEAD = head_dir("SmolLM2-135M-Instruct")
