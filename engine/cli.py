@@ -103,6 +103,12 @@ def _build_parser() -> argparse.ArgumentParser:
     th.add_argument("--epochs", type=int, default=None, help="passes over the data (default 12)")
     th.add_argument("--vocab", type=int, default=None, help="reduced draft vocabulary size (default 8192)")
     th.add_argument("--unroll", type=int, default=None, help="training-time test steps (default 3)")
+    th.add_argument(
+        "--feature-layers",
+        default=None,
+        help="target layers the head reads, comma-separated, the last layer last; 'last' = the last "
+        "layer alone (EAGLE-1); default: a low / middle / high mix as in EAGLE-3 (1,14,29 for the default model)",
+    )
     th.add_argument("--seed", type=int, default=0)
     th.add_argument("--quick", action="store_true", help="tiny random target, a few prompts: seconds (tests)")
 
@@ -252,6 +258,16 @@ def _train_head(args) -> int:
             if not low <= value <= high:
                 raise ValueError(f"--{name} must be between {low} and {high}")
             setattr(cfg, name, value)
+    if args.feature_layers == "last":
+        cfg.feature_layers = ()
+    elif args.feature_layers:
+        try:
+            cfg.feature_layers = tuple(int(x) for x in args.feature_layers.split(","))
+        except ValueError:
+            raise ValueError(
+                f"--feature-layers takes layer numbers separated by commas (e.g. 1,14,29) or 'last'; "
+                f"got {args.feature_layers!r}"
+            ) from None
     cfg.command = "python -m engine " + " ".join(sys.argv[1:] if sys.argv[1:2] == ["train-head"] else ["train-head"])
     result = train_head(cfg)
     held = result["held_out"]

@@ -737,6 +737,17 @@ class LayerStack:
         self.layers = (_LayerDesc * len(descs))(*descs)
         self.count = len(descs)
         self._keep = keep  # the tensors whose memory the descriptors point into
+        self._segments: dict[tuple[int, int], LayerStack] = {}
+
+    def segment(self, first: int, stop: int) -> LayerStack:
+        """Layers [first, stop) as a stack of their own (run it with the cache from layer
+        `first` on: k[first:], v[first:]); kept, so a pass builds none."""
+        if not 0 <= first < stop <= self.count:
+            raise ValueError(f"no layers [{first}, {stop}) in a stack of {self.count}")
+        key = (first, stop)
+        if key not in self._segments:
+            self._segments[key] = LayerStack(list(self.layers[first:stop]), self._keep)
+        return self._segments[key]
 
     @classmethod
     def build(cls, layers: list[tuple]) -> LayerStack | None:

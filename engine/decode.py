@@ -392,7 +392,9 @@ class SpeculativeEngine:
         t0 = time.perf_counter()
         if len(prompt_ids) > 1:
             if drafter.reads_target_features:
-                _, hidden = self.target.model.prefill(prompt_ids[:-1], cache, return_hidden=True)
+                _, hidden = self.target.model.prefill(
+                    prompt_ids[:-1], cache, return_hidden=True, feature_layers=drafter.feature_layers
+                )
                 drafter.take_features(hidden, 0)
             else:
                 self.target.model.prefill(prompt_ids[:-1], cache)
@@ -557,11 +559,13 @@ class SpeculativeEngine:
             to_host=to_host,
             return_hidden=features or lazy,
             logits_rows=torch.arange(CHAIN_LOGITS_FIRST) if lazy else None,
+            feature_layers=state.drafter.feature_layers if features else None,
         )
         logits, hidden = out if features or lazy else (out, None)
         features = hidden[: 1 + n] if features else None
-        if lazy:
-            return _ChainLogits(model, logits, hidden[CHAIN_LOGITS_FIRST : 1 + n]), features
+        if lazy:  # (the last layer's rows: the last E columns of a feature-layer mix)
+            last = hidden[CHAIN_LOGITS_FIRST : 1 + n, -model.cfg.hidden_size :]
+            return _ChainLogits(model, logits, last), features
         return logits[: 1 + n], features
 
     def _use_batched_chain(self, tree: DraftTree, params, drop_q: bool) -> bool:

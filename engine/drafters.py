@@ -158,10 +158,13 @@ class Drafter:
     # target computed (the prompt at prefill, then the pending token and the accepted
     # path of each verification pass), so drafting costs no extra target work.
     reads_target_features = False
+    # ... and, where it reads several layers (an EAGLE-3-style mix), which: layer indices, the
+    # last layer last (Transformer.forward's feature_layers). None: the last layer alone.
+    feature_layers: tuple[int, ...] | None = None
 
     def take_features(self, hidden: torch.Tensor, first_position: int) -> None:
         """hidden: [m, E] pre-norm last-layer rows of committed positions
-        first_position .. first_position + m - 1."""
+        first_position .. first_position + m - 1 ([m, layers E] with feature_layers)."""
 
     def close(self) -> None:
         """Release per-run buffers."""

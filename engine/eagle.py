@@ -17,6 +17,14 @@ y_j is trained to equal h_{j+1} (feature regression) and q to match the target's
 p (cross-entropy), so drafting deeper feeds the head its own y as the next
 feature: depth d pairs (y of the parent node, the parent's drafted token).
 
+A head may read a mix of target layers instead of the last alone (EAGLE-3's fused
+features; ``train-head --feature-layers 1,14,29``, head format 2): the last layer's
+rows are tuned to predict the next token, earlier layers keep more of what comes
+after it. Then h_j = fc · [RMSNorm(l_j) for each layer l read]  ([layers E] -> [E]),
+computed once when the rows are handed over; the target pass returns those layers'
+outputs side by side (``Transformer.forward(feature_layers=...)``: the layer stack
+split after each, the same bits).
+
 - Embedding, final norm and lm_head rows are the target's, frozen and not
   shipped; the head file holds the fusion, the feature norm, the decoder layer
   (~4 M parameters for SmolLM2-135M) and the reduced vocabulary: the N most
@@ -51,7 +59,9 @@ __all__ = ["HEADS_DIR", "EagleDrafter", "EagleHead", "head_dir", "head_state_nam
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "assets" / "heads"
 HEAD_FILE = "eagle-head.safetensors"
-FORMAT = 1
+# 1: reads the target's last layer; 2: reads a mix of layers (meta "feature_layers", weight "fc.weight").
+FORMAT = 2
+FORMATS = (1, 2)
 
 
 def head_dir(target_name: str) -> Path:
@@ -59,10 +69,11 @@ def head_dir(target_name: str) -> Path:
     return HEADS_DIR / target_name.replace("/", "--")
 
 
-def head_state_names() -> list[str]:
-    """The tensors a head file holds besides `vocab_ids` (names of a one-layer transformers checkpoint)."""
+def head_state_names(mixes_layers: bool = False) -> list[str]:
+    """The tensors a head file holds besides `vocab_ids` (names of a one-layer transformers
+    checkpoint), with the layer-mixing fc where the head reads several target layers."""
     layer = "model.layers.0."
-    return [
+    return (["fc.weight"] if mixes_layers else []) + [
         "fuse.weight",  # [E, 2E]
         "feature_norm.weight",  # [E]
         layer + "input_layernorm.weight",
@@ -95,6 +106,10 @@ class EagleHead:
         self.model = Transformer(head_cfg, layer_state, dtype, device=target.device)
         self.fuse = Linear(state["fuse.weight"].to(device=target.device, dtype=dtype))  # [E, 2E]
         self.feature_norm = state["feature_norm.weight"].to(device=target.device, dtype=self.model.act_dtype)
+        # The target layers it reads (None: the last alone) and the fc that mixes them, [E, layers E].
+        layers = meta.get("feature_layers")
+        self.feature_layers = tuple(int(i) for i in layers.split(",")) if layers else None
+        self.fc = Linear(state["fc.weight"].to(device=target.device, dtype=dtype)) if self.feature_layers else None
         self.eps = cfg.rms_norm_eps
         self.vocab_size = cfg.vocab_size
 
@@ -102,8 +117,18 @@ class EagleHead:
     def parameters(self) -> int:
         """Trained parameters shipped in the head file."""
         layer = self.model.layers[0]
-        mats = (self.fuse, layer.qkv, layer.o, layer.gate_up, layer.down)
+        mats = (self.fuse, layer.qkv, layer.o, layer.gate_up, layer.down) + ((self.fc,) if self.fc else ())
         return sum(m.weight.numel() for m in mats) + 3 * self.feature_norm.numel()
+
+    def target_input(self, rows: torch.Tensor) -> torch.Tensor:
+        """[T, layers E] target rows (forward's feature_layers mix) -> [T, E]: each layer's row
+        RMS-normalised, then mixed by the fc; the last layer's rows pass as they are."""
+        if self.fc is None:
+            return rows
+        act = self.model.act_dtype
+        E = self.feature_norm.shape[0]
+        blocks = F.rms_norm(rows.to(act).unflatten(-1, (-1, E)), (E,), None, self.eps)  # [T, layers, E]
+        return self.fc(blocks.flatten(-2)).to(act)
 
     def fused(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """[T, E] features (target rows or the head's own y) + [T] next tokens -> [T, E] layer input."""
@@ -134,14 +159,33 @@ def load_head(target: Transformer, target_name: str, folder: Path | None = None)
     with safe_open(str(path), framework="pt") as f:
         meta = dict(f.metadata() or {})
         state = {name: f.get_tensor(name) for name in f.keys()}
-    if int(meta.get("format", 0)) != FORMAT:
-        raise ValueError(f"{path} has head format {meta.get('format')!r}; this SpeculativeEngine reads {FORMAT}")
+    fmt = int(meta.get("format", 0)) if str(meta.get("format", "")).isdigit() else 0
+    if fmt not in FORMATS:
+        raise ValueError(f"{path} has head format {meta.get('format')!r}; this SpeculativeEngine reads {FORMATS}")
+    layers = meta.get("feature_layers") if fmt >= 2 else None
+    if layers:
+        try:
+            indices = [int(i) for i in layers.split(",")]
+        except ValueError:
+            indices = []
+        if (
+            not indices
+            or indices[-1] != target.cfg.num_layers - 1
+            or min(indices) < 0
+            or indices != sorted(set(indices))
+        ):
+            raise ValueError(
+                f"{path} reads target layers {layers!r}; this target's are 0..{target.cfg.num_layers - 1}, "
+                "the last one last"
+            )
+    else:
+        meta.pop("feature_layers", None)
     if int(meta.get("hidden_size", -1)) != target.cfg.hidden_size or meta.get("target") != target_name:
         raise ValueError(
             f"{path} was trained for {meta.get('target')!r} (hidden size {meta.get('hidden_size')}), "
             f"not for {target_name!r} (hidden size {target.cfg.hidden_size}); train a head for this target"
         )
-    missing = [n for n in head_state_names() + ["vocab_ids"] if n not in state]
+    missing = [n for n in head_state_names(bool(layers)) + ["vocab_ids"] if n not in state]
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}")
     meta = {k: (json.loads(v) if k == "training" else v) for k, v in meta.items()}
@@ -156,6 +200,7 @@ class EagleDrafter(ModelDrafter):
     def __init__(self, head: EagleHead, name: str = "eagle"):
         super().__init__(head.model, name)
         self.head = head
+        self.feature_layers = head.feature_layers
         self.features: torch.Tensor | None = None  # [capacity, E] target rows by position
         self.known = 0  # positions 0 .. known-1 have target features
         self._y: dict[int, torch.Tensor] = {}  # node (-1 = root) -> head output y [E] it was drawn from
@@ -178,7 +223,7 @@ class EagleDrafter(ModelDrafter):
         if first_position > self.known:
             raise RuntimeError(f"feature gap: have {self.known} positions, got rows from {first_position}")
         end = first_position + hidden.shape[0]
-        self.features[first_position:end] = hidden.to(self.features.dtype)
+        self.features[first_position:end] = self.head.target_input(hidden).to(self.features.dtype)
         self.known = end
         # Pairs the head computed from positions now overwritten must be fed again.
         self.cache.length = min(self.cache.length, first_position)

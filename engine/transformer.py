@@ -585,6 +585,7 @@ class Transformer:
         to_host: bool = True,
         x_in: torch.Tensor | None = None,
         return_hidden: bool = False,
+        feature_layers: tuple[int, ...] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run T new tokens, writing their K/V at slots [cache.length, cache.length + T).
 
@@ -599,6 +600,9 @@ class Transformer:
         return_hidden: also return the last layer's output before the final norm,
                      [T, E] in the activation dtype, every row (the features an
                      EAGLE head reads: engine/eagle.py)
+        feature_layers: with return_hidden, the outputs (the residual stream) of these
+                     layers side by side instead, [T, len(feature_layers) E], the last
+                     layer last (an EAGLE-3-style head reads a low / middle / high mix)
         Inputs may live on the CPU; logits come back as float32 on the CPU (the
         verification and the events are host-side), or stay on the model's device
         with to_host=False (the batched GPU verification). Advances cache.length by T;
@@ -638,12 +642,26 @@ class Transformer:
         x = (self.embed[tokens] if x_in is None else x_in).to(self.act_dtype)  # [T, E]
         nq, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         group = nq // nkv
+        n_layers = len(self.layers)
+        if feature_layers is not None:
+            feature_layers = tuple(int(i) for i in feature_layers)
+            if not feature_layers or feature_layers[-1] != n_layers - 1 or min(feature_layers) < 0:
+                raise ValueError(f"feature_layers must be layer indices ending with the last, {n_layers - 1}")
+        captured: dict[int, torch.Tensor] = {}  # layer -> its output rows [T, E]
+        keep = set(feature_layers[:-1]) if feature_layers and return_hidden else set()
         stack = self._layer_stack() if kernel_attention and fused_rope and x.dtype == torch.float32 else None
         if stack is not None:
             # Every layer in one C call (cpu_kernels.decode_layers): the same steps and numbers
             # as the loop below, without ~1.5 ms of Python per pass around ~150 foreign calls.
+            # Layers whose output is wanted end a call of their own (one more call each).
             x = x.clone() if x_in is not None else x.contiguous()
-            stack.run(x, cos, sin, cache.k, cache.v, start, nq, attend, mask, cfg.rms_norm_eps)
+            first = 0
+            for last in sorted(keep) + [n_layers - 1]:
+                part = stack if (first, last) == (0, n_layers - 1) else stack.segment(first, last + 1)
+                part.run(x, cos, sin, cache.k[first:], cache.v[first:], start, nq, attend, mask, cfg.rms_norm_eps)
+                if last in keep:
+                    captured[last] = x.clone()
+                first = last + 1
         for li, layer in enumerate(self.layers if stack is None else ()):
             qkv = self._normed_linear(layer.qkv, x, layer.attn_norm)  # [T, (H + 2 Hkv) D]
             if fused_rope:
@@ -673,8 +691,10 @@ class Transformer:
                 gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
                 hidden = F.silu(gate) * up
             x = x + layer.down(hidden)
+            if li in keep:
+                captured[li] = x
         cache.length = end
-        hidden = x
+        hidden = torch.cat([captured[i] for i in feature_layers[:-1]] + [x], dim=-1) if keep else x
         if logits_rows is not None:
             x = x[logits_rows]
         logits = self.logits_of(x, to_host)
@@ -692,9 +712,12 @@ class Transformer:
         logits = self._normed_linear(self.lm_head, hidden, self.norm).float()
         return logits.cpu() if to_host else logits
 
-    def prefill(self, token_ids: list[int], cache: KVCache, return_hidden: bool = False):
+    def prefill(
+        self, token_ids: list[int], cache: KVCache, return_hidden: bool = False, feature_layers: tuple | None = None
+    ):
         """Append token_ids to the cache; returns the logits [V] of the last one
-        (and, with return_hidden, the pre-norm last-layer rows [n, E])."""
+        (and, with return_hidden, the pre-norm last-layer rows [n, E], or forward's
+        feature_layers mix [n, layers E])."""
         n = len(token_ids)
         start = cache.length
         rows = torch.tensor([n - 1])
@@ -704,5 +727,6 @@ class Transformer:
             cache,
             logits_rows=rows,
             return_hidden=return_hidden,
+            feature_layers=feature_layers,
         )
         return (out[0][0], out[1]) if return_hidden else out[0]

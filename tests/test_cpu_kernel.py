@@ -340,6 +340,42 @@ def test_layer_stack_equals_the_per_layer_path(variant, weights):
     assert model._layer_stack() is not first
 
 
+def test_feature_layers_are_the_layers_outputs_bit_for_bit(variant):
+    """forward's feature_layers (what an EAGLE-3-style head reads): the layer stack, split after
+    the wanted layers, gives the per-layer path's rows bit for bit; the last layer's rows, the
+    logits and the cache are those of a pass without it."""
+    from conftest import tiny_hf_model
+
+    from engine.transformer import ModelConfig, Transformer
+
+    hf = tiny_hf_model("llama", 512, 0)
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
+    n_layers, E = len(model.layers), model.cfg.hidden_size
+    want = tuple(sorted({0, n_layers // 2, n_layers - 1}))
+    cache = model.new_cache(64)
+    model.prefill(list(range(3, 30)), cache)
+    base = cache.length
+    new, positions = torch.tensor([7, 9, 11, 13]), torch.arange(base, base + 4)
+    runs = []
+    for use_stack, layers in ((True, None), (True, want), (False, want)):
+        cache.length = base
+        if not use_stack:
+            model._layer_stack = lambda: None
+        logits, hidden = model.forward(new, positions, cache, return_hidden=True, feature_layers=layers)
+        model.__dict__.pop("_layer_stack", None)
+        runs.append((logits, hidden, cache.k[:, :, : base + 4].clone(), cache.v[:, :, : base + 4].clone()))
+    plain, split, loop = runs
+    assert split[1].shape == (4, len(want) * E)
+    assert torch.equal(split[1][:, -E:], plain[1])
+    for a, b in zip(split, loop):
+        assert torch.equal(a, b)
+    for a, b in zip(split[::2], plain[::2]):
+        assert torch.equal(a, b)
+    cache.length = base
+    with pytest.raises(ValueError, match="feature_layers"):
+        model.forward(new, positions, cache, return_hidden=True, feature_layers=(0,) if n_layers > 1 else (1,))
+
+
 def test_swiglu_matches_torch(variant):
     """The kernels' SwiGLU against torch's silu(gate) * up, over the range where exp matters."""
     gate_up = torch.randn(5, 2 * 77, generator=torch.Generator().manual_seed(3)) * 6

@@ -159,6 +159,55 @@ def test_train_head_quick_writes_a_head_the_engine_drafts_with(tmp_path, tiny_en
         assert row["prompt_ids"] == tiny_engine.encode_prompt(prompts[i]["prompt"]), i
     assert (work / "features.sha256").read_text() != first_digest
 
+    # The default head reads a mix of the target's layers (EAGLE-3 style; both of the tiny
+    # target's two), `--feature-layers last` the last layer alone (EAGLE-1): each file says which,
+    # the engine hands it those layers' rows, and greedy decoding with it is the target's own.
+    last_only = tmp_path / "last"
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "train-head", "--quick", "--feature-layers", "last", "--out", str(last_only)]
+        + ["--work", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for folder, layers in ((out, (0, 1)), (last_only, None)):
+        head = load_head(tiny_engine.target.model, "tiny-random", folder)
+        assert head.feature_layers == layers and (head.fc is not None) == bool(layers)
+        assert ("layers 0, 1" in (folder / "README.md").read_text()) == bool(layers)
+        tiny_engine.use_eagle_head(head)
+        try:
+            results = list(parity_check(tiny_engine, [PROMPT, "List three fruits."], "eagle", max_new_tokens=16, k=3))
+            assert all(r["identical"] for r in results), results
+            assert tiny_engine.drafter("eagle").feature_layers == layers
+        finally:
+            tiny_engine._head = None
+    bad = subprocess.run(
+        [sys.executable, "-m", "engine", "train-head", "--quick", "--feature-layers", "1,0", "--work", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode != 0 and "feature layers must be increasing" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_training_features_are_the_rows_the_engine_hands_the_head():
+    """The recipe's teacher-forced features (transformers, hooks on the layers) and the engine's
+    forward(feature_layers) are the same rows: the head is trained on what it drafts from."""
+    from conftest import tiny_hf_model
+
+    from engine.train_head import _features
+    from engine.transformer import ModelConfig, Transformer
+
+    hf = tiny_hf_model("llama", 512, 0)
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.float32)
+    last = len(model.layers) - 1
+    layers = tuple(sorted({0, last}))
+    seq = list(range(3, 40))
+    trained_on = _features(hf, [seq], 4096, layers)[0].float()  # float16 rows, as stored
+    _, rows = model.prefill(seq, model.new_cache(48), return_hidden=True, feature_layers=layers)
+    torch.testing.assert_close(rows, trained_on, rtol=2e-3, atol=2e-3)
+
 
 # ------------------------------------------------------------------ real model
 REAL_HEAD = head_dir("SmolLM2-135M-Instruct")

@@ -98,8 +98,8 @@ FAMILY_TEXT = {
         "eat much of what the accepted ones save."
     ),
     "eagle": (
-        "**EAGLE head** is a tiny network trained on the target: it reads the target's own last hidden state from the "
-        "verification pass that just ran plus the embedding of the next token, runs one decoder layer and predicts "
+        "**EAGLE head** is a tiny network trained on the target: it reads the target's own hidden states (a low, a middle and the "
+        "last layer's) from the verification pass that just ran plus the embedding of the next token, runs one decoder layer and predicts "
         "over a reduced vocabulary. It reuses the work the target already did, which is why a draft token costs a "
         "few percent of a target pass, and why it guesses new text that n-gram cannot."
     ),

@@ -112,8 +112,8 @@ ADAPTIVE_INFO = (
 )
 DRAFTER_INFO = (
     "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. int8 is a cheaper "
-    "copy of the target. eagle is a tiny trained head that reads the target's own last hidden state from the "
-    "pass that just verified (no extra target work) and runs one layer, so a guess costs a few percent of a "
+    "copy of the target. eagle is a tiny trained head that reads the target's own hidden states (a low, a middle and "
+    "the last layer's) from the pass that just verified (no extra target work) and runs one layer, so a guess costs a few percent of a "
     "target pass. model:<id> (type any Hub id) is a separate small model."
 )
 
