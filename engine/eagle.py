@@ -27,7 +27,7 @@ split after each, the same bits).
 
 - Embedding, final norm and lm_head rows are the target's, frozen and not
   shipped; the head file holds the fusion, the feature norm, the decoder layer
-  (~4 M parameters for SmolLM2-135M) and the reduced vocabulary: the N most
+  (~4 M parameters for SmolLM2-135M; ~5 M with the layer-mixing fc) and the reduced vocabulary: the N most
   frequent tokens of the training data. q is 0 outside it, which exact
   verification handles like any other q (a token q cannot draft is still
   produced by the target through the residual).

@@ -645,8 +645,11 @@ class Transformer:
         n_layers = len(self.layers)
         if feature_layers is not None:
             feature_layers = tuple(int(i) for i in feature_layers)
-            if not feature_layers or feature_layers[-1] != n_layers - 1 or min(feature_layers) < 0:
-                raise ValueError(f"feature_layers must be layer indices ending with the last, {n_layers - 1}")
+            ordered = list(feature_layers) == sorted(set(feature_layers))
+            if not feature_layers or not ordered or feature_layers[-1] != n_layers - 1 or feature_layers[0] < 0:
+                raise ValueError(
+                    f"feature_layers must be increasing layer indices ending with the last, {n_layers - 1}"
+                )
         captured: dict[int, torch.Tensor] = {}  # layer -> its output rows [T, E]
         keep = set(feature_layers[:-1]) if feature_layers and return_hidden else set()
         stack = self._layer_stack() if kernel_attention and fused_rope and x.dtype == torch.float32 else None
