@@ -46,7 +46,7 @@ from .eagle import FORMAT, HEAD_FILE, head_dir, head_state_names
 from .head_data import build_prompts
 from .transformer import Transformer
 
-__all__ = ["TrainConfig", "default_feature_layers", "train_head"]
+__all__ = ["TrainConfig", "default_feature_layers", "greedy_acceptance", "train_head"]
 
 
 @dataclass
@@ -490,9 +490,16 @@ def _train(cfg: TrainConfig, model: _Trainable, sequences, features, prompt_leng
 def _held_out_acceptance(engine, folder: Path, prompts: list[str], max_new: int) -> dict:
     """Greedy K=4 chains with the new head on held-out prompts, measured with the real engine."""
     from .eagle import load_head
-    from .metrics import summarize_steps
 
     engine.use_eagle_head(load_head(engine.target.model, engine.target.name, folder))
+    return greedy_acceptance(engine, prompts, max_new)
+
+
+def greedy_acceptance(engine, prompts: list[str], max_new: int) -> dict:
+    """The engine's `eagle` drafter (its current head), greedy K=4 chains over `prompts`: tokens per
+    target pass and acceptance by depth, as the model card reports them (docs/bench/eagle_head_fit.py too)."""
+    from .metrics import summarize_steps
+
     steps = []
     for prompt in prompts:
         run = engine.run(prompt, "eagle", max_new_tokens=max_new, k=4, temperature=0.0)

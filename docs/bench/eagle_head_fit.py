@@ -31,23 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from engine.decode import SpeculativeEngine
 from engine.head_data import build_prompts
 from engine.host import host_info
-from engine.metrics import summarize_steps
-from engine.train_head import TrainConfig
+from engine.train_head import TrainConfig, greedy_acceptance
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def measure(engine: SpeculativeEngine, prompts: list[str], tokens: int) -> dict:
-    steps = []
-    for prompt in prompts:
-        run = engine.run(prompt, "eagle", max_new_tokens=tokens, k=4, temperature=0.0)
-        steps += [e for e in run["events"] if e.get("type") == "step"]
-    m = summarize_steps(steps, 4, 1.0)
-    return {
-        "prompts": len(prompts),
-        "tokens_per_pass": round(m["tokens_per_pass"], 3),
-        "acceptance_by_depth": [round(a, 3) if a is not None else None for a in m["acceptance_by_position"]],
-    }
 
 
 def main() -> None:
@@ -64,7 +50,8 @@ def main() -> None:
     rows = []
 
     def add(group: str, kind: str, prompts: list[str]) -> None:
-        row = {"set": group, "kind": kind, **measure(engine, prompts, args.tokens)}
+        m = greedy_acceptance(engine, prompts, args.tokens)
+        row = {"set": group, "kind": kind, **{k: m[k] for k in ("prompts", "tokens_per_pass", "acceptance_by_depth")}}
         rows.append(row)
         print(
             f"{group:<10} {kind:<10} {row['prompts']:>3} prompts  tokens/pass {row['tokens_per_pass']:.3f}"
