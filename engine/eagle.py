@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from .drafters import DraftTree, ModelDrafter
 from .sampling import SamplingParams, probs_from_logits
-from .transformer import Linear, Transformer
+from .transformer import Linear, Transformer, check_feature_layers
 
 __all__ = ["HEADS_DIR", "EagleDrafter", "EagleHead", "head_dir", "head_state_names", "load_head"]
 
@@ -165,19 +165,9 @@ def load_head(target: Transformer, target_name: str, folder: Path | None = None)
     layers = meta.get("feature_layers") if fmt >= 2 else None
     if layers:
         try:
-            indices = [int(i) for i in layers.split(",")]
-        except ValueError:
-            indices = []
-        if (
-            not indices
-            or indices[-1] != target.cfg.num_layers - 1
-            or min(indices) < 0
-            or indices != sorted(set(indices))
-        ):
-            raise ValueError(
-                f"{path} reads target layers {layers!r}; this target's are 0..{target.cfg.num_layers - 1}, "
-                "the last one last"
-            )
+            check_feature_layers(layers.split(","), target.cfg.num_layers)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
     else:
         meta.pop("feature_layers", None)
     if int(meta.get("hidden_size", -1)) != target.cfg.hidden_size or meta.get("target") != target_name:

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from .eagle import FORMAT, HEAD_FILE, head_dir, head_state_names
 from .head_data import build_prompts
-from .transformer import Transformer
+from .transformer import Transformer, check_feature_layers
 
 __all__ = ["TrainConfig", "default_feature_layers", "greedy_acceptance", "train_head"]
 
@@ -579,15 +579,8 @@ def train_head(cfg: TrainConfig) -> dict:
         cfg.feature_layers = default_feature_layers(layers)
     if len(cfg.feature_layers) == 1 and cfg.feature_layers[0] == layers - 1:
         cfg.feature_layers = ()  # the last layer alone: no mix
-    if cfg.feature_layers and (
-        list(cfg.feature_layers) != sorted(set(cfg.feature_layers))
-        or cfg.feature_layers[0] < 0
-        or cfg.feature_layers[-1] != layers - 1
-    ):
-        raise ValueError(
-            f"feature layers must be increasing layer numbers of the target (0..{layers - 1}) ending with "
-            f"the last, {layers - 1}; got {','.join(map(str, cfg.feature_layers))}"
-        )
+    if cfg.feature_layers:
+        cfg.feature_layers = check_feature_layers(cfg.feature_layers, layers)
     out = Path(cfg.out) if cfg.out else head_dir(name)
     all_prompts = build_prompts(cfg.prompts + cfg.held_out, cfg.seed)
     train_prompts, held_prompts = all_prompts[: cfg.prompts], all_prompts[cfg.prompts :]

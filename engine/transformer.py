@@ -416,6 +416,21 @@ class KVCache:
         self.length = dst
 
 
+def check_feature_layers(layers, n_layers: int) -> tuple[int, ...]:
+    """The layers an EAGLE-3-style head reads, as a tuple, or ValueError: increasing layer
+    numbers of a target of n_layers layers, ending with the last one."""
+    try:
+        chosen = tuple(int(i) for i in layers)
+    except (TypeError, ValueError):
+        chosen = ()
+    if not chosen or list(chosen) != sorted(set(chosen)) or chosen[0] < 0 or chosen[-1] != n_layers - 1:
+        raise ValueError(
+            f"feature layers must be increasing layer numbers of the target (0..{n_layers - 1}) ending with "
+            f"the last, {n_layers - 1}; got {layers!r}"
+        )
+    return chosen
+
+
 _LAYER_EDITS = [0]  # bumped whenever a layer's matrix or norm is replaced: stale LayerStacks rebuild
 
 
@@ -644,12 +659,10 @@ class Transformer:
         group = nq // nkv
         n_layers = len(self.layers)
         if feature_layers is not None:
-            feature_layers = tuple(int(i) for i in feature_layers)
-            ordered = list(feature_layers) == sorted(set(feature_layers))
-            if not feature_layers or not ordered or feature_layers[-1] != n_layers - 1 or feature_layers[0] < 0:
-                raise ValueError(
-                    f"feature_layers must be increasing layer indices ending with the last, {n_layers - 1}"
-                )
+            try:
+                feature_layers = check_feature_layers(feature_layers, n_layers)
+            except ValueError as exc:
+                raise ValueError(f"feature_layers: {exc}") from None
         captured: dict[int, torch.Tensor] = {}  # layer -> its output rows [T, E]
         keep = set(feature_layers[:-1]) if feature_layers and return_hidden else set()
         stack = self._layer_stack() if kernel_attention and fused_rope and x.dtype == torch.float32 else None
