@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.models import DEFAULT_MODEL, PRESETS
+from engine.model.loading import DEFAULT_MODEL, PRESETS
 
 __all__ = [
     "ASSETS",
@@ -74,7 +74,7 @@ MAX_CONCURRENT_RUNS = _int_env("SPECLENS_MAX_CONCURRENT_RUNS", 2)
 PRELOAD = _flag_env("SPECLENS_PRELOAD", "1")
 SERVER_NAME = os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")
 SERVER_PORT = _int_env("GRADIO_SERVER_PORT", 7860)
-# A production engine driven through its API (engine.vllm_backend): unset = the vLLM views stay hidden.
+# A production engine driven through its API (engine.vllm.backend): unset = the vLLM views stay hidden.
 VLLM_URL = os.environ.get("SPECLENS_VLLM_URL", "").strip() or None
 VLLM_BASELINE_URL = os.environ.get("SPECLENS_VLLM_BASELINE_URL", "").strip() or None
 

@@ -70,7 +70,7 @@ def use_drafter(engine, drafter: str) -> None:
 
 def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens, adaptive=False):
     """UI / API values -> a validated GenerationSettings (raises gr.Error with the engine's message).
-    adaptive: drafting depth that adapts (engine.adaptive), at the engine's default confidence threshold."""
+    adaptive: drafting depth that adapts (engine.drafters.adaptive), at the engine's default confidence threshold."""
     from engine import GenerationSettings
 
     if seed is None or (isinstance(seed, str) and not seed.strip()):
@@ -103,9 +103,9 @@ def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_toke
 
 
 def start_vllm_generation(prompt, settings) -> Generation:
-    """A run on the vLLM server at config.VLLM_URL (engine.vllm_backend): the same events, with what vLLM
+    """A run on the vLLM server at config.VLLM_URL (engine.vllm.backend): the same events, with what vLLM
     does not expose (rejected drafts, q, u) marked absent in the start event."""
-    from engine.vllm_backend import VllmBackend, VllmError
+    from engine.vllm.backend import VllmBackend, VllmError
 
     if not config.VLLM_URL:
         raise gr.Error("No vLLM server is configured: set SPECLENS_VLLM_URL to its base URL.")
@@ -124,7 +124,7 @@ class Generation:
         self._events = events
 
     def __iter__(self) -> Iterator[dict]:
-        from engine.vllm_backend import VllmError
+        from engine.vllm.backend import VllmError
 
         try:
             yield from self._events

@@ -21,7 +21,7 @@ __all__ = ["ModelRegistry", "REGISTRY", "preload", "prepare_drafter", "resolve_d
 
 
 def _models():
-    from engine import models
+    from engine.model import loading as models
 
     return models
 

@@ -20,11 +20,11 @@ __all__ = ["GenerationSettings", "SpeculativeEngine", "load_model", "ModelLoadEr
 
 def __getattr__(name):
     if name in ("GenerationSettings", "SpeculativeEngine"):
-        from . import decode
+        from engine import decode
 
         return getattr(decode, name)
     if name in ("load_model", "ModelLoadError"):
-        from . import models
+        from engine.model import loading as models
 
         return getattr(models, name)
     raise AttributeError(name)

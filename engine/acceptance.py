@@ -3,7 +3,7 @@
 Notation everywhere in SpecLens: ``p`` is the target model's distribution, ``q``
 the drafter's. Every function here is pure and deterministic given its inputs
 (the uniforms ``u`` are passed in), so the decode loop, the tests and the labs
-replay a decision exactly. The batched verifier (``engine.batched_verifier``,
+replay a decision exactly. The batched verifier (``engine.kernels.batched_verifier``,
 torch reference and Triton kernel) mirrors ``accept_probability`` and the
 residual for chains and is tested equal to this walk.
 
@@ -66,7 +66,6 @@ def verify_children(
     u: list[float],
     greedy: bool,
     point_mass: bool = False,
-    drop_q: bool = False,
 ) -> tuple[int | None, torch.Tensor, list[dict]]:
     """Verify the children of one tree node (a chain is a tree of single children).
 
@@ -76,9 +75,6 @@ def verify_children(
     child_ids:  the children's token ids, in the order they were drawn
     u:          one uniform in [0, 1) per child (unused when greedy)
     point_mass: the children are deterministic proposals (n-gram), see the module docstring
-    drop_q:     NEGATIVE CONTROL ONLY (the labs and tests show what a lossy shortcut
-                looks like): accept with min(1, p(c)) and fall back to p itself,
-                ignoring q. The output is then NOT distributed as p.
     Returns (index of the accepted child or None, the distribution the extra token
     is drawn from after all rejections, one record per child tried). A record holds
     the numbers the test compared: ``p_eff``, ``q_eff``, ``accept_prob``, ``u`` (None
@@ -104,14 +100,10 @@ def verify_children(
             q_j = torch.zeros_like(p)
             q_j[c] = 1.0
         p_c, q_c = float(p_j[c]), float(q_j[c])
-        accept_prob = min(1.0, p_c) if drop_q else accept_probability(p_c, q_c)
-        records.append(
-            {"p_eff": p_c, "q_eff": q_c, "accept_prob": accept_prob, "u": float(u[j]), "adjusted": j > 0 and not drop_q}
-        )
+        accept_prob = accept_probability(p_c, q_c)
+        records.append({"p_eff": p_c, "q_eff": q_c, "accept_prob": accept_prob, "u": float(u[j]), "adjusted": j > 0})
         if u[j] < accept_prob:
             return j, p_j, records
-        if drop_q:
-            continue
         p_j = residual(p_j, q_j)
         if point_mass:
             continue

@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from engine import paths
+
 __all__ = ["main"]
 
 
@@ -18,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _dtypes() -> tuple[str, ...]:
-    from .models import DTYPES
+    from engine.model.loading import DTYPES
 
     return DTYPES
 
@@ -139,35 +141,40 @@ def _read_prompts(path: str) -> list[str]:
 
 
 def _default_parity_prompts() -> list[str]:
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "assets" / "parity_prompts.jsonl"
+    path = paths.ASSETS / "parity_prompts.jsonl"
     return _read_prompts(str(path))
+
+
+def settings_from_args(args):
+    """The run's GenerationSettings from generate's or parity's arguments (the one place they are built)."""
+    from engine.settings import GenerationSettings
+
+    return GenerationSettings(
+        max_new_tokens=args.max_new_tokens,
+        k=args.steps or args.k,
+        topk=args.topk,
+        num_draft_tokens=args.num_draft_tokens,
+        temperature=getattr(args, "temperature", 0.0),
+        top_p=getattr(args, "top_p", 1.0),
+        top_k=getattr(args, "top_k", 0),
+        seed=getattr(args, "seed", None),
+        chat=not args.no_chat,
+        strict=args.strict,
+        adaptive=args.adaptive,
+        adaptive_min_confidence=args.adaptive_min_confidence,
+    )
 
 
 def _generate(args, engine, backend=None) -> int:
     """engine: our SpeculativeEngine; backend: a VllmBackend instead (same events, same output)."""
-    from . import trace as trace_io
-    from .decode import GenerationSettings
+    from engine import trace as trace_io
 
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
+    settings = settings_from_args(args)
     events_out = open(args.events, "w", encoding="utf-8") if args.events else None
     try:
         for prompt in prompts:
-            settings = GenerationSettings(
-                max_new_tokens=args.max_new_tokens,
-                k=args.steps or args.k,
-                topk=args.topk,
-                num_draft_tokens=args.num_draft_tokens,
-                temperature=args.temperature,
-                top_p=args.top_p,
-                top_k=args.top_k,
-                seed=args.seed,
-                chat=not args.no_chat,
-                strict=args.strict,
-                adaptive=args.adaptive,
-                adaptive_min_confidence=args.adaptive_min_confidence,
-            )
             events = []
             run = backend.generate(prompt, settings) if backend else engine.generate(prompt, args.drafter, settings)
             for event in run:
@@ -207,7 +214,7 @@ def _generate(args, engine, backend=None) -> int:
 
 
 def _parity(args, engine) -> int:
-    from .parity import parity_check
+    from engine.tools.parity import parity_check
 
     if args.prompt:
         prompts = args.prompt
@@ -220,14 +227,7 @@ def _parity(args, engine) -> int:
         engine,
         prompts,
         drafter=args.drafter,
-        max_new_tokens=args.max_new_tokens,
-        k=args.steps or args.k,
-        topk=args.topk,
-        num_draft_tokens=args.num_draft_tokens,
-        strict=args.strict,
-        chat=not args.no_chat,
-        adaptive=args.adaptive,
-        adaptive_min_confidence=args.adaptive_min_confidence,
+        settings=settings_from_args(args),
     ):
         results.append(result)
         if args.json:
@@ -249,7 +249,7 @@ def _parity(args, engine) -> int:
 def _train_head(args) -> int:
     import subprocess
 
-    from .train_head import TrainConfig, train_head
+    from engine.training.train_head import TrainConfig, train_head
 
     cfg = TrainConfig(target=args.target, out=args.out, work=args.work, seed=args.seed, quick=args.quick)
     for name, low, high in (("prompts", 8, 100_000), ("epochs", 1, 50), ("vocab", 256, 262_144), ("unroll", 1, 8)):
@@ -281,7 +281,7 @@ def _train_head(args) -> int:
 
 
 def _check_adaptive(args) -> None:
-    from .adaptive import check_min_confidence
+    from engine.drafters.adaptive import check_min_confidence
 
     try:
         check_min_confidence(args.adaptive_min_confidence)
@@ -291,7 +291,7 @@ def _check_adaptive(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    from .models import ModelLoadError, load_model
+    from engine.model.loading import ModelLoadError, load_model
 
     try:
         if args.command == "prepare":
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"default model ready ({'cache hit' if first.from_cache else 'cache built'} in {t1 - t0:.1f} s, "
                 f"reload {t2 - t1:.1f} s), weights {first.weight_kind}, cache {first.source.get('cache')}"
             )
-            from . import cpu_kernels
+            from engine.kernels import cpu_kernels
 
             kernel = cpu_kernels.describe()
             print(f"CPU kernel: {kernel['variant'] or 'none'} ({kernel['reason']}); {kernel['label']}")
@@ -315,10 +315,10 @@ def main(argv: list[str] | None = None) -> int:
             return _train_head(args)
         if args.command in ("generate", "parity"):
             _check_adaptive(args)  # before any model loads: a bad threshold fails in a moment
-        from .decode import SpeculativeEngine
+        from engine.decode import SpeculativeEngine
 
         if args.command == "bench":
-            from .bench import SYSTEMS, format_table, run_bench
+            from engine.tools.bench import SYSTEMS, format_table, run_bench
 
             systems = args.systems.split(",") if args.systems else None
             if systems and any(s not in SYSTEMS for s in systems):
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate" and args.prompt is not None and not args.prompt.strip():
             raise ValueError("prompt is empty")
         if args.command == "generate" and args.vllm_url is not None:
-            from .vllm_backend import VllmBackend, VllmError
+            from engine.vllm.backend import VllmBackend, VllmError
 
             try:
                 return _generate(args, None, VllmBackend(args.vllm_url or None))

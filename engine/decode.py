@@ -22,25 +22,29 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
-from . import events
-from .adaptive import AdaptiveDepth, check_min_confidence, verified_outcomes
-from .drafters import Drafter, DraftTree, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_weights
-from .eagle import EagleDrafter, EagleHead, load_head
-from .host import host_info
-from .metrics import summarize_steps
-from .models import LoadedModel, check_same_vocab, load_model
-from .pass_timing import pass_costs_ms
-from .sampling import SamplingParams, probs_from_logits
-from .transformer import KVCache, Transformer
-from .verification import Verdict, verify_chain_batched, walk_tree
+from engine import events
+from engine.acceptance import verify_children
+from engine.drafters import Drafter, DraftTree, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_weights
+from engine.drafters.adaptive import AdaptiveDepth, verified_outcomes
+from engine.drafters.eagle import EagleDrafter, EagleHead, load_head
+from engine.host import host_info
+from engine.kernels import cpu_kernels
+from engine.metrics import summarize_steps
+from engine.model.loading import LoadedModel, check_same_vocab, load_model
+from engine.model.pass_timing import pass_costs_ms
+from engine.model.transformer import KVCache, Transformer
+from engine.sampling import SamplingParams, probs_from_logits
+from engine.settings import GenerationSettings
+from engine.verification import Verdict, verify_chain_batched, walk_tree
 
 __all__ = ["DecodeState", "GenerationSettings", "OutOfMemory", "SpeculativeEngine", "StepResult"]
 
-MAX_NEW_TOKENS = 4096
+
 # A chain's verification reads the target's logits row by row and stops at the first rejection:
 # rows past it are never used. On the CPU the lm_head product (49152 x 576 for the default model)
 # is a sixth of a 16-token pass on the avx2 kernels, and up to a few rows it costs what one row
@@ -52,69 +56,6 @@ CHAIN_LOGITS_FIRST = 5
 
 class OutOfMemory(RuntimeError):
     """The accelerator ran out of memory; the message suggests smaller settings."""
-
-
-@dataclass
-class GenerationSettings:
-    """Everything a run depends on. Validated by ``validate``; bad values raise ValueError."""
-
-    max_new_tokens: int = 64
-    k: int = 4  # draft depth (SGLang's --steps); a chain drafts K tokens
-    topk: int = 1  # branching per node; 1 = chain
-    num_draft_tokens: int | None = None  # tree budget; None = K * topk
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    chat: bool = True
-    payload: str = "full"  # "full" (top-k of p and q, token texts), "reduced", or "off" (start and finish only)
-    strict: bool = False  # shape-invariant target passes: bitwise greedy parity in any dtype
-    max_prompt_tokens: int | None = None
-    # Drafting that adapts (engine.adaptive): each pass drafts the depth in [1, k] with the most expected
-    # tokens per measured ms, and a model drafter stops deeper when its best path's calibrated cumulative
-    # q is below adaptive_min_confidence.
-    adaptive: bool = False
-    adaptive_min_confidence: float = 0.3
-
-    def validate(self) -> tuple[SamplingParams, TreeShape]:
-        params = SamplingParams(self.temperature, self.top_k, self.top_p)
-        for name in ("max_new_tokens", "k", "topk", "num_draft_tokens", "seed"):
-            value = getattr(self, name)
-            if value is None and name in ("num_draft_tokens", "seed"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                if isinstance(value, float) and value.is_integer():
-                    setattr(self, name, int(value))
-                else:
-                    raise ValueError(f"{name} must be an integer, got {value!r}")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be an integer between 0 and 2**63 - 1, got {self.seed!r}")
-        if self.payload not in ("full", "reduced", "off"):
-            raise ValueError(f"payload must be 'full', 'reduced' or 'off', got {self.payload!r}")
-        if not isinstance(self.adaptive, bool):
-            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
-        self.adaptive_min_confidence = check_min_confidence(self.adaptive_min_confidence)
-        return params, TreeShape(self.k, self.topk, self.num_draft_tokens)
-
-    def adaptive_depth(self, shape: TreeShape, pass_ms=None, level_nodes: int | None = None) -> AdaptiveDepth | None:
-        """A fresh adaptive-depth policy for one run of this shape, or None when drafting does not adapt.
-        pass_ms: measured target pass times by width (index w - 1; SpeculativeEngine.pass_costs_ms);
-        level_nodes: draft nodes each level past the first adds (SpeculativeEngine.level_nodes)."""
-        if not self.adaptive:
-            return None
-        return AdaptiveDepth(
-            shape.steps,
-            self.adaptive_min_confidence,
-            pass_ms=pass_ms,
-            branching=shape.topk,
-            budget=shape.max_tokens,
-            level_nodes=level_nodes,
-        )
-
-    def merged(self, overrides: dict) -> GenerationSettings:
-        return GenerationSettings(**{**asdict(self), **overrides}) if overrides else self
 
 
 @dataclass
@@ -236,7 +177,7 @@ class SpeculativeEngine:
         """The pass costs an adaptive run of this shape weighs (None when not adaptive, or for the
         baseline, which drafts nothing). Strict runs pad every pass to the full width, so every
         depth costs that width's pass."""
-        if not settings.adaptive or isinstance(drafter, NoDrafter):
+        if not settings.adaptive or not drafter.drafts:
             return None
         width = shape.max_tokens + 1
         costs = self.pass_costs_ms(width)
@@ -404,7 +345,7 @@ class SpeculativeEngine:
     def _start_info(self, drafter: Drafter, settings, params, shape, seed: int, max_new: int) -> dict:
         model = self.target.model
         return {
-            "mode": "baseline" if isinstance(drafter, NoDrafter) else "speculative",
+            "mode": "speculative" if drafter.drafts else "baseline",
             "target": self.target.name,
             "drafter": drafter.name,
             "dtype": self.target.weight_kind,
@@ -415,7 +356,7 @@ class SpeculativeEngine:
             "tree": {"steps": shape.steps, "topk": shape.topk, "budget": shape.max_tokens},
             "eos_ids": sorted(self.eos_ids),
             "max_new_tokens": max_new,
-            "host": host_info(model.device),
+            "host": host_info(model.device, cpu_kernels.variant()),
         }
 
     def _kept(self, emitted: list[dict], produced: int, max_new: int) -> tuple[int, bool]:
@@ -472,14 +413,14 @@ class SpeculativeEngine:
                 if eos:
                     stop_reason = "eos"
                     break
-            k = 0 if isinstance(drafter, NoDrafter) else shape.steps
+            k = shape.steps if drafter.drafts else 0
             metrics = summarize_steps(steps, k, time.perf_counter() - started, prefill_s)
             text = self.tokenizer.decode(generated, skip_special_tokens=True)
             yield events.finish_event(stop_reason, text, generated, metrics)
         finally:
             drafter.close()
 
-    def _step(self, state: DecodeState, drop_q: bool = False) -> StepResult:
+    def _step(self, state: DecodeState, verify_node: Callable | None = None) -> StepResult:
         """One target pass: draft, verify, keep the accepted path in the caches (and let an adaptive
         policy learn from the outcome, for the next pass)."""
         shape = state.adaptive.shape_for_step(state.shape) if state.adaptive else state.shape
@@ -490,7 +431,7 @@ class SpeculativeEngine:
         cache = state.cache
         base = cache.length  # == len(context) - 1: the pending token's position
         n = len(tree)
-        batched = self._use_batched_chain(tree, state.params, drop_q)
+        batched = verify_node is None and self._use_batched_chain(tree, state.params)
         try:
             logits, hidden = self._target_pass(state, tree, to_host=not batched)  # [1 + n, V], [1 + n, E] or None
         except torch.OutOfMemoryError as exc:
@@ -500,7 +441,7 @@ class SpeculativeEngine:
         if batched:
             verdict = verify_chain_batched(logits, tree, state.params, state.gen)
         else:
-            verdict = walk_tree(logits, tree, state.params, state.gen, drop_q)
+            verdict = walk_tree(logits, tree, state.params, state.gen, verify_node or verify_children)
         # Keep the pending token and the accepted path in the target cache; drop the rest.
         cache.length = base + 1 + n
         rows = [0] + [1 + i for i in verdict.path]
@@ -519,7 +460,7 @@ class SpeculativeEngine:
                 round(verify_ms, 3),
                 n,
             )
-        k = 0 if isinstance(state.drafter, NoDrafter) else shape.steps
+        k = shape.steps if state.drafter.drafts else 0
         return StepResult(tree, verdict, draft_ms, verify_ms, k)
 
     def _target_pass(self, state: DecodeState, tree: DraftTree, to_host: bool):
@@ -568,12 +509,12 @@ class SpeculativeEngine:
             return _ChainLogits(model, logits, last), features
         return logits[: 1 + n], features
 
-    def _use_batched_chain(self, tree: DraftTree, params, drop_q: bool) -> bool:
+    def _use_batched_chain(self, tree: DraftTree, params) -> bool:
         mode = self.chain_verifier
         if mode not in ("auto", "batch", "walk"):
             raise ValueError(f"chain_verifier must be auto, batch or walk; got {mode!r}")
-        if not len(tree) or params.greedy or drop_q or mode == "walk" or not tree.is_chain:
-            return False  # trees: siblings are verified one after another (see engine/batched_verifier.py)
+        if not len(tree) or params.greedy or mode == "walk" or not tree.is_chain:
+            return False  # trees: siblings are verified one after another (see engine/kernels/batched_verifier.py)
         return mode == "batch" or self.target.model.device.type == "cuda"
 
     # ------------------------------------------------------- sampling helpers
@@ -584,7 +525,7 @@ class SpeculativeEngine:
         n_samples: int = 1000,
         n_tokens: int = 1,
         settings: GenerationSettings | None = None,
-        verifier: str = "exact",
+        verify_node: Callable | None = None,
         progress=None,
         **kw,
     ) -> list[tuple[int, ...]]:
@@ -592,13 +533,14 @@ class SpeculativeEngine:
 
         Real speculative sampling (drafts, one target pass, verification), but the
         prompt is prefilled once and both KV caches are rolled back to it before each
-        sample, so thousands of samples are affordable. verifier="drop_q" swaps in a
-        deliberately lossy verifier (the negative control of the lossless lab).
+        sample, so thousands of samples are affordable. verify_node: None for the exact rule, or a
+        replacement for ``acceptance.verify_children`` (the Lossless lab's negative control passes
+        ``engine.tools.exactness.verify_children_ignoring_q``).
         """
         settings = (settings or GenerationSettings()).merged(kw)
         params, shape = settings.validate()
-        if verifier not in ("exact", "drop_q"):
-            raise ValueError(f"verifier must be 'exact' or 'drop_q', got {verifier!r}")
+        if verify_node is not None and not callable(verify_node):
+            raise ValueError(f"verify_node must be None (the exact rule) or a function, got {verify_node!r}")
         if isinstance(n_samples, bool) or not isinstance(n_samples, int) or not 1 <= n_samples <= 100_000:
             raise ValueError(f"n_samples must be between 1 and 100000, got {n_samples!r}")
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 1 <= n_tokens <= 8:
@@ -609,7 +551,7 @@ class SpeculativeEngine:
             raise ValueError("prompt too long for the context window")
         seed = settings.seed if settings.seed is not None else 0
         # One adaptive policy for all samples: K follows the acceptance of the samples before, which
-        # changes how each sample is drafted but not its distribution (engine.adaptive).
+        # changes how each sample is drafted but not its distribution (engine.drafters.adaptive).
         extra = n_tokens + shape.max_tokens + 1
         adaptive = settings.adaptive_depth(
             shape,
@@ -626,7 +568,7 @@ class SpeculativeEngine:
                 drafter_obj.rewind(len(prompt_ids) - 1)
                 out: list[int] = []
                 while len(out) < n_tokens:
-                    result = self._step(state, drop_q=verifier == "drop_q")
+                    result = self._step(state, verify_node)
                     ids = [item["token_id"] for item in result.verdict.emitted(result.tree)]
                     out.extend(ids)
                     state.context.extend(ids)

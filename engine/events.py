@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import torch
 
-from .drafters import DraftTree
-from .trace import EVENT_VERSION
-from .verification import Verdict
+from engine.drafters.base import DraftTree
+from engine.trace import EVENT_VERSION
+from engine.verification import Verdict
 
 __all__ = ["PROB_DIGITS", "TOP_N", "finish_event", "start_event", "step_event", "top_list"]
 

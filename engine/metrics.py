@@ -8,7 +8,7 @@ here and nowhere else.
 
 from __future__ import annotations
 
-from .trace import finish_event, start_event, step_events
+from engine.trace import finish_event, start_event, step_events
 
 __all__ = [
     "batch_throughputs",

@@ -20,14 +20,15 @@ records it and nothing downstream decides again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from .acceptance import residual, verify_children
-from .batched_verifier import verify_batch
-from .drafters import DraftTree
-from .sampling import SamplingParams, probs_from_logits, sample
+from engine.acceptance import residual, verify_children
+from engine.drafters.base import DraftTree
+from engine.kernels.batched_verifier import verify_batch
+from engine.sampling import SamplingParams, probs_from_logits, sample
 
 __all__ = ["Verdict", "verify_chain_batched", "walk_tree"]
 
@@ -68,12 +69,18 @@ class Verdict:
 
 
 def walk_tree(
-    logits: torch.Tensor, tree: DraftTree, params: SamplingParams, gen: torch.Generator, drop_q: bool = False
+    logits: torch.Tensor,
+    tree: DraftTree,
+    params: SamplingParams,
+    gen: torch.Generator,
+    verify_node: Callable = verify_children,
 ) -> Verdict:
     """Walk the draft tree from the root with exact (recursive) rejection sampling.
 
     logits: [1 + n, V] target logits; row 0 = the pending token (the root), row 1 + i = node i.
-    drop_q: the lossy negative control of the labs (see acceptance.verify_children).
+    verify_node: the test of one node's children, ``acceptance.verify_children`` (the exact rule);
+    the Lossless lab and the negative-control tests pass a lossy one
+    (``engine.tools.exactness.verify_children_ignoring_q``) to show what a shortcut does.
     """
     n = len(tree)
     p_rows: dict[int, torch.Tensor] = {}
@@ -90,8 +97,8 @@ def walk_tree(
             break
         u = [] if params.greedy else [float(torch.rand((), generator=gen, dtype=torch.float64)) for _ in children]
         q = tree.q_dists.get(node)
-        chosen, dist, recs = verify_children(
-            p, q if q is not None else p, [tree.tokens[c] for c in children], u, params.greedy, tree.point_mass, drop_q
+        chosen, dist, recs = verify_node(
+            p, q if q is not None else p, [tree.tokens[c] for c in children], u, params.greedy, tree.point_mass
         )
         for c, rec in zip(children, recs):
             records[c], decisions[c] = rec, "rejected"

@@ -120,10 +120,10 @@ run_step "pytest tests/test_batched_verifier.py" 240 "$PY" -m pytest tests/test_
 # 4. Kernel figures on the GPU: compiled kernel vs the torch reference. The accept counts must
 # be equal; a token may differ only where the draw lands within float32 rounding of a CDF
 # boundary (the GPU's parallel scan and torch.cumsum round differently; see the docstring of
-# engine/batched_verifier.py), so every differing row is checked against a float64 CDF.
+# engine/kernels/batched_verifier.py), so every differing row is checked against a float64 CDF.
 run_step "kernel timing" 90 "$PY" - <<'EOF'
 import torch
-from engine.batched_verifier import extra_distribution, verify_batch_reference, verify_batch_triton
+from engine.kernels.batched_verifier import extra_distribution, verify_batch_reference, verify_batch_triton
 
 def bench(fn, *args, reps=50):
     for _ in range(5):

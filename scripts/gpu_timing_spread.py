@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from engine import GenerationSettings, SpeculativeEngine, load_model
-    from engine.pass_timing import _PassBench
+    from engine.model.pass_timing import _PassBench
 
     engine = SpeculativeEngine(load_model(device=args.device))
     print(f"device {engine.target.model.device}, dtype {engine.target.model.dtype}")

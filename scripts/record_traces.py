@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine import SpeculativeEngine  # noqa: E402
 from engine import trace as trace_io  # noqa: E402
-from engine.bench import machine_info  # noqa: E402
+from engine.tools.bench import machine_info  # noqa: E402
 
 EXAMPLES = ROOT / "assets" / "examples.json"
 TRACES = ROOT / "assets" / "traces"

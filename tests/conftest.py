@@ -12,38 +12,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def tiny_hf_model(model_type: str = "llama", vocab_size: int = 49152, seed: int = 0):
-    """A randomly initialised 2-layer transformers model (float32)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    )
-    if model_type == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    model.eval()
-    # Random init gives near-uniform logits; sharpen them so greedy decisions and
-    # rejections are meaningful.
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(8.0)
-    return model
+    """A randomly initialised 2-layer transformers model (float32), sharpened (engine.model.loading)."""
+    return tiny_transformer(model_type, vocab_size, seed)[0]
 
 
 def tiny_transformer(model_type: str = "llama", vocab_size: int = 49152, seed: int = 0):
-    from engine.transformer import ModelConfig, Transformer
+    """(transformers model, our Transformer) of the same random weights: the one tiny target
+    (engine.model.loading.tiny_random_target, which train-head --quick uses too)."""
+    from engine.model.loading import tiny_random_target
 
-    hf = tiny_hf_model(model_type, vocab_size, seed)
-    return hf, Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.float32)
+    return tiny_random_target(vocab_size, seed=seed, model_type=model_type, max_positions=512)
 
 
 @pytest.fixture(scope="session")
@@ -55,13 +33,21 @@ def real_engine():
 
 
 @pytest.fixture(scope="session")
-def tiny_engine(real_engine):
-    """A tiny random target with the real tokenizer (fast engine-level tests)."""
+def default_tokenizer():
+    """The default model's tokenizer alone: no weights loaded (fast tests that only tokenize)."""
+    from engine.model.loading import default_tokenizer
+
+    return default_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(default_tokenizer):
+    """A tiny random target with the real tokenizer (fast engine-level tests, no real weights)."""
     from engine.decode import SpeculativeEngine
-    from engine.models import LoadedModel
+    from engine.model.loading import LoadedModel
 
     _, model = tiny_transformer()
-    return SpeculativeEngine(LoadedModel("tiny-random", model, real_engine.tokenizer, torch.float32))
+    return SpeculativeEngine(LoadedModel("tiny-random", model, default_tokenizer, torch.float32))
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""Drafting that adapts (engine/adaptive.py): the K policy, exactness with it on (greedy parity on a tiny
+"""Drafting that adapts (engine/drafters/adaptive.py): the K policy, exactness with it on (greedy parity on a tiny
 random target and on the real model, chi-square of sampled pairs with a negative control), the step
 events' draft record, the switches (settings, CLI, app) and the K-per-pass chart."""
 
@@ -15,11 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.adaptive import STOP_REASONS, AdaptiveDepth, verified_outcomes
 from engine.decode import GenerationSettings
-from engine.drafters import DraftTree, TreeShape
-from engine.exactness import TEST_LEVEL, chi_square_test, pair_distribution
+from engine.drafters.adaptive import STOP_REASONS, AdaptiveDepth, verified_outcomes
+from engine.drafters.base import DraftTree, TreeShape
+from engine.tools.exactness import TEST_LEVEL, chi_square_test, pair_distribution, verify_children_ignoring_q
 from engine.trace import dumps, loads, step_events
+
+# the exact rule, or the lossy negative control passed to the tree walk in its place
+VERIFIERS = {"exact": None, "drop_q": verify_children_ignoring_q}
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "Write a haiku about autumn leaves."
@@ -131,7 +134,7 @@ def test_wide_shapes_get_interpolated_costs_and_adapt(tiny_engine):
     """Widths past the measured ones are interpolated / extrapolated (a 129-token pass is not timed
     four times at every width), and a wide model-drafter tree adapts without error, its start event
     recording what the policy weighs."""
-    from engine.pass_timing import pass_costs_ms
+    from engine.model.pass_timing import pass_costs_ms
 
     costs = pass_costs_ms(tiny_engine.target.model, 100, repeats=1)
     assert len(costs) == 100 and all(c > 0 for c in costs)
@@ -195,7 +198,7 @@ def layer0_head(engine):
     same seed), a random fusion, the whole vocabulary. Poor drafts, which must still be exact."""
     from conftest import tiny_hf_model
 
-    from engine.eagle import EagleHead
+    from engine.drafters.eagle import EagleHead
 
     hf = tiny_hf_model()
     E = hf.config.hidden_size
@@ -224,8 +227,8 @@ def flat_engine(real_engine):
     from conftest import tiny_hf_model
 
     from engine.decode import SpeculativeEngine
-    from engine.models import LoadedModel
-    from engine.transformer import ModelConfig, Transformer
+    from engine.model.loading import LoadedModel
+    from engine.model.transformer import ModelConfig, Transformer
 
     hf = tiny_hf_model()
     with torch.no_grad():
@@ -284,7 +287,9 @@ def test_payload_off_runs_adapt_too(tiny_engine):
 # --------------------------------------------------------------------- sampling: exactly p
 def _pair_test(engine, drafter: str, verifier: str, n: int, **settings) -> dict:
     """Chi-square of n sampled (x1, x2) against the target's p(x1)·p(x2 | x1)."""
-    samples = engine.sample_next_tokens(REPEAT_PROMPT, drafter, n_samples=n, n_tokens=2, verifier=verifier, **settings)
+    samples = engine.sample_next_tokens(
+        REPEAT_PROMPT, drafter, n_samples=n, n_tokens=2, verify_node=VERIFIERS[verifier], **settings
+    )
     filters = dict(temperature=1.0, top_k=settings["top_k"], chat=False)
 
     def dist(prefix):
@@ -405,7 +410,7 @@ def test_app_and_api_pass_the_switch():
 
 
 def test_bench_skips_eagle_rows_without_a_head(tiny_engine):
-    from engine.bench import ENGINE_SYSTEMS, SYSTEMS, _drop_unavailable_drafters
+    from engine.tools.bench import ENGINE_SYSTEMS, SYSTEMS, _drop_unavailable_drafters
 
     assert {"engine-eagle", "engine-ngram-adaptive", "engine-int8-adaptive", "engine-eagle-adaptive"} <= set(SYSTEMS)
     assert ENGINE_SYSTEMS["engine-int8-adaptive"][1]["adaptive"] is True

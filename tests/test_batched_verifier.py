@@ -1,4 +1,4 @@
-"""Batched chain verification (engine/batched_verifier.py): reference, Triton kernel, exactness.
+"""Batched chain verification (engine/kernels/batched_verifier.py): reference, Triton kernel, exactness.
 
 (a) The torch reference agrees with ``acceptance.verify_chain`` (same uniforms: same
     number of accepted drafts, same extra-token distribution, and the drawn token
@@ -36,9 +36,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine import batched_verifier as kernels
 from engine.acceptance import verify_chain
-from engine.batched_verifier import extra_distribution, inverse_cdf, verify_batch, verify_batch_reference
+from engine.kernels import batched_verifier as kernels
+from engine.kernels.batched_verifier import extra_distribution, inverse_cdf, verify_batch, verify_batch_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 MARGIN = 1e-4  # relative distance kept between a uniform and any decision boundary
@@ -220,7 +220,7 @@ def test_dispatcher_warns_when_interpreter_requested_too_late(monkeypatch):
 def test_module_imports_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
-        "from engine import batched_verifier as kernels\n"
+        "from engine.kernels import batched_verifier as kernels\n"
         "assert not kernels.HAS_TRITON\n"
         "import torch\n"
         "p = torch.softmax(torch.randn(2, 3, 5), -1)\n"

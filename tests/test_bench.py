@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench import ENGINE_SYSTEMS, SYSTEMS, format_table, run_bench
+from engine.tools.bench import ENGINE_SYSTEMS, SYSTEMS, format_table, run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW_KEYS = {

@@ -1,4 +1,4 @@
-"""Our CPU decoding kernels (engine/cpu_kernels.py, engine/csrc/), every variant this CPU runs.
+"""Our CPU decoding kernels (engine/kernels/cpu_kernels.py, engine/kernels/csrc/), every variant this CPU runs.
 
 (a) The products match float32 references: odd sizes, bias, float32 in/out, the
     fused RMSNorm, int8 weights against outlier activations.
@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import cpu_kernels
-from engine.transformer import Linear
+from engine.kernels import cpu_kernels
+from engine.model.transformer import Linear
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,7 +119,7 @@ def test_fused_rms_norm_matches_torch(variant, rows, n_in, n_out):
 
 
 def test_int8_linear_runs_on_the_kernel(variant):
-    from engine.transformer import Int8Linear
+    from engine.model.transformer import Int8Linear
 
     w = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
@@ -183,8 +183,8 @@ def test_bad_inputs_are_refused_with_a_message():
 
 SNIPPET = """
 import torch
-from engine import cpu_kernels
-from engine.transformer import Linear
+from engine.kernels import cpu_kernels
+from engine.model.transformer import Linear
 w = torch.randn(32, 64).to(torch.bfloat16)
 x = torch.randn(3, 64).to(torch.bfloat16)
 lin = Linear(w)
@@ -230,13 +230,13 @@ def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type, weights
     baseline exactly (no near-ties)."""
     from conftest import tiny_hf_model
 
-    from engine.transformer import ModelConfig, Transformer
+    from engine.model.transformer import ModelConfig, Transformer
 
     hf = tiny_hf_model(model_type, 512, 0)
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
     assert model.act_dtype == torch.float32
     if weights == "q4_1":  # every layer matrix quantised to Q4_1 blocks (Qwen2's q/k/v bias kept)
-        from engine.transformer import quantize_q4_1
+        from engine.model.transformer import quantize_q4_1
 
         assert quantize_q4_1(model) == 4 * model.cfg.num_layers
     prompt = list(range(3, 40))
@@ -284,7 +284,7 @@ def test_a_prefill_gives_its_rows_what_decoding_gives_them(variant):
     shorter prefill followed by one-token passes."""
     from conftest import tiny_hf_model
 
-    from engine.transformer import ModelConfig, Transformer
+    from engine.model.transformer import ModelConfig, Transformer
 
     hf = tiny_hf_model("llama", 512, 0)
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
@@ -309,7 +309,7 @@ def test_layer_stack_equals_the_per_layer_path(variant, weights):
     with a rebuilt stack after a matrix is swapped."""
     from conftest import tiny_hf_model
 
-    from engine.transformer import ModelConfig, Transformer, quantize_q4_1
+    from engine.model.transformer import ModelConfig, Transformer, quantize_q4_1
 
     hf = tiny_hf_model("qwen2", 512, 0)  # q/k/v bias: the biased product path too
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16, int8=weights == "int8")
@@ -346,7 +346,7 @@ def test_feature_layers_are_the_layers_outputs_bit_for_bit(variant):
     logits and the cache are those of a pass without it."""
     from conftest import tiny_hf_model
 
-    from engine.transformer import ModelConfig, Transformer
+    from engine.model.transformer import ModelConfig, Transformer
 
     hf = tiny_hf_model("llama", 512, 0)
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
@@ -492,7 +492,7 @@ def test_a_cpu_without_avx2_gets_no_variant(fresh_choice):
 
 
 def test_dtype_auto_is_bf16_wherever_a_kernel_runs(monkeypatch):
-    from engine import models
+    from engine.model import loading as models
 
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)
     monkeypatch.setattr(cpu_kernels, "available", lambda: True)
@@ -505,9 +505,9 @@ def test_dtype_auto_is_bf16_wherever_a_kernel_runs(monkeypatch):
 
 VARIANT_SNIPPET = """
 import torch
-from engine import cpu_kernels
-from engine.models import resolve_dtype
-from engine.transformer import Linear
+from engine.kernels import cpu_kernels
+from engine.model.loading import resolve_dtype
+from engine.model.transformer import Linear
 lin = Linear(torch.randn(32, 64).to(torch.bfloat16))
 print("VARIANT:", cpu_kernels.variant(), lin._kernel is not None, resolve_dtype("auto"))
 print("DESCRIBE:", cpu_kernels.describe())
@@ -625,9 +625,9 @@ def test_default_model_runs_on_its_gguf_q4_1_blocks():
     if not cpu_kernels.available():
         pytest.skip(f"no CPU kernel here: {cpu_kernels.why_unavailable()}")
     from engine import SpeculativeEngine
-    from engine.models import ModelLoadError, default_gguf_path
-    from engine.parity import parity_check
-    from engine.transformer import Q4Linear, use_gguf_q4_1
+    from engine.model.loading import ModelLoadError, default_gguf_path
+    from engine.model.transformer import Q4Linear, use_gguf_q4_1
+    from engine.tools.parity import parity_check
 
     try:
         path = default_gguf_path()

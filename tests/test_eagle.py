@@ -12,11 +12,14 @@ from collections import Counter
 import pytest
 import torch
 
-from engine import cpu_kernels
-from engine.eagle import EagleHead, head_dir, head_state_names, load_head
-from engine.exactness import TEST_LEVEL, chi_square_test, pair_distribution
+from engine.drafters.eagle import EagleHead, head_dir, head_state_names, load_head
+from engine.kernels import cpu_kernels
 from engine.metrics import draft_token_cost
-from engine.parity import parity_check
+from engine.tools.exactness import TEST_LEVEL, chi_square_test, pair_distribution, verify_children_ignoring_q
+from engine.tools.parity import parity_check
+
+# the exact rule, or the lossy negative control passed to the tree walk in its place
+VERIFIERS = {"exact": None, "drop_q": verify_children_ignoring_q}
 
 PROMPT = "Write a haiku about autumn leaves."
 
@@ -92,7 +95,9 @@ def test_one_token_prompt_drafts_nothing_first_then_drafts(tiny_eagle):
 
 def _pair_test(engine, drafter: str, shape: dict, verifier: str, n: int = 1500) -> dict:
     settings = dict(temperature=1.0, top_k=3, seed=7, **shape)
-    samples = engine.sample_next_tokens(PROMPT, drafter, n_samples=n, n_tokens=2, verifier=verifier, **settings)
+    samples = engine.sample_next_tokens(
+        PROMPT, drafter, n_samples=n, n_tokens=2, verify_node=VERIFIERS[verifier], **settings
+    )
 
     def dist(prefix):
         p = engine.next_token_distribution(PROMPT, prefix, temperature=1.0, top_k=3)
@@ -196,8 +201,8 @@ def test_training_features_are_the_rows_the_engine_hands_the_head():
     forward(feature_layers) are the same rows: the head is trained on what it drafts from."""
     from conftest import tiny_hf_model
 
-    from engine.train_head import _features
-    from engine.transformer import ModelConfig, Transformer
+    from engine.model.transformer import ModelConfig, Transformer
+    from engine.training.train_head import _features
 
     hf = tiny_hf_model("llama", 512, 0)
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.float32)
@@ -259,7 +264,7 @@ def test_bfloat16_eagle_parity_is_bitwise_on_our_cpu_kernels():
 
 
 def test_training_prompts_are_reproducible_and_hold_out_what_the_head_is_measured_on():
-    from engine.head_data import build_prompts, held_out_texts
+    from engine.training.head_data import build_prompts, held_out_texts
 
     first, again = build_prompts(300, seed=3), build_prompts(300, seed=3)
     assert first == again and len(first) == 300

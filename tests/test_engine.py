@@ -238,7 +238,7 @@ def test_metrics_theory_column(tiny_engine):
 
 
 def test_batch_tradeoff_measures_and_computes(tiny_engine):
-    from engine.pass_timing import batch_tradeoff
+    from engine.model.pass_timing import batch_tradeoff
 
     result = batch_tradeoff(tiny_engine.target.model, k=3, alpha=0.7, batch_sizes=(1, 2, 4), prefix_len=8, repeats=1)
     assert len(result["pass_ms_1"]) == len(result["pass_ms_k1"]) == 3
@@ -323,10 +323,11 @@ def test_a_long_chain_projects_only_the_rows_its_walk_reads(monkeypatch):
     events as projecting every row with the pass."""
     from conftest import tiny_hf_model
 
-    from engine import cpu_kernels, decode
+    from engine import decode
     from engine.decode import SpeculativeEngine
-    from engine.models import LoadedModel, load_model
-    from engine.transformer import ModelConfig, Transformer
+    from engine.kernels import cpu_kernels
+    from engine.model.loading import LoadedModel, load_model
+    from engine.model.transformer import ModelConfig, Transformer
 
     if not cpu_kernels.available():
         pytest.skip(f"no CPU kernel here: {cpu_kernels.why_unavailable()}")

@@ -70,7 +70,7 @@ def test_calculator_bad_input_warns_and_changes_nothing():
 
 def test_toy_sampler_converges_to_p_and_counts_add_up():
     from app.labs import explain
-    from engine.exactness import toy_sampling
+    from engine.tools.exactness import toy_sampling
 
     tokens, p, q = explain.parse_toy_table(explain.TOY_DEFAULT)
     counts = toy_sampling(p, q, n=1000, seed=1)
@@ -106,7 +106,7 @@ def test_toy_sampler_rejects_bad_tables_with_a_warning(table, message):
 
 
 def test_chi_square_pools_small_cells_and_flags_samples_off_support():
-    from engine.exactness import chi_square_test
+    from engine.tools.exactness import chi_square_test
 
     p = {1: 0.5, 2: 0.3, 3: 0.15, 4: 0.03, 5: 0.02}
     exact = chi_square_test({1: 50, 2: 30, 3: 15, 4: 3, 5: 2}, p, 100)

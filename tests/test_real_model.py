@@ -14,9 +14,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine import cpu_kernels
-from engine.models import DEFAULT_MODEL, ModelLoadError, cache_dir, check_same_vocab, load_model
-from engine.parity import parity_check
+from engine.kernels import cpu_kernels
+from engine.model.loading import DEFAULT_MODEL, ModelLoadError, check_same_vocab, load_model
+from engine.paths import cache_dir
+from engine.tools.parity import parity_check
 
 ROOT = Path(__file__).resolve().parent.parent
 PARITY_PROMPTS = [

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import tiny_transformer
 
-from engine.drafters import DraftTree
+from engine.drafters.base import DraftTree
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -100,7 +100,7 @@ def test_cache_capacity_is_enforced():
 
 
 def test_int8_linear_is_close_to_full_precision():
-    from engine.transformer import Int8Linear, Linear
+    from engine.model.transformer import Int8Linear, Linear
 
     w = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
@@ -117,8 +117,8 @@ def test_torch_ops_only_computes_the_same_pass():
     whose matrices sit on our bf16 kernel refuses it."""
     from conftest import tiny_hf_model
 
-    from engine import cpu_kernels
-    from engine.transformer import ModelConfig, Transformer
+    from engine.kernels import cpu_kernels
+    from engine.model.transformer import ModelConfig, Transformer
 
     hf, ours = tiny_transformer()
     plain = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.float32)

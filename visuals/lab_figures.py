@@ -2,7 +2,7 @@
 
 Plotly only, like the rest of visuals: each function takes plain numbers or a trace and returns a
 figure in the common style (style.apply_layout). The numbers themselves (sample counts, test
-results, pass times) are computed elsewhere (engine.exactness, engine.pass_timing) and only
+results, pass times) are computed elsewhere (engine.tools.exactness, engine.model.pass_timing) and only
 drawn here.
 """
 
@@ -129,7 +129,7 @@ def _toy_output_bars(fig: go.Figure, xs: list[int], labels: list[str], counts: d
 
 
 def toy_figure(tokens: list[str], p: list[float], q: list[float], counts: dict | None) -> go.Figure:
-    """The toy p and q as bars, and when sampled (counts from engine.exactness.toy_sampling) what came out."""
+    """The toy p and q as bars, and when sampled (counts from engine.tools.exactness.toy_sampling) what came out."""
     labels = [show_token(t, TOY_LABEL_LEN) for t in tokens]
     xs = list(range(len(tokens)))
     fig = go.Figure()
@@ -197,7 +197,7 @@ def lossless_figure(
 ) -> go.Figure:
     """One histogram per sampler (samplers: kind -> name, in panel order) against the exact p.
 
-    results: kind -> {"counts": {token: count}, "test": engine.exactness.chi_square_test(...)}, for
+    results: kind -> {"counts": {token: count}, "test": engine.tools.exactness.chi_square_test(...)}, for
     the samplers that ran; labels: token id -> text.
     """
     order = sorted(p, key=lambda t: -p[t])
@@ -242,7 +242,7 @@ def lossless_figure(
 
 # ------------------------------------------------------------------------------------- batch, measured
 def measured_batch_figure(report: dict) -> go.Figure:
-    """Throughput vs batch size as measured on real servers (engine.vllm_batch.measure_batches): one line per
+    """Throughput vs batch size as measured on real servers (engine.vllm.batch.measure_batches): one line per
     server with its spread over the repeats, the speedup of the speculative one labelled at each B."""
     sizes = report["batch_sizes"]
     fig = go.Figure()

@@ -1,5 +1,5 @@
 """Charts of a whole run: the output timeline, tokens per target pass, acceptance by draft position,
-and the draft depth K of each pass (drafting that adapts, engine/adaptive.py).
+and the draft depth K of each pass (drafting that adapts, engine/drafters/adaptive.py).
 
 Their numbers come from engine.metrics.run_summary (the finish metrics of a finished run, the same
 aggregation over the steps so far for a partial one), so a chart and the engine's report never disagree.

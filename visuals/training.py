@@ -1,4 +1,4 @@
-"""The EAGLE head's training curves (engine/train_head.py writes them as JSON): loss, and per
+"""The EAGLE head's training curves (engine/training/train_head.py writes them as JSON): loss, and per
 training-time-test step the cross-entropy to the target and the top-1 agreement with it."""
 
 from __future__ import annotations

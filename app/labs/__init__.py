@@ -6,11 +6,11 @@
 * `lossless`: thousands of real next-token samples from plain sampling, speculative sampling and a
   deliberately broken verifier, tested against the target's exact p (chi-square, total variation).
 * `parity`: greedy speculative output against the greedy baseline, prompt by prompt, with the
-  divergence diagnosis of `engine.parity`.
+  divergence diagnosis of `engine.tools.parity`.
 * `batch`: target pass times measured now for several batch sizes; throughputs computed from them.
 
 Each module's `build_tab` lays out its tab and wires its events, called from `ui.build_demo` inside
 its `gr.Tabs()`; the handlers are plain functions (generators for the long runs) so tests can call
 them directly. Long runs share the `model-runs` queue with the Playground and Race, and stop
-cooperatively like them. The statistics live in engine.exactness, the figures in visuals.lab_figures.
+cooperatively like them. The statistics live in engine.tools.exactness, the figures in visuals.lab_figures.
 """

@@ -1,6 +1,6 @@
 """The Batch lab: when does speculation stop paying? Pass times measured now, throughputs computed from them.
 
-engine.pass_timing.measure_pass_times times one target pass for B sequences with 1 and with K + 1 tokens
+engine.model.pass_timing.measure_pass_times times one target pass for B sequences with 1 and with K + 1 tokens
 each (interleaved repeats, median and spread); engine.metrics.batch_throughputs computes the throughputs
 with and without speculation and the verdict from those times, α and the draft time, once: the title,
 the text and the table all read that one result. Changing α or the draft time recomputes it at once from
@@ -173,7 +173,7 @@ def run_batch(
     """Generator: measure pass times per batch size, then compute throughputs; yields (status, figure, rows,
     the measured pass times kept for instant recomputation)."""
     from engine.host import cpu_name
-    from engine.pass_timing import measure_pass_times
+    from engine.model.pass_timing import measure_pass_times
 
     lab = _checked(k, alpha, batch_sizes, draft_ms, repeats)
     if not is_loaded("default", "auto"):
@@ -239,8 +239,8 @@ def run_vllm_batch(batch_sizes, repeats=START["repeats"], run_id: str = "", prog
     computed; yields (status, figure, rows, measured pass times unchanged)."""
     import json
 
-    from engine.vllm_backend import VllmError
-    from engine.vllm_batch import measure_batches
+    from engine.vllm.backend import VllmError
+    from engine.vllm.batch import measure_batches
 
     if not vllm_available():
         raise gr.Error("Set SPECLENS_VLLM_URL and SPECLENS_VLLM_BASELINE_URL to measure real batches on vLLM.")

@@ -2,7 +2,7 @@
 
 The calculator's curves are computed from the formulas (engine.metrics); its measured point is the
 session's last Playground run. The toy example runs exact speculative sampling on a hand-made p and q
-with the engine's own acceptance rule (engine.exactness.toy_sampling).
+with the engine's own acceptance rule (engine.tools.exactness.toy_sampling).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 
 import gradio as gr
 
-from engine.exactness import overlap, toy_sampling
 from engine.metrics import expected_tokens_per_pass, wall_clock_speedup
+from engine.tools.exactness import overlap, toy_sampling
 from visuals import speedup_figure
 from visuals.lab_figures import toy_figure
 

@@ -1,7 +1,7 @@
 """The Lossless lab: real next-token samples from three samplers, tested against the target's exact p.
 
 Plain sampling (the reference), speculative sampling with the exact rule, and a deliberately broken
-verifier that ignores q each draw N real samples of the token after a prompt; engine.exactness
+verifier that ignores q each draw N real samples of the token after a prompt; engine.tools.exactness
 tests each histogram against p (chi-square, total variation), visuals.lab_figures draws them.
 """
 
@@ -12,7 +12,13 @@ from collections import Counter
 
 import gradio as gr
 
-from engine.exactness import TEST_LEVEL, as_distribution, chi_square_test, pair_distribution
+from engine.tools.exactness import (
+    TEST_LEVEL,
+    as_distribution,
+    chi_square_test,
+    pair_distribution,
+    verify_children_ignoring_q,
+)
 from visuals.lab_figures import fmt_pvalue, lossless_figure
 
 from ..config import LAB_SAMPLES_FLOOR, MAX_LAB_SAMPLES
@@ -172,12 +178,13 @@ def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samp
 
 
 def _runs(lab: dict) -> list[tuple[str, str, str, dict]]:
-    """(kind, drafter, verifier, draft shape) of each chosen sampler, in panel order. The broken verifier
+    """(kind, drafter, verifier, draft shape) of each chosen sampler, in panel order: the verifier is None
+    for the exact rule, or the lossy negative control (engine.tools.exactness). The broken verifier
     always drafts with int8 (an n-gram draft's q is a point mass, so ignoring q changes nothing there)."""
     runs = [
-        ("plain", "none", "exact", PLAIN_SHAPE),
-        ("exact", lab["drafter"], "exact", lab["shape"]),
-        ("broken", "int8", "drop_q", lab["shape"]),
+        ("plain", "none", None, PLAIN_SHAPE),
+        ("exact", lab["drafter"], None, lab["shape"]),
+        ("broken", "int8", verify_children_ignoring_q, lab["shape"]),
     ]
     return [run for run in runs if run[0] in lab["chosen"]]
 
@@ -192,7 +199,7 @@ def _sample(engine, lab: dict, run: tuple, tracker) -> dict:
             spec,
             n_samples=lab["n"],
             n_tokens=lab["tokens"],
-            verifier=verifier,
+            verify_node=verifier,
             progress=tracker,
             seed=lab["seed"],
             **lab["settings"],

@@ -1,6 +1,6 @@
 """The Parity lab: greedy speculative decoding must reproduce greedy plain decoding token for token.
 
-For each prompt the lab runs both (engine.parity.parity_check) and, at the first difference, reports
+For each prompt the lab runs both (engine.tools.parity.parity_check) and, at the first difference, reports
 the target's top-2 margin there: a numerical near-tie (rounding picked one of two almost equal tokens)
 or a real mismatch (a bug).
 """
@@ -34,7 +34,7 @@ MAX_PARITY_PROMPTS = 20
 MAX_NEW = 64
 MAX_K = 16
 PROMPT_SHOWN = 60  # characters of a prompt shown in the table
-NEAR_TIE = "numerical near-tie"  # engine.parity's verdicts
+NEAR_TIE = "numerical near-tie"  # engine.tools.parity's verdicts
 REAL_MISMATCH = "real mismatch"
 PARITY_HEADERS = [
     "#",
@@ -142,7 +142,7 @@ def run_parity(
     progress=gr.Progress(),  # noqa: B008
 ):
     """Generator: greedy baseline vs greedy speculative decoding per prompt; yields (status, table rows)."""
-    from engine.parity import parity_check
+    from engine.tools.parity import parity_check
 
     lab = _checked(prompts_text, drafter, dtype, max_new_tokens, k, strict)
     prompts, drafter = lab["prompts"], lab["drafter"]

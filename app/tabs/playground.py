@@ -13,7 +13,7 @@ import time
 import gradio as gr
 
 from engine.metrics import run_summary
-from engine.models import DEFAULT_MODEL, DTYPES, PRESETS
+from engine.model.loading import DEFAULT_MODEL, DTYPES, PRESETS
 from engine.trace import step_events
 from visuals import acceptance_figure, interesting_step_index, tokens_per_pass_figure
 from visuals.lab_figures import message_figure
@@ -456,7 +456,7 @@ def _sampling_controls(c: dict, s: dict) -> None:
 
 def _kernel_note() -> str:
     """Which of our CPU kernel variants computes the passes here, and why (or why none)."""
-    from engine import cpu_kernels
+    from engine.kernels import cpu_kernels
 
     kernel = cpu_kernels.describe()
     if kernel["variant"] is None:
@@ -465,11 +465,11 @@ def _kernel_note() -> str:
 
 
 def memory_plan(target, drafter, dtype, k, topk, budget, max_new_tokens) -> str:
-    """What a run with these settings needs in memory (engine.memory_plan, sized before any load) against
+    """What a run with these settings needs in memory (engine.model.memory_plan, sized before any load) against
     what this machine has free; a plan that does not fit says so with the numbers."""
     if drafter == VLLM_DRAFTER:
         return "*The vLLM server holds its own model and caches: nothing is loaded here.*"
-    from engine.memory_plan import plan_memory
+    from engine.model.memory_plan import plan_memory
 
     try:
         config.check_model_allowed(target or "default")

@@ -2,7 +2,7 @@
 
 The baseline runs first, then the speculative decoder, one after the other on the same machine;
 the speedup shown is measured wall-clock time. With greedy decoding both texts should be identical:
-when they are not, the parity check (engine.parity) says whether a numerical near-tie or a real
+when they are not, the parity check (engine.tools.parity) says whether a numerical near-tie or a real
 mismatch caused it.
 """
 
@@ -140,7 +140,7 @@ def _explain_divergence(result: dict) -> str:
 
 def parity_note(engine, prompt, drafter, settings) -> str:
     """Why two greedy outputs differed, from the parity check on the same prompt and settings."""
-    from engine.parity import parity_check
+    from engine.tools.parity import parity_check
 
     try:
         result = next(

@@ -45,14 +45,14 @@ def child(dtype: str, max_new: int, threads: int | None, clock_name: str) -> dic
         torch.set_num_threads(threads)
     clock = time.process_time if clock_name == "cpu" else time.perf_counter
 
-    from engine import cpu_kernels
     from engine.decode import GenerationSettings, SpeculativeEngine
+    from engine.kernels import cpu_kernels
 
     engine = SpeculativeEngine.load(dtype="bfloat16" if dtype == "q4_1" else dtype)
     model = engine.target.model
     if dtype == "q4_1":
-        from engine.models import default_gguf_path
-        from engine.transformer import use_gguf_q4_1
+        from engine.model.loading import default_gguf_path
+        from engine.model.transformer import use_gguf_q4_1
 
         use_gguf_q4_1(model, default_gguf_path())
     gen = torch.Generator().manual_seed(0)

@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from engine.models import cache_dir
-from engine.train_head import (
+from engine.paths import cache_dir
+from engine.training.train_head import (
     TrainConfig,
     _batches,
     _collate,

@@ -5,7 +5,7 @@
 The head (assets/heads/) is measured with the real engine, greedy, K = 4 chain, exactly as its
 model card's held-out figure, on three sets of prompts:
 
-* its own training prompts (``engine.head_data.build_prompts`` with the recipe's count and seed:
+* its own training prompts (``engine.training.head_data.build_prompts`` with the recipe's count and seed:
   the first ``TrainConfig.prompts`` of them were trained on, 12 epochs), a deterministic sample
   per kind;
 * the held-out prompts (the recipe's last ``TrainConfig.held_out``: generated like the training
@@ -29,9 +29,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from engine.decode import SpeculativeEngine
-from engine.head_data import build_prompts
 from engine.host import host_info
-from engine.train_head import TrainConfig, greedy_acceptance
+from engine.kernels import cpu_kernels
+from engine.training.head_data import build_prompts
+from engine.training.train_head import TrainConfig, greedy_acceptance
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +71,7 @@ def main() -> None:
         add("workload", name, prompts)
     if args.json:
         report = {
-            "host": host_info(engine.target.model.device),
+            "host": host_info(engine.target.model.device, cpu_kernels.variant()),
             "settings": {"k": 4, "greedy": True, "new_tokens": args.tokens, "per_kind": args.per_kind},
             "rows": rows,
         }

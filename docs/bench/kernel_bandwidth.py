@@ -29,8 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from engine import cpu_kernels
-from engine.transformer import Linear, Q4Linear
+from engine.kernels import cpu_kernels
+from engine.model.transformer import Linear, Q4Linear
 
 E, F, V, LAYERS, KV = 576, 1536, 49152, 30, 192  # hidden, MLP, vocabulary, layers, K+V width
 SHAPES = [(E + 2 * KV, E), (E, E), (2 * F, E), (E, F)] * LAYERS + [(V, E)]  # (out, in), pass order

@@ -6,7 +6,7 @@
 #     -DGGML_BMI2=ON -DGGML_AVX512=OFF -DLLAMA_CURL=OFF" .venv/bin/pip install llama-cpp-python
 # torch is capped to AVX2 as well (its own kernels, oneDNN and MKL), so that transformers' rows and
 # "today's float32 path" run what they would run there (oneDNN's bf16 product has no AVX2 fast path:
-# ~10x float32's time, so the hf rows pick float32; see engine/bench.py hf_dtype).
+# ~10x float32's time, so the hf rows pick float32; see engine/tools/bench.py hf_dtype).
 # On a real AVX2-only host `auto` picks avx2 by itself and a native llama.cpp build is AVX2 anyway.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -10,7 +10,7 @@ workloads in assets/workloads.json and the app's examples are held out):
 
 Everything is deterministic for a seed. The answers are generated later by the
 target itself (self-distillation: the head learns the target's own
-distribution), see ``engine.train_head``.
+distribution), see ``engine.training.train_head``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import inspect
 import json
 import random
 import textwrap
-from pathlib import Path
+
+from engine import paths
 
 __all__ = ["build_prompts", "held_out_texts"]
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = paths.ASSETS
 
 TOPICS = """photosynthesis; black holes; the water cycle; volcanoes; the Roman Empire; the printing press;
 compound interest; sourdough bread; composting; the immune system; sleep; honeybees; coral reefs; the moon landing;

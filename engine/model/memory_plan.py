@@ -143,13 +143,14 @@ def _config(target: str):
     Reads only the config (the Hub's cache or network for an id)."""
     from transformers import AutoConfig
 
-    from .models import DEFAULT_MODEL, PRESETS, ModelLoadError, cache_dir
+    from engine.model.loading import DEFAULT_MODEL, PRESETS, ModelLoadError
+    from engine.paths import model_cache
 
     if target in ("default", DEFAULT_MODEL):
-        folder = cache_dir() / "models" / DEFAULT_MODEL
+        folder = model_cache()
         if (folder / "config.json").is_file():
             return AutoConfig.from_pretrained(str(folder)), "float32"  # the cache stores float32 weights
-        from .models import default_gguf_path
+        from engine.model.loading import default_gguf_path
 
         gguf = default_gguf_path()
         return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name), "float32"
@@ -201,7 +202,7 @@ def _weights(target: str) -> dict:
 
 
 def _resolve(dtype: str, device: str) -> tuple[str, str]:
-    from .models import resolve_device, resolve_dtype
+    from engine.model.loading import resolve_device, resolve_dtype
 
     device = resolve_device(device)
     return str(resolve_dtype(dtype, device)).removeprefix("torch."), device
@@ -242,7 +243,7 @@ def plan_memory(
         raise ValueError(f"prompt_tokens must be a positive integer, got {prompt_tokens!r}")
     w = _weights(target)
     wbytes = _DTYPE_BYTES[dtype]
-    attn_bytes = 4 if device == "cpu" else wbytes  # engine/transformer.py: float32 attention on the CPU
+    attn_bytes = 4 if device == "cpu" else wbytes  # engine/model/transformer.py: float32 attention on the CPU
     budget = num_draft_tokens if num_draft_tokens is not None else k * topk
     if drafter in ("none", "", "baseline"):
         budget = 0

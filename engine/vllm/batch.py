@@ -8,7 +8,7 @@ Each B is repeated; the report gives the median and the spread (min, max) over
 repeats. Modes and repeats are interleaved (the order rotates each repeat) so
 machine noise hits both alike. The servers batch the requests themselves
 (continuous batching): this is what speculation costs and buys at real batch
-sizes, not a formula. ``engine.pass_timing.batch_tradeoff`` stays the computed
+sizes, not a formula. ``engine.model.pass_timing.batch_tradeoff`` stays the computed
 fallback when no server is available.
 
 Greedy by default; every request stops at EOS or max_new_tokens like a real
@@ -21,7 +21,7 @@ import statistics
 import threading
 import time
 
-from .vllm_backend import VllmBackend, VllmError
+from engine.vllm.backend import VllmBackend, VllmError
 
 __all__ = ["MAX_BATCH", "measure_batches"]
 

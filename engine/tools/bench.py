@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from .decode import GenerationSettings, SpeculativeEngine
+from engine import config, paths
+from engine.decode import GenerationSettings, SpeculativeEngine
+from engine.host import cpu_flags, cpu_name
 
 __all__ = ["SYSTEMS", "run_bench", "machine_info"]
 
-ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = [
     "engine-baseline",
     "engine-ngram",
@@ -44,7 +43,7 @@ SYSTEMS = [
     "vllm-baseline",
     "vllm-ngram",
 ]
-# vLLM's CPU build beside our engine (engine/vllm_server.py): started by the bench when
+# vLLM's CPU build beside our engine (engine/vllm/server.py): started by the bench when
 # .venv-vllm exists, or reached at SPECLENS_VLLM_URL; vllm-ngram drafts K tokens like engine-ngram.
 VLLM_SYSTEMS = ("vllm-baseline", "vllm-ngram")
 ENGINE_SYSTEMS = {
@@ -57,10 +56,10 @@ ENGINE_SYSTEMS = {
     # Greedy int8 drafts are accepted ~90% of the time, so branching buys little; a 3-node tree
     # keeps the pass at 4 rows (a cheap width for this BLAS: see pass_cost_ms).
     "engine-tree": ("int8", {"k": 2, "topk": 2, "num_draft_tokens": 3}),
-    # The EAGLE head reads the target's own features (engine/eagle.py); K = 4, the depth its
+    # The EAGLE head reads the target's own features (engine/drafters/eagle.py); K = 4, the depth its
     # training reports held-out acceptance for. Skipped with a note when no head exists for the target.
     "engine-eagle": ("eagle", {"k": 4}),
-    # Adaptive depth (engine/adaptive.py) at the same maximum K as the fixed row beside it, so the
+    # Adaptive depth (engine/drafters/adaptive.py) at the same maximum K as the fixed row beside it, so the
     # pair measures the policy alone: each pass drafts the depth in [1, K] with the most expected
     # tokens per measured ms, model drafters stop below the default confidence threshold.
     "engine-ngram-adaptive": ("ngram", {"k": 15, "adaptive": True}),
@@ -103,14 +102,6 @@ def read_bandwidth_gbs(size_mb: int = 256, repeats: int = 10) -> float:
 def machine_info(engine: SpeculativeEngine) -> dict:
     import transformers
 
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     device = engine.target.model.device
     weight_bytes = engine.target.model.weight_bytes
     if device.type == "cuda":
@@ -122,7 +113,7 @@ def machine_info(engine: SpeculativeEngine) -> dict:
         read_bw = round(read_bandwidth_gbs(), 2)
         accel = None
     return {
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "device": str(device),
         "gpu": accel,
         "threads": torch.get_num_threads(),
@@ -137,15 +128,12 @@ def machine_info(engine: SpeculativeEngine) -> dict:
         "cpu_flags": _cpu_flags(),
         # torch's own instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA can cap it: the AVX2 proxy)
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
-        "torch_isa_caps": {k: os.environ[k] for k in _ISA_CAPS if k in os.environ} or None,
+        "torch_isa_caps": config.isa_caps(),
         "weight_bytes_per_pass": weight_bytes,
         "copy_bandwidth_gbs": round(bandwidth, 2),
         "read_bandwidth_gbs": read_bw,
         "roofline_passes_per_s": round(bandwidth * 1e9 / weight_bytes, 2),
     }
-
-
-_ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "SPECLENS_CPU_KERNEL")
 
 
 def hf_dtype(engine: SpeculativeEngine) -> tuple[torch.dtype, str]:
@@ -177,7 +165,7 @@ def hf_dtype(engine: SpeculativeEngine) -> tuple[torch.dtype, str]:
 
 
 def _kernel_variant() -> str | None:
-    from . import cpu_kernels
+    from engine.kernels import cpu_kernels
 
     return cpu_kernels.variant()
 
@@ -185,13 +173,7 @@ def _kernel_variant() -> str | None:
 def _cpu_flags() -> list[str]:
     """The instruction-set flags our kernels (and llama.cpp's, vLLM's) choose by."""
     wanted = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16"}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return sorted(wanted & set(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return []
+    return sorted(wanted & (cpu_flags() or frozenset()))
 
 
 def _cuda_copy_bandwidth_gbs(device, size_mb: int = 1024, repeats: int = 10) -> float:
@@ -225,7 +207,7 @@ class _HF:
         """Load the preset drafter as a transformers model; returns why not, or None."""
         from transformers import AutoModelForCausalLM
 
-        from .models import PRESETS, load_model
+        from engine.model.loading import PRESETS, load_model
 
         name = engine.target.name
         drafter = PRESETS.get(name, {}).get("drafter")
@@ -260,7 +242,7 @@ def _llamacpp(engine):
         return None
     from llama_cpp import Llama
 
-    from .models import default_gguf_path
+    from engine.model.loading import default_gguf_path
 
     return Llama(model_path=str(default_gguf_path()), n_ctx=2048, n_threads=torch.get_num_threads(), verbose=False)
 
@@ -269,14 +251,14 @@ def _vllm_backends(engine, systems: list[str], notes: list[str]) -> tuple[dict, 
     """{system: VllmBackend} for the vLLM rows asked for, and the servers started for them (the
     caller stops them). A server at SPECLENS_VLLM_URL serves the row of its mode; the others are
     started here from .venv-vllm; a row that cannot run is dropped with a note."""
-    from .vllm_backend import ENV_URL, VllmBackend, VllmError
-    from .vllm_server import VllmServer, VllmServerError, ngram_config, why_unavailable
+    from engine.vllm.backend import ENV_URL, VllmBackend, VllmError
+    from engine.vllm.server import VllmServer, VllmServerError, ngram_config, why_unavailable
 
     k = ENGINE_SYSTEMS["engine-ngram"][1]["k"]
     wanted = [s for s in systems if s in VLLM_SYSTEMS]
     backends: dict = {}
     servers: list = []
-    url = os.environ.get(ENV_URL)
+    url = config.vllm_url()
     if url:
         try:
             backend = VllmBackend(url)
@@ -321,7 +303,7 @@ def _vllm_backends(engine, systems: list[str], notes: list[str]) -> tuple[dict, 
 
 def _torch_float32_engine(engine, systems: list[str], notes: list[str]) -> SpeculativeEngine | None:
     """The target again in float32 on torch's ops only (TORCH_FLOAT32), or None with a note."""
-    from .models import load_model
+    from engine.model.loading import load_model
 
     reason = None
     if engine.target.model.device.type != "cpu":
@@ -366,7 +348,7 @@ def run_bench(
     on the chat prompts with payload off, reduced and full, interleaved; pass_costs
     the target's pass time by tokens in the pass.
     """
-    workloads = json.loads((ROOT / "assets" / "workloads.json").read_text())
+    workloads = json.loads((paths.ASSETS / "workloads.json").read_text())
     if workloads_subset:
         unknown = set(workloads_subset) - set(workloads)
         if unknown:
@@ -509,7 +491,7 @@ PASS_WIDTHS = (1, 2, 3, 4, 5, 8, 9, 12, 16)
 def pass_cost_ms(engine: SpeculativeEngine, widths=PASS_WIDTHS, prefix_len: int = 128) -> dict[str, float]:
     """Median ms of one target pass over W new tokens (W = K + 1 for a chain of K drafts):
     what verification costs against a plain one-token pass on this machine."""
-    from .pass_timing import measure_pass_ms
+    from engine.model.pass_timing import measure_pass_ms
 
     return {str(w): round(measure_pass_ms(engine.target.model, 1, w, prefix_len=prefix_len), 1) for w in widths}
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .drafters import DraftTree, TreeShape
+from engine.drafters.base import DraftTree, TreeShape
 
 __all__ = ["AdaptiveDepth", "GROW", "SHRINK", "STOP_REASONS", "check_min_confidence", "verified_outcomes"]
 

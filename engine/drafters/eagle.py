@@ -6,7 +6,7 @@ just verified the last draft, a last-layer hidden state h_t for every committed
 position; h_t holds almost everything the target knows about the next token. A
 head that reads h_t can be tiny and still guess well.
 
-The head (our own design in the EAGLE-1/3 line, trained by ``engine.train_head``):
+The head (our own design in the EAGLE-1/3 line, trained by ``engine.training.train_head``):
 
     pair j      = (h_j, x_{j+1})                 target feature at j, next token
     fused_j     = W_fuse · [RMSNorm(h_j) ; embed(x_{j+1})]      [2E] -> [E]
@@ -51,13 +51,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .drafters import DraftTree, ModelDrafter
-from .sampling import SamplingParams, probs_from_logits
-from .transformer import Linear, Transformer, check_feature_layers
+from engine import paths
+from engine.drafters.base import DraftTree
+from engine.drafters.model import ModelDrafter
+from engine.model.transformer import Linear, Transformer, check_feature_layers
+from engine.sampling import SamplingParams, probs_from_logits
 
 __all__ = ["HEADS_DIR", "EagleDrafter", "EagleHead", "head_dir", "head_state_names", "load_head"]
 
-HEADS_DIR = Path(__file__).resolve().parent.parent / "assets" / "heads"
+HEADS_DIR = paths.HEADS
 HEAD_FILE = "eagle-head.safetensors"
 # 1: reads the target's last layer; 2: reads a mix of layers (meta "feature_layers", weight "fc.weight").
 FORMAT = 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .decode import GenerationSettings, SpeculativeEngine
+from engine.decode import GenerationSettings, SpeculativeEngine
 
 __all__ = ["NEAR_TIE", "parity_check"]
 
@@ -36,43 +36,40 @@ def parity_check(
     engine: SpeculativeEngine,
     prompts: list[str],
     drafter: str = "ngram",
-    max_new_tokens: int = 32,
-    k: int = 4,
-    topk: int = 1,
-    num_draft_tokens: int | None = None,
-    strict: bool = False,
-    chat: bool = True,
+    settings: GenerationSettings | None = None,
     baseline_cache: dict | None = None,
-    adaptive: bool = False,
-    adaptive_min_confidence: float = 0.3,
+    **overrides,
 ):
     """Yield one result dict per prompt (a generator, so callers can show progress).
 
-    baseline_cache: optional dict reused across calls so that checking several
-    drafters on the same prompts runs each baseline once. adaptive: the speculative
-    run drafts with adaptive depth (engine.adaptive); the baseline drafts nothing either way."""
+    settings (default: 32 new tokens, K = 4, a chain), with keyword overrides like
+    ``SpeculativeEngine.run``'s: the draft shape, max_new_tokens, strict, chat and adaptive drafting
+    are read from them; both runs are greedy (temperature 0, seed 0). baseline_cache: optional dict
+    reused across calls so that checking several drafters on the same prompts runs each baseline
+    once. The baseline drafts nothing, adaptive or not."""
+    settings = (settings or GenerationSettings(max_new_tokens=32)).merged(overrides)
+    greedy = settings.merged(dict(temperature=0.0, top_p=1.0, top_k=0, payload="reduced", seed=0))
+    baseline = greedy.merged(dict(adaptive=False))
+    strict = settings.strict
     tolerance = NEAR_TIE.get(engine.target.dtype, 0.01)
     for index, prompt in enumerate(prompts):
-        common = dict(
-            max_new_tokens=max_new_tokens,
-            k=k,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            temperature=0.0,
-            strict=strict,
-            chat=chat,
-            payload="reduced",
-            seed=0,
+        s = settings
+        key = (
+            prompt,
+            s.max_new_tokens,
+            strict,
+            s.chat,
+            s.k * max(s.topk, 1),
+            s.num_draft_tokens,
+            str(engine.target.dtype),
         )
-        key = (prompt, max_new_tokens, strict, chat, k * max(topk, 1), num_draft_tokens, str(engine.target.dtype))
         if baseline_cache is not None and key in baseline_cache:
             base = baseline_cache[key]
         else:
-            base = engine.run(prompt, "none", GenerationSettings(**common))
+            base = engine.run(prompt, "none", baseline)
             if baseline_cache is not None:
                 baseline_cache[key] = base
-        adapt = dict(adaptive=adaptive, adaptive_min_confidence=adaptive_min_confidence)
-        spec = engine.run(prompt, drafter, GenerationSettings(**common, **adapt))
+        spec = engine.run(prompt, drafter, greedy)
         a, b = base["token_ids"], spec["token_ids"]
         result = {
             "index": index,

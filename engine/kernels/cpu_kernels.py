@@ -60,7 +60,6 @@ import ctypes
 import hashlib
 import os
 import platform
-import re
 import shutil
 import subprocess
 import threading
@@ -70,6 +69,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from engine import config
+from engine.host import cpu_flags
+from engine.paths import cache_dir
 
 __all__ = [
     "VARIANTS",
@@ -92,7 +95,7 @@ __all__ = [
     "why_unavailable",
 ]
 
-CSRC = Path(__file__).resolve().parent / "csrc"
+CSRC = Path(__file__).resolve().parent / "csrc"  # the C sources live beside this module
 SOURCE = CSRC / "decode_kernels.c"
 # -ffp-contract=off: GCC's default fuses a multiply and an add it sees into one FMA
 # wherever it likes, and it liked to in some tiles and not in others (the int8
@@ -149,14 +152,9 @@ def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "x64")
 
 
-def _cpu_flags() -> set[str] | None:
-    """The CPU's feature flags from /proc/cpuinfo (Linux), None where unreadable."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    match = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
-    return set(match.group(1).split()) if match else None
+def _cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags (engine.host), None where unreadable; tests replace this to pose as another CPU."""
+    return cpu_flags()
 
 
 def variant_support(name: str) -> str | None:
@@ -179,8 +177,6 @@ def _cpu_supports() -> bool:
 
 def _build(name: str) -> ctypes.CDLL:
     """Compile (once per source and flags) and load variant `name`'s library."""
-    from .models import cache_dir
-
     spec = VARIANTS[name]
     cflags = [*COMMON_CFLAGS, *spec.cflags]
     digest = hashlib.sha256(" ".join(cflags).encode())
@@ -190,7 +186,7 @@ def _build(name: str) -> ctypes.CDLL:
     folder = cache_dir() / "kernels"
     lib_path = folder / f"decode_kernels-{name}-{tag}.so"
     if not lib_path.is_file():
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        compiler = config.c_compiler() or shutil.which("cc") or shutil.which("gcc")
         if compiler is None:
             raise RuntimeError("no C compiler found (cc or gcc)")
         folder.mkdir(parents=True, exist_ok=True)
@@ -477,7 +473,7 @@ def _load_variant(name: str) -> ctypes.CDLL:
 
 def _choose() -> tuple[str | None, ctypes.CDLL | None, str]:
     """(variant, library, reason) per SPECLENS_CPU_KERNEL; variant None: no kernel, reason why."""
-    setting = os.environ.get("SPECLENS_CPU_KERNEL", "auto").strip().lower()
+    setting = config.cpu_kernel_setting()
     if setting in _OFF:
         return None, None, f"disabled by SPECLENS_CPU_KERNEL={setting}"
     if setting in VARIANTS:

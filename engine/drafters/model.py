@@ -1,0 +1,161 @@
+"""Drafting with a small model: ``model:<id or preset>`` (an independent model sharing the
+target's vocabulary) and ``int8`` (the target's own weights quantised to int8: quantised
+self-speculation). ``eagle`` builds on ``ModelDrafter`` with a head over the target's features.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.drafters.base import Drafter, DraftTree
+from engine.model.transformer import KVCache, Transformer
+from engine.sampling import SamplingParams, probs_from_logits, sample_without_replacement
+
+__all__ = ["ModelDrafter", "int8_weights"]
+
+
+# Static sibling-rank weights for sampling-mode trees: a node's score is the
+# product of these along its path, so the kept set depends on ranks only.
+_RANK_WEIGHT = [0.8, 0.3, 0.15, 0.08, 0.05, 0.03]
+
+
+def _rank_weight(rank: int) -> float:
+    return _RANK_WEIGHT[rank] if rank < len(_RANK_WEIGHT) else _RANK_WEIGHT[-1] * 0.5 ** (rank - len(_RANK_WEIGHT) + 1)
+
+
+class ModelDrafter(Drafter):
+    """A small causal LM (or the int8 copy of the target) drafting with its own KV cache."""
+
+    def __init__(self, model: Transformer, name: str):
+        self.model = model
+        self.name = name
+        self.cache: KVCache | None = None
+        self._capacity = 0
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        if self.cache is not None:
+            self.cache.length = 0
+
+    def ensure_capacity(self, capacity: int) -> None:
+        if self.cache is None or self.cache.capacity < capacity:
+            self.cache = self.model.new_cache(capacity)
+
+    def rewind(self, length: int) -> None:
+        if self.cache is not None:
+            self.cache.length = min(self.cache.length, length)
+
+    def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        return probs_from_logits(logits, params)  # [.., V] float32
+
+    def _catch_up(self, context: list[int]) -> tuple[torch.Tensor, int]:
+        """Feed the committed tokens the drafter has not seen (the prompt at the first
+        step, then the target's extra token and any unseen accepted ones). Returns the
+        logits [V] for the token after the context and the position the first draft
+        node's slot follows (len(context))."""
+        cache = self.cache
+        base = cache.length
+        new = context[base:]
+        tokens = torch.tensor(new, dtype=torch.long)
+        positions = torch.arange(base, base + len(new))
+        logits = self.model.forward(tokens, positions, cache, logits_rows=torch.tensor([len(new) - 1]))
+        return logits[0], cache.length
+
+    def _expand(self, tree: DraftTree, frontier: list[int], positions: torch.Tensor, mask) -> torch.Tensor:
+        """Feed the frontier nodes ([F] tokens at `positions`, tree `mask` or None for a
+        chain) in one pass; returns their logits [F, V]."""
+        feed = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long)
+        return self.model.forward(feed, positions, self.cache, mask=mask)
+
+    def propose(self, context, shape, params, gen) -> DraftTree:
+        if self.cache is None:
+            raise RuntimeError(f"{type(self).__name__}.ensure_capacity must be called before propose")
+        cache = self.cache
+        root_logits, committed = self._catch_up(context)
+        tree = DraftTree(stop="depth")
+        slot_of: dict[int, int] = {}  # node -> cache slot, for nodes fed to the drafter
+        score: list[float] = []
+        path_q: list[float] = []  # cumulative confidence along each node's path (q, or calibrated q)
+        frontier: list[int] = [-1]
+        frontier_q = {-1: self._q(root_logits, params)}
+        for depth in range(1, shape.steps + 1):
+            level: list[int] = []
+            for parent in frontier:
+                q = frontier_q[parent]
+                tree.q_dists[parent] = q
+                if params.greedy:
+                    children = torch.topk(q, shape.topk).indices.tolist()
+                else:
+                    children = sample_without_replacement(q, shape.topk, gen)
+                parent_score = 1.0 if parent == -1 else score[parent]
+                parent_q = 1.0 if parent == -1 else path_q[parent]
+                for rank, token in enumerate(children):
+                    q_tok = float(q[token])
+                    tree.tokens.append(int(token))
+                    tree.parents.append(parent)
+                    tree.depths.append(depth)
+                    tree.q_token.append(q_tok)
+                    score.append(parent_score * (q_tok if params.greedy else _rank_weight(rank)))
+                    path_q.append(parent_q * shape.confidence(q_tok))
+                    level.append(len(tree) - 1)
+            if depth == shape.steps:
+                break
+            # Expand the `topk` best nodes of this level (EAGLE-2), a chain expands one.
+            level.sort(key=lambda i: -score[i])
+            frontier = level[: shape.topk]
+            frontier.sort()
+            # Adaptive depth: a whole level gets children or none does (never a choice among
+            # siblings by their drawn values), so every sibling list stays a full draw from q.
+            if max(path_q[i] for i in frontier) < shape.min_confidence:
+                tree.stop = "confidence"
+                break
+            # Feed the frontier to the drafter in one pass with a tree mask.
+            start = cache.length
+            pos = torch.tensor([committed - 1 + tree.depths[i] for i in frontier], dtype=torch.long)
+            for offset, node in enumerate(frontier):
+                slot_of[node] = start + offset
+            mask = None  # a chain sees everything before it: plain causal attention
+            if shape.topk > 1:
+                mask = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)  # moved by forward
+                mask[:, :committed] = True
+                for row, node in enumerate(frontier):
+                    for anc in tree.path_to(node):
+                        mask[row, slot_of[anc]] = True
+            out = self._expand(tree, frontier, pos, mask)
+            frontier_q = {node: self._q(out[row], params) for row, node in enumerate(frontier)}
+        # Keep the budget's best nodes (ancestor-closed, since scores only shrink
+        # along a path and ties are broken by creation order: parents first).
+        keep = sorted(range(len(tree)), key=lambda i: (-score[i], i))[: shape.max_tokens]
+        keep_set = set(keep)
+        for node in list(keep):
+            for anc in tree.path_to(node):
+                keep_set.add(anc)
+        kept = sorted(keep_set)
+        self._last = (committed, kept, slot_of)
+        return tree.subset(kept) if len(kept) < len(tree) else tree
+
+    def accept(self, tree: DraftTree, path: list[int]) -> None:
+        committed, kept, slot_of = self._last
+        cache = self.cache
+        offsets = []
+        for node in path:
+            original = kept[node]
+            if original not in slot_of:
+                break
+            offsets.append(slot_of[original] - committed)
+        cache.length = committed
+        cache.keep(committed, offsets)
+
+    def close(self) -> None:
+        self.cache = None
+
+
+def int8_weights(target: Transformer) -> Transformer:
+    """Quantised self-speculation: the target's weights in int8 (weight-only, per channel)."""
+    from engine.model.loading import _state_from_transformer
+
+    # On the CPU the drafter computes in float32 around fbgemm's int8 matmul
+    # (elementwise bf16 ops are slow without native bf16, and the int8 kernel
+    # takes float32 activations); elsewhere it keeps the target's dtype. The
+    # drafter's precision does not affect exactness: q can be anything.
+    act_dtype = torch.float32 if target.device.type == "cpu" else target.dtype
+    return Transformer(target.cfg, _state_from_transformer(target), act_dtype, int8=True, device=target.device)

@@ -1,0 +1,80 @@
+"""What a run depends on: ``GenerationSettings``, validated once before anything loads or runs.
+
+The CLI builds them from its arguments (``engine.cli.settings_from_args``), the app from its controls
+(``app/engine_access.py``), the API from its request; the decode loop only reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engine.drafters.adaptive import AdaptiveDepth, check_min_confidence
+from engine.drafters.base import TreeShape
+from engine.sampling import SamplingParams
+
+__all__ = ["MAX_NEW_TOKENS", "GenerationSettings"]
+
+MAX_NEW_TOKENS = 4096
+
+
+@dataclass
+class GenerationSettings:
+    """Everything a run depends on. Validated by ``validate``; bad values raise ValueError."""
+
+    max_new_tokens: int = 64
+    k: int = 4  # draft depth (SGLang's --steps); a chain drafts K tokens
+    topk: int = 1  # branching per node; 1 = chain
+    num_draft_tokens: int | None = None  # tree budget; None = K * topk
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    chat: bool = True
+    payload: str = "full"  # "full" (top-k of p and q, token texts), "reduced", or "off" (start and finish only)
+    strict: bool = False  # shape-invariant target passes: bitwise greedy parity in any dtype
+    max_prompt_tokens: int | None = None
+    # Drafting that adapts (engine.drafters.adaptive): each pass drafts the depth in [1, k] with the most expected
+    # tokens per measured ms, and a model drafter stops deeper when its best path's calibrated cumulative
+    # q is below adaptive_min_confidence.
+    adaptive: bool = False
+    adaptive_min_confidence: float = 0.3
+
+    def validate(self) -> tuple[SamplingParams, TreeShape]:
+        params = SamplingParams(self.temperature, self.top_k, self.top_p)
+        for name in ("max_new_tokens", "k", "topk", "num_draft_tokens", "seed"):
+            value = getattr(self, name)
+            if value is None and name in ("num_draft_tokens", "seed"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                if isinstance(value, float) and value.is_integer():
+                    setattr(self, name, int(value))
+                else:
+                    raise ValueError(f"{name} must be an integer, got {value!r}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer between 0 and 2**63 - 1, got {self.seed!r}")
+        if self.payload not in ("full", "reduced", "off"):
+            raise ValueError(f"payload must be 'full', 'reduced' or 'off', got {self.payload!r}")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
+        self.adaptive_min_confidence = check_min_confidence(self.adaptive_min_confidence)
+        return params, TreeShape(self.k, self.topk, self.num_draft_tokens)
+
+    def adaptive_depth(self, shape: TreeShape, pass_ms=None, level_nodes: int | None = None) -> AdaptiveDepth | None:
+        """A fresh adaptive-depth policy for one run of this shape, or None when drafting does not adapt.
+        pass_ms: measured target pass times by width (index w - 1; SpeculativeEngine.pass_costs_ms);
+        level_nodes: draft nodes each level past the first adds (SpeculativeEngine.level_nodes)."""
+        if not self.adaptive:
+            return None
+        return AdaptiveDepth(
+            shape.steps,
+            self.adaptive_min_confidence,
+            pass_ms=pass_ms,
+            branching=shape.topk,
+            budget=shape.max_tokens,
+            level_nodes=level_nodes,
+        )
+
+    def merged(self, overrides: dict) -> GenerationSettings:
+        return GenerationSettings(**{**asdict(self), **overrides}) if overrides else self

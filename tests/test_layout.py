@@ -1,0 +1,154 @@
+"""The house's rules, checked on the source: engine/'s rooms, who may import whom, no import circles,
+and every environment variable read in one place.
+
+Imports are read with ``ast`` (module-level and inside functions alike), so a lazy import that closes
+a circle counts as much as a top-level one.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = ROOT / "engine"
+
+# The top level is the one-token path in reading order; everything else lives in a room.
+TOP_LEVEL = {
+    "__init__",
+    "__main__",
+    "settings",
+    "config",
+    "paths",
+    "decode",
+    "sampling",
+    "acceptance",
+    "verification",
+    "events",
+    "trace",
+    "metrics",
+    "host",
+    "cli",
+}
+ROOMS = {"drafters", "model", "kernels", "vllm", "training", "tools"}
+# Leaves: they import nothing of the engine (but each other), so any room may use them.
+LEAVES = ("engine.paths", "engine.config", "engine.host")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every engine module this file imports (`from engine.x import y` also counts engine.x.y when
+    that is a module)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("engine")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("engine"):
+            assert node.level == 0, f"{path}: relative import (engine uses absolute imports)"
+            found.add(node.module)
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if (ROOT / sub.replace(".", "/")).with_suffix(".py").is_file() or (
+                    ROOT / sub.replace(".", "/") / "__init__.py"
+                ).is_file():
+                    found.add(sub)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module(p): _imports(p) - {_module(p)} for p in ENGINE.rglob("*.py")}
+
+
+def test_engine_top_level_is_the_one_token_path_and_rooms():
+    files = {p.stem for p in ENGINE.glob("*.py")}
+    assert files == TOP_LEVEL, files ^ TOP_LEVEL
+    rooms = {p.name for p in ENGINE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert rooms == ROOMS
+
+
+def test_no_import_circles():
+    graph = _graph()
+    # A package's __init__ re-exporting its modules is not a circle of code: drop the package -> member edge.
+    edges = {m: {d for d in deps if d in graph and not d.startswith(m + ".")} for m, deps in graph.items()}
+    seen: dict[str, int] = {}  # 1 = on the stack, 2 = done
+
+    def visit(node: str, stack: list[str]) -> None:
+        seen[node] = 1
+        for dep in edges[node]:
+            if seen.get(dep) == 1:
+                raise AssertionError("import circle: " + " -> ".join([*stack[stack.index(dep) :], dep]))
+            if dep not in seen:
+                visit(dep, [*stack, dep])
+        seen[node] = 2
+
+    for module in sorted(edges):
+        if module not in seen:
+            visit(module, [module])
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ROOMS) else "top"
+
+
+def test_who_imports_whom():
+    graph = _graph()
+    for leaf in LEAVES:
+        assert graph[leaf] <= set(LEAVES) | {"engine"}, (leaf, graph[leaf])
+    for module, deps in graph.items():
+        room = _room(module)
+        for dep in deps:
+            if dep == "engine":
+                continue
+            dep_room = _room(dep)
+            if room == "kernels":
+                # The kernels are a leaf room: the leaves, plus the rule's constant (Q_FLOOR) the batched
+                # verifier mirrors.
+                assert dep_room == "kernels" or dep in (*LEAVES, "engine.acceptance"), (
+                    module,
+                    dep,
+                )
+            if room == "vllm":
+                assert dep_room == "vllm" or dep in (*LEAVES, "engine.events", "engine.trace", "engine.metrics"), (
+                    module,
+                    dep,
+                )
+            if dep_room in ("tools", "training"):
+                assert room == dep_room or module == "engine.cli" or room in ("tools", "training"), (module, dep)
+
+
+def test_engine_imports_no_ui_and_visuals_no_torch():
+    ui = re.compile(r"^\s*(import|from)\s+(gradio|plotly)\b", re.M)
+    for path in ENGINE.rglob("*.py"):
+        assert not ui.search(path.read_text(encoding="utf-8")), path
+    heavy = re.compile(r"^\s*(import|from)\s+(torch|transformers|gradio)\b", re.M)
+    for path in (ROOT / "visuals").rglob("*.py"):
+        assert not heavy.search(path.read_text(encoding="utf-8")), path
+
+
+def test_environment_read_in_one_place():
+    """The engine reads its environment in engine/config.py only; the app in app/config.py only; and
+    docs/configuration.md lists every variable either declares."""
+    reads = re.compile(r"os\.environ\.get\(|os\.getenv\(|os\.environ\[[^\]]+\](?!\s*=)")
+    for folder, allowed in ((ENGINE, ENGINE / "config.py"), (ROOT / "app", ROOT / "app" / "config.py")):
+        for path in folder.rglob("*.py"):
+            if path != allowed:
+                assert not reads.search(path.read_text(encoding="utf-8")), f"{path} reads the environment"
+    from engine.config import VARIABLES
+
+    doc = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    app_vars = set(re.findall(r"\b(?:SPECLENS|GRADIO)_[A-Z_]+", (ROOT / "app" / "config.py").read_text()))
+    for name in set(VARIABLES) | app_vars:
+        assert f"`{name}`" in doc, f"docs/configuration.md does not document {name}"
+
+
+def test_cpuinfo_read_only_in_host():
+    for path in ENGINE.rglob("*.py"):
+        if path.name != "host.py":
+            assert '/proc/cpuinfo")' not in path.read_text(encoding="utf-8"), path
