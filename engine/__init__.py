@@ -7,12 +7,10 @@ Public API (imported lazily so that ``import engine`` stays cheap)::
     for event in engine.generate("Hello", drafter="ngram", k=4):
         ...                                            # start, step..., finish dicts
 
-Layout (docs/architecture.md follows one token through it): ``models`` (loading,
-cache, presets), ``transformer`` + ``cpu_kernels`` (forward + KV cache), ``drafters`` (+ ``adaptive``),
-``decode`` (the loop), ``verification`` (a pass's logits -> decisions) on
-``acceptance`` (the one acceptance rule; ``batched_verifier`` mirrors it on the GPU),
-``sampling`` (filters, draws), ``events``, ``trace`` and ``metrics`` (plain Python:
-the trace model and the one run summary), ``parity``, ``bench``, ``vllm_*``, ``cli``.
+Layout (docs/architecture.md follows one token through it): the top level is the one-token
+path in reading order (``settings``, ``decode``, ``sampling``, ``acceptance``, ``verification``,
+``events``, ``trace``, ``metrics``; ``host``, ``paths``, ``config``, ``cli``); the rooms are
+``drafters/``, ``model/``, ``kernels/``, ``vllm/``, ``training/`` and ``tools/``.
 """
 
 __all__ = ["GenerationSettings", "SpeculativeEngine", "load_model", "ModelLoadError"]
