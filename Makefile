@@ -1,7 +1,9 @@
 # Two commands from a fresh clone:
-#   make demo   -> set up and launch the app on the default model (http://127.0.0.1:7860)
-#   make test   -> set up and run lint + the whole test suite
-.PHONY: demo test setup bench parity clean
+#   make demo       -> set up and launch the app on the default model (http://127.0.0.1:7860)
+#   make test       -> set up and run lint + the whole test suite
+# The inner loop while developing:
+#   make test-fast  -> lint + every test that needs no real model weights, no browser and no vLLM
+.PHONY: demo test test-fast setup bench parity clean
 
 demo:
 	scripts/setup.sh
@@ -11,7 +13,13 @@ test:
 	scripts/setup.sh --dev
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs --durations=25
+
+test-fast:
+	scripts/setup.sh --fast
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -m "not slow and not real_model and not browser and not vllm" --durations=10
 
 bench:
 	scripts/setup.sh

@@ -17,7 +17,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "SPECLENS_PREFER_HUB": ("0", "1: load the default model from the Hub when it answers, else the GGUF package"),
     "SPECLENS_TRITON_INTERPRET": ("0", "1: run the Triton verifier in Triton's interpreter (CPU tests)"),
     "TRITON_INTERPRET": ("0", "Triton's own switch for the same; read as a synonym"),
-    "SPECLENS_VLLM_URL": ("", "a running vLLM server for the vllm backend (bench rows; the CLI's --vllm-url without a value)"),
+    "SPECLENS_VLLM_URL": (
+        "",
+        "a running vLLM server for the vllm backend (bench rows; the CLI's --vllm-url without a value)",
+    ),
     "SPECLENS_VLLM_PYTHON": (".venv-vllm/bin/python", "the interpreter of vLLM's own environment"),
     "HF_HUB_OFFLINE": ("0", "1: never try the Hugging Face Hub"),
     "HF_ENDPOINT": ("https://huggingface.co", "the Hub's address, for the reachability probe"),

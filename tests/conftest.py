@@ -10,6 +10,25 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Which fixtures bring in what the fast lane (make test-fast) goes without: the real default model's
+# weights, a vLLM server, the app served in-process (its handlers load the real model).
+_REAL_MODEL_FIXTURES = {"real_engine", "server"}
+_VLLM_FIXTURES = {"vllm_servers", "ngram_server", "baseline_server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test by what it needs, from its fixtures (a test that loads the real model another way,
+    a CLI subprocess say, carries @pytest.mark.real_model itself): `-m "not real_model and not vllm and
+    not browser"` is then the fast lane, and nothing has to remember to mark a new test that uses them."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _REAL_MODEL_FIXTURES:
+            item.add_marker(pytest.mark.real_model)
+        if names & _VLLM_FIXTURES:
+            item.add_marker(pytest.mark.vllm)
+        if item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.real_model)
+
 
 def tiny_hf_model(model_type: str = "llama", vocab_size: int = 49152, seed: int = 0):
     """A randomly initialised 2-layer transformers model (float32), sharpened (engine.model.loading)."""

@@ -371,6 +371,7 @@ def test_cli_rejects_a_bad_threshold_before_loading_a_model():
         assert proc.returncode == 2 and proc.stderr.startswith("error: --adaptive-min-confidence"), proc.stderr
 
 
+@pytest.mark.real_model
 def test_cli_adaptive_generates_and_records_the_depth(tmp_path):
     events = tmp_path / "events.jsonl"
     proc = subprocess.run(

@@ -617,6 +617,7 @@ def test_q4_1_reads_gguf_blocks():
     assert torch.equal(cpu_kernels.dequantize_q4_1(raw, 96), _dequantised(q, d, m))
 
 
+@pytest.mark.real_model
 def test_default_model_runs_on_its_gguf_q4_1_blocks():
     """The default model's 210 Q4_1 matrices (fused into 120) run from the GGUF's own
     blocks: 123 MB of weights per pass instead of 269 MB in bf16, and greedy speculation

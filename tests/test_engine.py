@@ -317,6 +317,7 @@ def test_payload_off_yields_start_and_finish_only(tiny_engine):
     assert events[-1]["metrics"]["target_passes"] == reduced["metrics"]["target_passes"]
 
 
+@pytest.mark.real_model
 def test_a_long_chain_projects_only_the_rows_its_walk_reads(monkeypatch):
     """A chain's pass on the CPU kernels computes the logits of its first rows and projects the
     others only when the walk reaches them (decode.CHAIN_LOGITS_FIRST): the same tokens and
