@@ -162,6 +162,16 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
     }
 
 
+def measured_speedup(baseline: dict, run: dict) -> float | None:
+    """The measured speedup of a run over a baseline run: its tokens per second ÷ the baseline's (both
+    from ``summarize_steps`` / ``run_summary``). With the same number of tokens (greedy, same prompt) this
+    is the baseline's wall time ÷ the run's; with sampling the two runs may emit different counts, and
+    tokens per second is the fair ratio. None when either run has no timing. The one definition every
+    view (Race, the run charts, the calculator, the Drafters lab) shows."""
+    base, this = baseline.get("tokens_per_s") or 0.0, run.get("tokens_per_s") or 0.0
+    return this / base if base > 0 and this > 0 else None
+
+
 def trace_k(start: dict) -> int:
     """The run's draft depth K (0 for the baseline)."""
     k = (start.get("tree") or {}).get("steps")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from engine.metrics import draft_token_cost, run_summary, wall_clock_speedup
+from engine.metrics import draft_token_cost, measured_speedup, run_summary, wall_clock_speedup
 from engine.trace import events_of, start_event, step_events
 
 from .style import LABEL_BG, NOTE_SIZE, PALETTE, SERIES, apply_layout, fmt_speedup, message_figure
@@ -95,7 +95,7 @@ def comparison_rows(traces: list) -> list[dict]:
                 "alpha": s["position_acceptance"],
                 "cost": cost,
                 "tokens_per_s": s["tokens_per_s"],
-                "speedup": s["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None,
+                "speedup": measured_speedup(base, s),
                 "surface": None if cost is None else wall_clock_speedup(s["position_acceptance"], s["k"], cost),
                 "acceptance_by_position": s["acceptance_by_position"],
                 "k_used": k_used,

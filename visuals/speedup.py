@@ -10,7 +10,13 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.metrics import batch_throughputs, expected_tokens_per_pass, run_summary, wall_clock_speedup
+from engine.metrics import (
+    batch_throughputs,
+    expected_tokens_per_pass,
+    measured_speedup,
+    run_summary,
+    wall_clock_speedup,
+)
 from engine.trace import events_of, step_events
 
 from .style import LABEL_BG, NOTE_SIZE, PALETTE, SERIES, apply_layout, fmt_speedup, set_subtitle
@@ -229,9 +235,9 @@ def run_speedup_figure(trace, baseline_trace=None) -> go.Figure:
     if s["mode"] != "baseline" and step_events(events):
         measured = {"alpha": s["position_acceptance"], "k": k, "tokens_per_pass": s["tokens_per_pass"]}
         if baseline_trace is not None:
-            b = run_summary(baseline_trace)
-            if b["wall_s"] and s["wall_s"]:
-                measured["speedup"] = b["wall_s"] / s["wall_s"]
+            speed = measured_speedup(run_summary(baseline_trace), s)
+            if speed is not None:
+                measured["speedup"] = speed
     fig = speedup_figure(min(1.0, max(0.0, s["position_acceptance"])), k, c, measured)
     if s["mode"] == "baseline":  # no drafter: K is 0 and there is no draft cost to estimate
         note = "baseline run: nothing drafted, so α = 0 and c is not estimated (taken as 0)"

@@ -13,7 +13,7 @@ import time
 
 import gradio as gr
 
-from engine.metrics import run_summary
+from engine.metrics import measured_speedup, run_summary
 from engine.trace import step_events
 from visuals.lab_figures import race_figure
 
@@ -52,11 +52,11 @@ BASELINE_LABEL = "1/2 Baseline (no drafter)"
 # --------------------------------------------------------------------------------------- results
 def _race_results(base: list[dict], spec: list[dict]) -> str:
     b, s = run_summary(base), run_summary(spec)
-    speedup = b["wall_s"] / s["wall_s"] if s["wall_s"] else float("nan")
+    speedup = measured_speedup(b, s) or float("nan")
     verdict = "faster" if speedup > 1.0 else "slower"
     lines = [
         f"### Measured speedup: **{speedup:.2f}×** ({verdict} than plain decoding)",
-        f"baseline wall time {b['wall_s']:.2f} s ÷ speculative wall time {s['wall_s']:.2f} s, both measured, "
+        f"speculative {s['tokens_per_s']:.1f} tokens/s ÷ baseline {b['tokens_per_s']:.1f} tokens/s, both measured, "
         "same machine.",
         "",
         f"| | Baseline (no drafter) | Speculative ({s['drafter']}) |",
