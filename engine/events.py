@@ -18,7 +18,16 @@ from engine.drafters.base import DraftTree
 from engine.trace import EVENT_VERSION
 from engine.verification import Verdict
 
-__all__ = ["PROB_DIGITS", "TOP_N", "finish_event", "start_event", "step_event", "top_list"]
+__all__ = [
+    "PROB_DIGITS",
+    "TOP_N",
+    "finish_event",
+    "rounded",
+    "start_event",
+    "step_event",
+    "step_record",
+    "top_list",
+]
 
 TOP_N = 10  # entries of p, q and the residual kept per position in full payloads
 PROB_DIGITS = 6
@@ -27,10 +36,15 @@ PROMPT_TAIL = 8  # prompt tokens shown as "what the first pass continues from"
 TokenText = Callable[[int], str]
 
 
+def rounded(prob: float | None) -> float | None:
+    """A probability as events record it (PROB_DIGITS decimals)."""
+    return None if prob is None else round(float(prob), PROB_DIGITS)
+
+
 def top_list(probs: torch.Tensor, token_text: TokenText) -> list[list]:
     """[V] probabilities -> [[token_id, text, prob], ...] for the TOP_N largest positive entries."""
     values, ids = torch.topk(probs, min(TOP_N, probs.shape[-1]))
-    return [[int(i), token_text(int(i)), round(float(v), PROB_DIGITS)] for v, i in zip(values, ids) if v > 0]
+    return [[int(i), token_text(int(i)), rounded(v)] for v, i in zip(values, ids) if v > 0]
 
 
 def start_event(run: dict, prompt, prompt_ids: list[int], token_text: TokenText) -> dict:
@@ -123,25 +137,65 @@ def step_event(
             item["text"] = token_text(item["token_id"])
     if full and kept == len(emitted) and verdict.extra["kind"] == "resampled" and not verdict.greedy:
         kept_items[-1]["residual_top"] = top_list(verdict.extra_dist, token_text)
+    return step_record(
+        number=number,
+        nodes=nodes,
+        point_mass=tree.point_mass,
+        dists=_dists(tree, verdict, token_text) if full else [],
+        emitted=kept_items,
+        drafted=len(tree),
+        draft_depth=max(tree.depths, default=0),
+        draft=dict(draft),
+        accepted_len=len(verdict.path),
+        extra_kind=verdict.extra["kind"],
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        tokens_total=tokens_total,
+        elapsed_s=elapsed_s,
+        truncated=kept < len(emitted),
+    )
+
+
+def step_record(
+    *,
+    number: int,
+    nodes: list[dict],
+    point_mass: bool,
+    dists: list[dict],
+    emitted: list[dict],
+    drafted: int,
+    draft_depth: int,
+    accepted_len: int,
+    extra_kind: str,
+    draft_ms: float | None,
+    verify_ms: float | None,
+    tokens_total: int,
+    elapsed_s: float,
+    truncated: bool = False,
+    draft: dict | None = None,
+) -> dict:
+    """The step event's one layout (docs/events.md), for our engine's passes (``step_event``) and for a
+    production engine's reported steps (``engine.vllm.backend``, which knows counts and p but not q).
+    Timings a backend could not measure are None."""
     event = {
         "type": "step",
         "step": number,
         "nodes": nodes,
-        "point_mass": tree.point_mass,
-        "dists": _dists(tree, verdict, token_text) if full else [],
-        "emitted": kept_items,
-        "drafted": len(tree),
-        "draft_depth": max(tree.depths, default=0),
-        "draft": dict(draft),
-        "accepted_len": len(verdict.path),
-        "extra_kind": verdict.extra["kind"],
-        "draft_ms": round(draft_ms, 3),
-        "verify_ms": round(verify_ms, 3),
+        "point_mass": point_mass,
+        "dists": dists,
+        "emitted": emitted,
+        "drafted": drafted,
+        "draft_depth": draft_depth,
+        **({"draft": draft} if draft is not None else {}),
+        "accepted_len": accepted_len,
+        "extra_kind": extra_kind,
+        "draft_ms": None if draft_ms is None else round(draft_ms, 3),
+        "verify_ms": None if verify_ms is None else round(verify_ms, 3),
         "target_passes": number,
         "tokens_total": tokens_total,
         "elapsed_s": elapsed_s,
     }
-    if kept < len(emitted):
+    if truncated:
         event["truncated"] = True
     return event
 

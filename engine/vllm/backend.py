@@ -58,6 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 from engine import config
+from engine.events import TOP_N, rounded, step_record
 
 __all__ = [
     "ABSENT",
@@ -71,8 +72,6 @@ __all__ = [
 ENV_URL = "SPECLENS_VLLM_URL"
 CONNECT_TIMEOUT_S = 3.0  # fail fast when nothing listens
 READ_TIMEOUT_S = 600.0  # a long generation on a busy CPU server
-TOP_N = 10  # alternatives kept per position, as events.TOP_N
-PROB_DIGITS = 6
 # What a vLLM trace cannot contain; listed in every start event.
 ABSENT = [
     "draft tokens that were rejected (and the drafts after them)",
@@ -477,7 +476,7 @@ class VllmBackend:
             raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temp}, {topp}, {topk}")
         info = self.info()
         # full: p and its top alternatives; reduced: p of each emitted token; off: no logprobs.
-        top_n = {"full": TOP_N, "reduced": 0, "off": None}[pay]
+        top_n = {"full": TOP_N, "reduced": 0, "off": None}[pay]  # alternatives per position, as ours
         path, body = self._body(prompt, max_new, temp, topp, topk, seed_v, use_chat, True, top_n)
         return self._run(prompt, path, body, info, max_new, temp, topp, topk, seed_v, use_chat, pay)
 
@@ -662,27 +661,24 @@ class VllmBackend:
                             "q_top": None,
                         }
                     )
-            step = {
-                "type": "step",
-                "step": number,
-                "nodes": [],  # vLLM reports how many drafts, not which tokens were rejected
-                "point_mass": method == "ngram" if index is not None else False,
-                "dists": dists,
-                "emitted": emitted,
-                "drafted": n_drafted,
-                "draft_depth": n_drafted,
-                "accepted_len": n_accepted,
+            step = step_record(
+                number=number,
+                nodes=[],  # vLLM reports how many drafts, not which tokens were rejected
+                point_mass=method == "ngram" if index is not None else False,
+                dists=dists,
+                emitted=emitted,
+                drafted=n_drafted,
+                draft_depth=n_drafted,
+                accepted_len=n_accepted,
                 # vLLM's counts tell how the pass ended even when EOS cut the extra token.
-                "extra_kind": "bonus" if n_accepted == n_drafted else "resampled",
-                "draft_ms": None,
+                extra_kind="bonus" if n_accepted == n_drafted else "resampled",
+                draft_ms=None,
                 # The whole engine step as the stream saw it; steps that shared a chunk have none.
-                "verify_ms": round((arrived - prev_time) * 1000.0, 3) if first_in_chunk else None,
-                "target_passes": number,
-                "tokens_total": pos + size,
-                "elapsed_s": arrived - started,
-            }
-            if cut:
-                step["truncated"] = True
+                verify_ms=(arrived - prev_time) * 1000.0 if first_in_chunk else None,
+                tokens_total=pos + size,
+                elapsed_s=arrived - started,
+                truncated=cut,
+            )
             steps.append(step)
             pos += size
             if ends_chunk:
@@ -693,7 +689,7 @@ class VllmBackend:
 def _prob(logprob: float | None) -> float | None:
     if logprob is None or not math.isfinite(logprob):
         return None if logprob is None else 0.0
-    return round(math.exp(logprob), PROB_DIGITS)
+    return rounded(math.exp(logprob))
 
 
 def _token_id(token: str) -> int:
