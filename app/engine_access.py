@@ -5,6 +5,19 @@ deployment does not allow, an unknown drafter, a bad setting, a prompt over the 
 OutOfMemory with advice on smaller settings. Here each becomes a gr.Error carrying the engine's
 own message, so the page shows it and keeps serving. Loaded engines are shared between sessions
 through `model_registry.REGISTRY`.
+
+What goes through here, and what does not:
+- through here: loading a target (`get_engine`), building a drafter (`use_drafter`), the run's
+  settings from UI values (`make_settings`), generation on our engine or on the vLLM server
+  (`start_generation`, `Generation`). No tab constructs an engine, a drafter or GenerationSettings.
+- read directly, because they are plain functions of data the handler already holds: the trace
+  model and run summary (`engine.trace`, `engine.metrics`, as visuals/ does), the exactness
+  statistics (`engine.tools.exactness`), the memory plan (`engine.model.memory_plan`) and the
+  CPU kernel's description (`engine.kernels.cpu_kernels.describe`).
+- called directly on an engine obtained here: the measurement tools the labs exist to show
+  (`engine.tools.parity.parity_check`, `engine.model.pass_timing.measure_pass_times`,
+  `engine.vllm.batch.measure_batches`) and `SpeculativeEngine.sample_next_tokens` (Lossless lab);
+  their ValueErrors are turned into gr.Error by the lab that calls them.
 """
 
 from __future__ import annotations

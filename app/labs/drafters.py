@@ -10,7 +10,6 @@ engine does not offer, like EAGLE before it exists) is reported in its row; the 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import time
@@ -53,7 +52,7 @@ DRAFTERS = {
     "int8": "int8: the target quantised",
     "eagle": "eagle: a head on the target's hidden state",
 }
-ADAPTIVE_FIELD = "adaptive"  # GenerationSettings' switch for drafting depth that adapts, where the engine has it
+ADAPTIVE_FIELD = "adaptive"  # GenerationSettings' switch for drafting depth that adapts
 MAX_K = 8
 MIN_NEW, MAX_NEW = 8, min(256, config.MAX_NEW_TOKENS)
 DEFAULTS = {"drafters": list(DRAFTERS), "k": 4, "max_new": 64, "greedy": True}
@@ -131,12 +130,6 @@ def _checked(prompt, drafters, k, max_new, greedy) -> dict:
     }
 
 
-def _adaptive_supported() -> bool:
-    from engine.decode import GenerationSettings
-
-    return ADAPTIVE_FIELD in {f.name for f in dataclasses.fields(GenerationSettings)}
-
-
 def _unavailable(engine, spec: str) -> str | None:
     """Why the engine cannot give this drafter (its own message), or None when it can."""
     try:
@@ -151,19 +144,15 @@ def _unavailable(engine, spec: str) -> str | None:
 
 def plan_runs(engine, drafters: list[str]) -> tuple[list[tuple[str, str, dict]], list[str]]:
     """(label, drafter spec, settings overrides) of every run, the baseline first, each drafter followed by
-    its adaptive variant when the engine has one; and one note per thing left out, saying why."""
+    its adaptive variant; and one note per thing left out, saying why."""
     plan, notes = [(BASELINE, BASELINE, {})], []
-    adaptive = _adaptive_supported()
     for spec in drafters:
         missing = _unavailable(engine, spec) if spec == "eagle" else None
         if missing:
             notes.append(f"**eagle** is not run: {missing}")
             continue
         plan.append((spec, spec, {}))
-        if adaptive:
-            plan.append((f"{spec} + adaptive", spec, {ADAPTIVE_FIELD: True}))
-    if not adaptive:
-        notes.append("This engine's settings have no adaptive drafting depth: no **+ adaptive** runs.")
+        plan.append((f"{spec} + adaptive", spec, {ADAPTIVE_FIELD: True}))
     return plan, notes
 
 
