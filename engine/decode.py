@@ -333,10 +333,8 @@ class SpeculativeEngine:
         t0 = time.perf_counter()
         if len(prompt_ids) > 1:
             if drafter.reads_target_features:
-                _, hidden = self.target.model.prefill(
-                    prompt_ids[:-1], cache, return_hidden=True, feature_layers=drafter.feature_layers
-                )
-                drafter.take_features(hidden, 0)
+                out = self.target.model.prefill_features(prompt_ids[:-1], cache, drafter.feature_layers)
+                drafter.take_features(out.hidden, 0)
             else:
                 self.target.model.prefill(prompt_ids[:-1], cache)
         state = DecodeState(list(prompt_ids), drafter, shape, params, gen, cache, strict, adaptive)
@@ -491,18 +489,18 @@ class SpeculativeEngine:
         # (only where the lm_head runs on our row-invariant kernel: torch's BLAS may round a row
         # differently in products of another height)
         lazy = tree.is_chain and mask is None and to_host and model.lm_head_on_kernel and n + 1 > CHAIN_LOGITS_FIRST
-        out = model.forward(
+        out = model.run_pass(
             torch.tensor(tokens),
             torch.tensor(positions),
             state.cache,
             mask=mask,
             attend_len=attend_len,
             to_host=to_host,
-            return_hidden=features or lazy,
+            features=features or lazy,
             logits_rows=torch.arange(CHAIN_LOGITS_FIRST) if lazy else None,
             feature_layers=state.drafter.feature_layers if features else None,
         )
-        logits, hidden = out if features or lazy else (out, None)
+        logits, hidden = out.logits, out.hidden
         features = hidden[: 1 + n] if features else None
         if lazy:  # (the last layer's rows: the last E columns of a feature-layer mix)
             last = hidden[CHAIN_LOGITS_FIRST : 1 + n, -model.cfg.hidden_size :]

@@ -290,14 +290,15 @@ def test_a_prefill_gives_its_rows_what_decoding_gives_them(variant):
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
     prompt = list(range(3, 80))
     whole = model.new_cache(96)
-    logits, hidden = model.prefill(prompt, whole, return_hidden=True)
+    out = model.prefill_features(prompt, whole)
+    logits, hidden = out.logits[0], out.hidden
     parts = model.new_cache(96)
-    rows = [model.prefill(prompt[:70], parts, return_hidden=True)[1]]
+    rows = [model.prefill_features(prompt[:70], parts).hidden]
     for i in range(70, len(prompt)):
-        last, h = model.forward(torch.tensor([prompt[i]]), torch.tensor([i]), parts, return_hidden=True)
-        rows.append(h)
+        one = model.run_pass(torch.tensor([prompt[i]]), torch.tensor([i]), parts, features=True)
+        rows.append(one.hidden)
     assert torch.equal(torch.cat(rows), hidden)
-    assert torch.equal(last[0], logits)
+    assert torch.equal(one.logits[0], logits)
     assert torch.equal(whole.k[:, :, : len(prompt)], parts.k[:, :, : len(prompt)])
     assert torch.equal(whole.v[:, :, : len(prompt)], parts.v[:, :, : len(prompt)])
 
@@ -330,7 +331,8 @@ def test_layer_stack_equals_the_per_layer_path(variant, weights):
             cache.length = base
             if not use_stack:
                 model._layer_stack = lambda: None
-            logits, hidden = model.forward(new, torch.arange(base, base + 4), cache, return_hidden=True, **kw)
+            out = model.run_pass(new, torch.arange(base, base + 4), cache, features=True, **kw)
+            logits, hidden = out.logits, out.hidden
             model.__dict__.pop("_layer_stack", None)
             results.append((logits, hidden, cache.k[:, :, : base + 4].clone(), cache.v[:, :, : base + 4].clone()))
         for fused, loop in zip(*results):
@@ -361,7 +363,8 @@ def test_feature_layers_are_the_layers_outputs_bit_for_bit(variant):
         cache.length = base
         if not use_stack:
             model._layer_stack = lambda: None
-        logits, hidden = model.forward(new, positions, cache, return_hidden=True, feature_layers=layers)
+        out = model.run_pass(new, positions, cache, features=True, feature_layers=layers)
+        logits, hidden = out.logits, out.hidden
         model.__dict__.pop("_layer_stack", None)
         runs.append((logits, hidden, cache.k[:, :, : base + 4].clone(), cache.v[:, :, : base + 4].clone()))
     plain, split, loop = runs
@@ -373,7 +376,7 @@ def test_feature_layers_are_the_layers_outputs_bit_for_bit(variant):
         assert torch.equal(a, b)
     cache.length = base
     with pytest.raises(ValueError, match="feature_layers"):
-        model.forward(new, positions, cache, return_hidden=True, feature_layers=(0,) if n_layers > 1 else (1,))
+        model.run_pass(new, positions, cache, features=True, feature_layers=(0,) if n_layers > 1 else (1,))
 
 
 def test_swiglu_matches_torch(variant):

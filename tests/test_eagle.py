@@ -75,7 +75,7 @@ def test_head_reads_exactly_the_targets_features_of_committed_positions(tiny_eag
     known = drafter.known
     assert known == len(state.context) - 1
     cache = engine.target.model.new_cache(len(state.context) + 1)
-    _, hidden = engine.target.model.prefill(state.context[:-1], cache, return_hidden=True)
+    hidden = engine.target.model.prefill_features(state.context[:-1], cache).hidden
     torch.testing.assert_close(drafter.features[:known], hidden.to(drafter.features.dtype), rtol=1e-4, atol=1e-4)
     assert ids[: len(state.context)] == state.context  # the same greedy text as the run
 
@@ -210,7 +210,7 @@ def test_training_features_are_the_rows_the_engine_hands_the_head():
     layers = tuple(sorted({0, last}))
     seq = list(range(3, 40))
     trained_on = _features(hf, [seq], 4096, layers)[0].float()  # float16 rows, as stored
-    _, rows = model.prefill(seq, model.new_cache(48), return_hidden=True, feature_layers=layers)
+    rows = model.prefill_features(seq, model.new_cache(48), layers).hidden
     torch.testing.assert_close(rows, trained_on, rtol=2e-3, atol=2e-3)
 
 

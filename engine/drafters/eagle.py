@@ -22,7 +22,7 @@ features; ``train-head --feature-layers 1,14,29``, head format 2): the last laye
 rows are tuned to predict the next token, earlier layers keep more of what comes
 after it. Then h_j = fc · [RMSNorm(l_j) for each layer l read]  ([layers E] -> [E]),
 computed once when the rows are handed over; the target pass returns those layers'
-outputs side by side (``Transformer.forward(feature_layers=...)``: the layer stack
+outputs side by side (``Transformer.run_pass(feature_layers=...)``: the layer stack
 split after each, the same bits).
 
 - Embedding, final norm and lm_head rows are the target's, frozen and not
@@ -236,26 +236,26 @@ class EagleDrafter(ModelDrafter):
             raise RuntimeError(f"the eagle head needs target features up to {stop}, has {self.known}")
         tokens = torch.tensor(context[start + 1 : stop + 1], dtype=torch.long)
         x_in = self.head.fused(self.features[start:stop], tokens)
-        logits, y = self.model.forward(
+        out = self.model.run_pass(
             tokens,
             torch.arange(start, stop),
             cache,
             x_in=x_in,
             logits_rows=torch.tensor([stop - start - 1]),
-            return_hidden=True,
+            features=True,
         )
-        self._y = {-1: y[-1]}
-        return logits[0], cache.length
+        self._y = {-1: out.hidden[-1]}
+        return out.logits[0], cache.length
 
     def _expand(self, tree: DraftTree, frontier: list[int], positions: torch.Tensor, mask) -> torch.Tensor:
         tokens = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long)
         parents_y = torch.stack([self._y[tree.parents[i]] for i in frontier])  # [F, E]
-        logits, y = self.model.forward(
-            tokens, positions, self.cache, mask=mask, x_in=self.head.fused(parents_y, tokens), return_hidden=True
+        out = self.model.run_pass(
+            tokens, positions, self.cache, mask=mask, x_in=self.head.fused(parents_y, tokens), features=True
         )
         for row, node in enumerate(frontier):
-            self._y[node] = y[row]
-        return logits
+            self._y[node] = out.hidden[row]
+        return out.logits
 
     def propose(self, context, shape, params, gen) -> DraftTree:
         if len(context) < 2 or self.known < len(context) - 1:

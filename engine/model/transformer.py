@@ -380,6 +380,14 @@ def use_gguf_q4_1(model: Transformer, gguf_path) -> int:
     return len(swapped)
 
 
+@dataclass
+class PassOutput:
+    """What one target pass returns (``Transformer.run_pass``)."""
+
+    logits: torch.Tensor  # [R, V] float32: the rows asked for (all T by default), on the host unless to_host=False
+    hidden: torch.Tensor | None = None  # [T, E] pre-norm last-layer rows ([T, layers E] for a mix), when asked
+
+
 class KVCache:
     """Pre-allocated keys and values for every layer; ``length`` tokens are valid.
 
@@ -599,9 +607,23 @@ class Transformer:
         logits_rows: torch.Tensor | None = None,
         to_host: bool = True,
         x_in: torch.Tensor | None = None,
-        return_hidden: bool = False,
+    ) -> torch.Tensor:
+        """One pass (``run_pass``) when only its logits are wanted: [R, V]."""
+        return self.run_pass(tokens, positions, cache, mask, attend_len, logits_rows, to_host, x_in).logits
+
+    def run_pass(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None = None,
+        attend_len: int | None = None,
+        logits_rows: torch.Tensor | None = None,
+        to_host: bool = True,
+        x_in: torch.Tensor | None = None,
+        features: bool = False,
         feature_layers: tuple[int, ...] | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> PassOutput:
         """Run T new tokens, writing their K/V at slots [cache.length, cache.length + T).
 
         tokens:      [T] int64 token ids
@@ -612,18 +634,21 @@ class Transformer:
         logits_rows: [R] rows of the T outputs to project to the vocabulary (None = all)
         x_in:        [T, E] input rows in place of the token embeddings (the EAGLE head
                      feeds its fused feature + embedding rows; tokens then only give T)
-        return_hidden: also return the last layer's output before the final norm,
+        features:    also return the last layer's output before the final norm,
                      [T, E] in the activation dtype, every row (the features an
                      EAGLE head reads: engine/drafters/eagle.py)
-        feature_layers: with return_hidden, the outputs (the residual stream) of these
+        feature_layers: with features, the outputs (the residual stream) of these
                      layers side by side instead, [T, len(feature_layers) E], the last
                      layer last (an EAGLE-3-style head reads a low / middle / high mix)
         Inputs may live on the CPU; logits come back as float32 on the CPU (the
         verification and the events are host-side), or stay on the model's device
         with to_host=False (the batched GPU verification). Advances cache.length by T;
         the caller decides afterwards which of the new slots to keep.
+
+        The steps: (1) the new slots and the attention plan (``_attention_plan``); (2) rotary
+        angles and input rows; (3) the layers, in one C call on the CPU kernels
+        (``_layers_on_stack``) or one ``_layer`` at a time; (4) the asked rows projected.
         """
-        cfg = self.cfg
         max_position = int(positions.max())  # read on the host: no device sync per pass
         if self.device.type != "cpu":
             tokens, positions = tokens.to(self.device), positions.to(self.device)
@@ -635,6 +660,45 @@ class Transformer:
         if end > cache.capacity:
             raise ValueError(f"sequence of {end} tokens exceeds the KV cache capacity {cache.capacity}")
         attend = end if attend_len is None else attend_len
+        # (1) which attention runs, and its mask
+        kernel_attention, mask = self._attention_plan(t, start, end, attend, mask, tokens.device)
+        # (2) rotary angles, input rows
+        cos, sin = self._rope(positions, max_position)
+        # Rotary + KV write in one C call per layer where activations and cache are float32 CPU tensors.
+        fused_rope = self._attention_kernel and self.act_dtype == torch.float32 and cache.k.dtype == torch.float32
+        x = (self.embed[tokens] if x_in is None else x_in).to(self.act_dtype)  # [T, E]
+        n_layers = len(self.layers)
+        if feature_layers is not None:
+            try:
+                feature_layers = check_feature_layers(feature_layers, n_layers)
+            except ValueError as exc:
+                raise ValueError(f"feature_layers: {exc}") from None
+        keep = set(feature_layers[:-1]) if feature_layers and features else set()  # layers whose output is read
+        # (3) the layers
+        stack = self._layer_stack() if kernel_attention and fused_rope and x.dtype == torch.float32 else None
+        if stack is not None:
+            x = x.clone() if x_in is not None else x.contiguous()  # the stack works in place
+            captured = self._layers_on_stack(stack, x, cos, sin, cache, start, attend, mask, keep)
+        else:
+            captured = {}  # layer -> its output rows [T, E]
+            for li, layer in enumerate(self.layers):
+                x = self._layer(li, layer, x, cos, sin, cache, start, attend, mask, fused_rope, kernel_attention)
+                if li in keep:
+                    captured[li] = x
+        cache.length = end
+        # (4) the rows asked for, projected to the vocabulary
+        hidden = None
+        if features:
+            hidden = torch.cat([captured[i] for i in feature_layers[:-1]] + [x], dim=-1) if keep else x
+        if logits_rows is not None:
+            x = x[logits_rows]
+        return PassOutput(self.logits_of(x, to_host), hidden)
+
+    def _attention_plan(
+        self, t: int, start: int, end: int, attend: int, mask: torch.Tensor | None, device
+    ) -> tuple[bool, torch.Tensor | None]:
+        """(whether our attention kernel runs, the [T, A] bool mask or None) for T new tokens at slots
+        [start, end) attending over [0, attend)."""
         # Every pass on the CPU kernel's host attends on our kernel, causally or through
         # the tree mask: for a few tokens torch's SDPA spent 40-55 us per layer on setup,
         # and a prefill then runs its layers in one C call too (a 130-token prompt:
@@ -646,75 +710,70 @@ class Transformer:
             mask = mask.to(torch.bool).contiguous()
         if mask is None and t > 1 and not kernel_attention:
             # Causal over the new tokens, full view of the committed prefix.
-            mask = torch.ones(t, attend, dtype=torch.bool, device=tokens.device)
+            mask = torch.ones(t, attend, dtype=torch.bool, device=device)
             mask[:, start:end] = torch.tril(mask[:, start:end])
             if attend > end:
                 mask[:, end:] = False
-        attn_mask = mask[None, None] if mask is not None else None  # [1, 1, T, A]
-        cos, sin = self._rope(positions, max_position)
-        # Rotary + KV write in one C call per layer where activations and cache are float32 CPU tensors.
-        fused_rope = self._attention_kernel and self.act_dtype == torch.float32 and cache.k.dtype == torch.float32
-        x = (self.embed[tokens] if x_in is None else x_in).to(self.act_dtype)  # [T, E]
+        return kernel_attention, mask
+
+    def _layers_on_stack(self, stack, x, cos, sin, cache: KVCache, start: int, attend: int, mask, keep: set) -> dict:
+        """Every layer in one C call (cpu_kernels.decode_layers), x [T, E] float32 updated in place: the same
+        steps and numbers as ``_layer``, without ~1.5 ms of Python per pass around ~150 foreign calls.
+        A layer whose output is wanted (keep) ends a call of its own (one more call each); returns
+        {layer: a copy of its output rows}."""
+        cfg, n_layers = self.cfg, len(self.layers)
+        captured: dict[int, torch.Tensor] = {}
+        first = 0
+        for last in sorted(keep) + [n_layers - 1]:
+            part = stack if (first, last) == (0, n_layers - 1) else stack.segment(first, last + 1)
+            part.run(
+                x, cos, sin, cache.k[first:], cache.v[first:], start, cfg.num_heads, attend, mask, cfg.rms_norm_eps
+            )
+            if last in keep:
+                captured[last] = x.clone()
+            first = last + 1
+        return captured
+
+    def _layer(
+        self, li: int, layer, x, cos, sin, cache: KVCache, start: int, attend: int, mask, fused_rope, kernel_attention
+    ) -> torch.Tensor:
+        """One decoder layer on x [T, E]: attention (its K/V written to cache slots [start, start + T)) and the
+        SwiGLU MLP, each added to the residual stream; returns the layer's output [T, E]."""
+        cfg = self.cfg
+        t = x.shape[0]
         nq, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        group = nq // nkv
-        n_layers = len(self.layers)
-        if feature_layers is not None:
-            try:
-                feature_layers = check_feature_layers(feature_layers, n_layers)
-            except ValueError as exc:
-                raise ValueError(f"feature_layers: {exc}") from None
-        captured: dict[int, torch.Tensor] = {}  # layer -> its output rows [T, E]
-        keep = set(feature_layers[:-1]) if feature_layers and return_hidden else set()
-        stack = self._layer_stack() if kernel_attention and fused_rope and x.dtype == torch.float32 else None
-        if stack is not None:
-            # Every layer in one C call (cpu_kernels.decode_layers): the same steps and numbers
-            # as the loop below, without ~1.5 ms of Python per pass around ~150 foreign calls.
-            # Layers whose output is wanted end a call of their own (one more call each).
-            x = x.clone() if x_in is not None else x.contiguous()
-            first = 0
-            for last in sorted(keep) + [n_layers - 1]:
-                part = stack if (first, last) == (0, n_layers - 1) else stack.segment(first, last + 1)
-                part.run(x, cos, sin, cache.k[first:], cache.v[first:], start, nq, attend, mask, cfg.rms_norm_eps)
-                if last in keep:
-                    captured[last] = x.clone()
-                first = last + 1
-        for li, layer in enumerate(self.layers if stack is None else ()):
-            qkv = self._normed_linear(layer.qkv, x, layer.attn_norm)  # [T, (H + 2 Hkv) D]
-            if fused_rope:
-                q = cpu_kernels.rope_and_store(qkv, cos, sin, cache.k[li], cache.v[li], start, nq)  # [H, T, D]
-            else:
-                qk, v = qkv.split([(nq + nkv) * hd, nkv * hd], dim=-1)
-                # Queries and keys rotate together: one rotary call per layer.
-                qk = self._apply_rope(qk.view(t, nq + nkv, hd).transpose(0, 1), cos, sin)  # [H + Hkv, T, D]
-                q, k = qk[:nq].to(cache.k.dtype), qk[nq:]  # [H, T, D], [Hkv, T, D]
-                cache.k[li, :, start:end] = k
-                cache.v[li, :, start:end] = v.view(t, nkv, hd).transpose(0, 1)
-            if kernel_attention:
-                attn = cpu_kernels.attend_few(q, cache.k[li], cache.v[li], attend, mask, check=False)  # [T, H D]
-            else:
-                keys = cache.k[li, :, :attend]  # [Hkv, A, D]
-                values = cache.v[li, :, :attend]
-                # Grouped-query attention: query head h reads key/value head h // group.
-                attn = F.scaled_dot_product_attention(
-                    q[None], keys[None], values[None], attn_mask=attn_mask, enable_gqa=group > 1
-                )  # [1, H, T, D]
-                attn = attn[0].transpose(0, 1).reshape(t, nq * hd)
-            x = x + layer.o(attn.to(x.dtype))
-            gate_up = self._normed_linear(layer.gate_up, x, layer.mlp_norm)  # [T, 2 I]: gate, up
-            if self._attention_kernel and gate_up.dtype == torch.float32:
-                hidden = cpu_kernels.swiglu(gate_up.contiguous())  # decode_layers' SwiGLU, bit for bit
-            else:
-                gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
-                hidden = F.silu(gate) * up
-            x = x + layer.down(hidden)
-            if li in keep:
-                captured[li] = x
-        cache.length = end
-        hidden = torch.cat([captured[i] for i in feature_layers[:-1]] + [x], dim=-1) if keep else x
-        if logits_rows is not None:
-            x = x[logits_rows]
-        logits = self.logits_of(x, to_host)
-        return (logits, hidden) if return_hidden else logits
+        qkv = self._normed_linear(layer.qkv, x, layer.attn_norm)  # [T, (H + 2 Hkv) D]
+        if fused_rope:
+            q = cpu_kernels.rope_and_store(qkv, cos, sin, cache.k[li], cache.v[li], start, nq)  # [H, T, D]
+        else:
+            qk, v = qkv.split([(nq + nkv) * hd, nkv * hd], dim=-1)
+            # Queries and keys rotate together: one rotary call per layer.
+            qk = self._apply_rope(qk.view(t, nq + nkv, hd).transpose(0, 1), cos, sin)  # [H + Hkv, T, D]
+            q, k = qk[:nq].to(cache.k.dtype), qk[nq:]  # [H, T, D], [Hkv, T, D]
+            cache.k[li, :, start : start + t] = k
+            cache.v[li, :, start : start + t] = v.view(t, nkv, hd).transpose(0, 1)
+        if kernel_attention:
+            attn = cpu_kernels.attend_few(q, cache.k[li], cache.v[li], attend, mask, check=False)  # [T, H D]
+        else:
+            keys = cache.k[li, :, :attend]  # [Hkv, A, D]
+            values = cache.v[li, :, :attend]
+            # Grouped-query attention: query head h reads key/value head h // group.
+            attn = F.scaled_dot_product_attention(
+                q[None],
+                keys[None],
+                values[None],
+                attn_mask=mask[None, None] if mask is not None else None,  # [1, 1, T, A]
+                enable_gqa=nq > nkv,
+            )  # [1, H, T, D]
+            attn = attn[0].transpose(0, 1).reshape(t, nq * hd)
+        x = x + layer.o(attn.to(x.dtype))
+        gate_up = self._normed_linear(layer.gate_up, x, layer.mlp_norm)  # [T, 2 I]: gate, up
+        if self._attention_kernel and gate_up.dtype == torch.float32:
+            hidden = cpu_kernels.swiglu(gate_up.contiguous())  # decode_layers' SwiGLU, bit for bit
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
+            hidden = F.silu(gate) * up
+        return x + layer.down(hidden)
 
     @property
     def lm_head_on_kernel(self) -> bool:
@@ -722,27 +781,28 @@ class Transformer:
         return isinstance(self.lm_head, Linear) and self.lm_head._kernel is not None
 
     def logits_of(self, hidden: torch.Tensor, to_host: bool = True) -> torch.Tensor:
-        """[R, E] last-layer rows (forward's return_hidden) -> their logits [R, V] float32: the
+        """[R, E] last-layer rows (run_pass's hidden) -> their logits [R, V] float32: the
         final norm and the lm_head, as forward ends. Row by row the same bits on our kernels
         (shape-invariant), so logits computed later for some rows of a pass equal the pass's own."""
         logits = self._normed_linear(self.lm_head, hidden, self.norm).float()
         return logits.cpu() if to_host else logits
 
-    def prefill(
-        self, token_ids: list[int], cache: KVCache, return_hidden: bool = False, feature_layers: tuple | None = None
-    ):
-        """Append token_ids to the cache; returns the logits [V] of the last one
-        (and, with return_hidden, the pre-norm last-layer rows [n, E], or forward's
-        feature_layers mix [n, layers E])."""
+    def prefill(self, token_ids: list[int], cache: KVCache) -> torch.Tensor:
+        """Append token_ids to the cache; returns the logits [V] of the last one."""
+        return self.prefill_features(token_ids, cache, features=False).logits[0]
+
+    def prefill_features(
+        self, token_ids: list[int], cache: KVCache, feature_layers: tuple | None = None, features: bool = True
+    ) -> PassOutput:
+        """Append token_ids to the cache: the logits [1, V] of the last one and the pre-norm last-layer
+        rows [n, E] of all of them (or run_pass's feature_layers mix [n, layers E])."""
         n = len(token_ids)
         start = cache.length
-        rows = torch.tensor([n - 1])
-        out = self.forward(
+        return self.run_pass(
             torch.tensor(token_ids),
             torch.arange(start, start + n),
             cache,
-            logits_rows=rows,
-            return_hidden=return_hidden,
+            logits_rows=torch.tensor([n - 1]),
+            features=features,
             feature_layers=feature_layers,
         )
-        return (out[0][0], out[1]) if return_hidden else out[0]
