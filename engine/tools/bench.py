@@ -342,12 +342,41 @@ def run_bench(
     events_check: bool = True,
     pass_costs: bool = True,
 ) -> dict:
-    """Run the suite; returns the report (see format_table and docs in README).
+    """Run the suite; returns the report (see format_table and docs/bench/README.md).
 
-    events_check adds a short measurement of the event stream's cost: engine-int8
-    on the chat prompts with payload off, reduced and full, interleaved; pass_costs
-    the target's pass time by tokens in the pass.
+    Three stages: (1) set-up (``_bench_setup``: workloads, which systems can run here and their
+    engines or servers), (2) every system on every prompt, interleaved (``_interleaved_runs``),
+    (3) aggregation into rows (``_aggregate``) and the greedy-output check (``_greedy_mismatches``).
+    events_check adds a short measurement of the event stream's cost: engine-int8 on the chat
+    prompts with payload off, reduced and full, interleaved; pass_costs the target's pass time by
+    tokens in the pass.
     """
+    setup = _bench_setup(engine, quick, repeats, max_new_tokens, systems, workloads_subset)
+    repeats, max_new, systems, workloads = setup["repeats"], setup["max_new"], setup["systems"], setup["workloads"]
+    # vLLM servers started for the vLLM rows are stopped whatever happens below.
+    try:
+        samples, outputs = _interleaved_runs(engine, setup, progress)
+        events = _event_overhead(engine, workloads, repeats, max_new, progress) if events_check else None
+        pass_cost = pass_cost_ms(engine) if pass_costs else None
+        return {
+            "machine": setup["machine"],
+            "settings": {"max_new_tokens": max_new, "repeats": repeats, "quick": quick, "greedy": True, "batch": 1},
+            "rows": _aggregate(samples, setup["machine"], setup["plain"]),
+            "greedy_mismatches": _greedy_mismatches(outputs),
+            "event_overhead": events,
+            "pass_cost_ms": pass_cost,
+            "notes": setup["notes"],
+            "date": time.strftime("%Y-%m-%d"),
+        }
+    finally:
+        for server in setup["servers"]:
+            server.stop()
+
+
+def _bench_setup(engine, quick, repeats, max_new_tokens, systems, workloads_subset) -> dict:
+    """(1) The workloads, the repeats and token count, the systems that can run here (with a note for
+    each one dropped and why), the machine's description, and the reference engines or servers the rows
+    need (transformers, llama.cpp, the float32 path, vLLM servers)."""
     workloads = json.loads((paths.ASSETS / "workloads.json").read_text())
     if workloads_subset:
         unknown = set(workloads_subset) - set(workloads)
@@ -356,18 +385,15 @@ def run_bench(
         workloads = {name: workloads[name] for name in workloads_subset}
     if quick:
         workloads = {name: prompts[:1] for name, prompts in workloads.items()}
-    repeats = repeats or (1 if quick else 3)
-    max_new = max_new_tokens or (32 if quick else 128)
-    quick_notes: list[str] = []
+    notes: list[str] = []
     explicit = systems is not None
     systems = list(systems or SYSTEMS)
     if quick and not explicit:
         # Starting vLLM takes minutes (graph compile on first start): the smoke run leaves it out.
         for name in VLLM_SYSTEMS:
             systems.remove(name)
-            quick_notes.append(f"{name}: not run in --quick (starting vLLM takes minutes; name it in --systems)")
+            notes.append(f"{name}: not run in --quick (starting vLLM takes minutes; name it in --systems)")
     machine = machine_info(engine)
-    notes: list[str] = list(quick_notes)
     _drop_unavailable_drafters(engine, systems, notes)
     hf = _HF(engine) if any(s.startswith("hf-") for s in systems) else None
     if hf is not None:
@@ -390,99 +416,121 @@ def run_bench(
             systems.remove("llamacpp")
     plain = _torch_float32_engine(engine, systems, notes) if TORCH_FLOAT32 in systems else None
     vllm, servers = _vllm_backends(engine, systems, notes) if any(s in VLLM_SYSTEMS for s in systems) else ({}, [])
-    # vLLM servers started for the vLLM rows are stopped whatever happens below.
-    try:
-        # Warm up every system once (first calls allocate and build the int8 drafter).
-        warm = engine.encode_prompt("Hello")
-        for name in systems:
-            _run_system(name, engine, hf, llm, warm, 4, vllm=vllm, plain=plain)
-        samples: dict[tuple[str, str], list[dict]] = {}
-        outputs: dict[tuple[str, str, int], list[int]] = {}
-        total = sum(len(p) for p in workloads.values()) * repeats * len(systems)
-        done = 0
-        for workload, prompts in workloads.items():
-            for pi, prompt in enumerate(prompts):
-                ids = engine.encode_prompt(prompt)
-                for rep in range(repeats):
-                    order = systems[rep % len(systems) :] + systems[: rep % len(systems)]  # rotate
-                    for name in order:
-                        result = _run_system(name, engine, hf, llm, ids, max_new, vllm=vllm, plain=plain)
-                        samples.setdefault((name, workload), []).append(result)
-                        outputs[(name, workload, pi)] = result["token_ids"]
-                        done += 1
-                        if progress:
-                            bar = "#" * int(30 * done / total)
-                            print(
-                                f"\r[{bar:<30}] {done}/{total} {name:<{NAME_WIDTH}} {workload:<10}",
-                                end="",
-                                file=sys.stderr,
-                                flush=True,
-                            )
-        if progress:
-            print(file=sys.stderr)
-        events = _event_overhead(engine, workloads, repeats, max_new, progress) if events_check else None
-        pass_cost = pass_cost_ms(engine) if pass_costs else None
-        rows = []
-        for (name, workload), runs in samples.items():
-            tokens = sum(r["new_tokens"] for r in runs)
-            row = {
-                "system": name,
-                "workload": workload,
-                "tok_per_s": statistics.median(r["new_tokens"] / r["wall_s"] for r in runs),
-                "tokens_per_pass": sum(r["new_tokens"] for r in runs) / max(1, sum(r["passes"] for r in runs))
-                if runs[0]["passes"]
-                else None,
-                "acceptance_rate": (sum(r["accepted"] for r in runs) / sum(r["drafted"] for r in runs))
-                if sum(r["drafted"] for r in runs)
-                else None,
-                "new_tokens": tokens,
-            }
-            drafted = sum(r["drafted"] for r in runs)
-            if all(r.get("verify_s") is not None for r in runs):
-                # Our engine's own timings: mean target pass, and the drafting time per drafted token.
-                row["pass_ms"] = 1000.0 * sum(r["verify_s"] for r in runs) / max(1, sum(r["passes"] for r in runs))
-                row["draft_ms_per_token"] = 1000.0 * sum(r["draft_s"] for r in runs) / drafted if drafted else None
-            roofline = machine["roofline_passes_per_s"]
-            if name == TORCH_FLOAT32:  # its own weights: float32, twice the bytes per pass
-                roofline = machine["copy_bandwidth_gbs"] * 1e9 / plain.target.model.weight_bytes
-            if row["tokens_per_pass"]:
-                passes_per_s = row["tok_per_s"] / row["tokens_per_pass"]
-                row["roofline_fraction"] = passes_per_s / roofline
-            if row.get("pass_ms"):
-                # The target passes alone (prefill and drafting left out): the weight bytes of one pass
-                # over its measured mean time, against the copy bandwidth.
-                row["pass_roofline_fraction"] = 1000.0 / row["pass_ms"] / roofline
-            rows.append(row)
-        by = {(r["system"], r["workload"]): r for r in rows}
-        for r in rows:
-            base = by.get(("engine-baseline", r["workload"]))
-            hfg = by.get(("hf-generate", r["workload"]))
-            r["speedup_vs_engine_baseline"] = r["tok_per_s"] / base["tok_per_s"] if base else None
-            # c of E / (K·c + 1): one drafted token's time in plain one-token target passes (the baseline's).
-            if r.get("draft_ms_per_token") is not None and base and base.get("pass_ms"):
-                r["draft_cost"] = r["draft_ms_per_token"] / base["pass_ms"]
-            r["speedup_vs_hf_generate"] = r["tok_per_s"] / hfg["tok_per_s"] if hfg else None
-        mismatches = []
-        for (name, workload, pi), toks in outputs.items():
-            ref = outputs.get(("engine-baseline", workload, pi))
-            if ref is None or name in ("engine-baseline", "llamacpp", TORCH_FLOAT32):  # the same weights only
-                continue
-            if toks != ref:
-                at = next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), min(len(toks), len(ref)))
-                mismatches.append({"system": name, "workload": workload, "prompt": pi, "first_difference_at": at})
-        return {
-            "machine": machine,
-            "settings": {"max_new_tokens": max_new, "repeats": repeats, "quick": quick, "greedy": True, "batch": 1},
-            "rows": rows,
-            "greedy_mismatches": mismatches,
-            "event_overhead": events,
-            "pass_cost_ms": pass_cost,
-            "notes": notes,
-            "date": time.strftime("%Y-%m-%d"),
+    return {
+        "workloads": workloads,
+        "repeats": repeats or (1 if quick else 3),
+        "max_new": max_new_tokens or (32 if quick else 128),
+        "systems": systems,
+        "machine": machine,
+        "notes": notes,
+        "hf": hf,
+        "llm": llm,
+        "plain": plain,
+        "vllm": vllm,
+        "servers": servers,
+    }
+
+
+def _interleaved_runs(engine, setup: dict, progress) -> tuple[dict, dict]:
+    """(2) Every system on every prompt, `repeats` times, the systems' order rotated each repeat so that
+    the machine's drift falls on all of them alike (ratios are read within one run). Returns the runs by
+    (system, workload) and each run's greedy token ids by (system, workload, prompt index)."""
+    systems, repeats, max_new = setup["systems"], setup["repeats"], setup["max_new"]
+    refs = dict(hf=setup["hf"], llm=setup["llm"], vllm=setup["vllm"], plain=setup["plain"])
+
+    def run(name, ids, tokens):
+        return _run_system(name, engine, refs["hf"], refs["llm"], ids, tokens, vllm=refs["vllm"], plain=refs["plain"])
+
+    # Warm up every system once (first calls allocate and build the int8 drafter).
+    warm = engine.encode_prompt("Hello")
+    for name in systems:
+        run(name, warm, 4)
+    samples: dict[tuple[str, str], list[dict]] = {}
+    outputs: dict[tuple[str, str, int], list[int]] = {}
+    total = sum(len(p) for p in setup["workloads"].values()) * repeats * len(systems)
+    done = 0
+    for workload, prompts in setup["workloads"].items():
+        for pi, prompt in enumerate(prompts):
+            ids = engine.encode_prompt(prompt)
+            for rep in range(repeats):
+                order = systems[rep % len(systems) :] + systems[: rep % len(systems)]  # rotate
+                for name in order:
+                    result = run(name, ids, max_new)
+                    samples.setdefault((name, workload), []).append(result)
+                    outputs[(name, workload, pi)] = result["token_ids"]
+                    done += 1
+                    if progress:
+                        bar = "#" * int(30 * done / total)
+                        print(
+                            f"\r[{bar:<30}] {done}/{total} {name:<{NAME_WIDTH}} {workload:<10}",
+                            end="",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+    if progress:
+        print(file=sys.stderr)
+    return samples, outputs
+
+
+def _aggregate(samples: dict, machine: dict, plain) -> list[dict]:
+    """(3) One row per (system, workload): median tokens/s over the repeats, tokens per pass, acceptance,
+    our engine's pass and drafting times, the fraction of the memory roofline, and the ratios to
+    engine-baseline and hf-generate (speedup, and c, the drafting cost in baseline passes)."""
+    rows = []
+    for (name, workload), runs in samples.items():
+        tokens = sum(r["new_tokens"] for r in runs)
+        row = {
+            "system": name,
+            "workload": workload,
+            "tok_per_s": statistics.median(r["new_tokens"] / r["wall_s"] for r in runs),
+            "tokens_per_pass": sum(r["new_tokens"] for r in runs) / max(1, sum(r["passes"] for r in runs))
+            if runs[0]["passes"]
+            else None,
+            "acceptance_rate": (sum(r["accepted"] for r in runs) / sum(r["drafted"] for r in runs))
+            if sum(r["drafted"] for r in runs)
+            else None,
+            "new_tokens": tokens,
         }
-    finally:
-        for server in servers:
-            server.stop()
+        drafted = sum(r["drafted"] for r in runs)
+        if all(r.get("verify_s") is not None for r in runs):
+            # Our engine's own timings: mean target pass, and the drafting time per drafted token.
+            row["pass_ms"] = 1000.0 * sum(r["verify_s"] for r in runs) / max(1, sum(r["passes"] for r in runs))
+            row["draft_ms_per_token"] = 1000.0 * sum(r["draft_s"] for r in runs) / drafted if drafted else None
+        roofline = machine["roofline_passes_per_s"]
+        if name == TORCH_FLOAT32:  # its own weights: float32, twice the bytes per pass
+            roofline = machine["copy_bandwidth_gbs"] * 1e9 / plain.target.model.weight_bytes
+        if row["tokens_per_pass"]:
+            passes_per_s = row["tok_per_s"] / row["tokens_per_pass"]
+            row["roofline_fraction"] = passes_per_s / roofline
+        if row.get("pass_ms"):
+            # The target passes alone (prefill and drafting left out): the weight bytes of one pass
+            # over its measured mean time, against the copy bandwidth.
+            row["pass_roofline_fraction"] = 1000.0 / row["pass_ms"] / roofline
+        rows.append(row)
+    by = {(r["system"], r["workload"]): r for r in rows}
+    for r in rows:
+        base = by.get(("engine-baseline", r["workload"]))
+        hfg = by.get(("hf-generate", r["workload"]))
+        r["speedup_vs_engine_baseline"] = r["tok_per_s"] / base["tok_per_s"] if base else None
+        # c of E / (K·c + 1): one drafted token's time in plain one-token target passes (the baseline's).
+        if r.get("draft_ms_per_token") is not None and base and base.get("pass_ms"):
+            r["draft_cost"] = r["draft_ms_per_token"] / base["pass_ms"]
+        r["speedup_vs_hf_generate"] = r["tok_per_s"] / hfg["tok_per_s"] if hfg else None
+    return rows
+
+
+def _greedy_mismatches(outputs: dict) -> list[dict]:
+    """(3) Where a system on the same weights emitted other greedy tokens than engine-baseline: the first
+    differing position of each such prompt (an empty list is greedy parity across the rows)."""
+    mismatches = []
+    for (name, workload, pi), toks in outputs.items():
+        ref = outputs.get(("engine-baseline", workload, pi))
+        if ref is None or name in ("engine-baseline", "llamacpp", TORCH_FLOAT32):  # the same weights only
+            continue
+        if toks != ref:
+            at = next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), min(len(toks), len(ref)))
+            mismatches.append({"system": name, "workload": workload, "prompt": pi, "first_difference_at": at})
+    return mismatches
 
 
 PASS_WIDTHS = (1, 2, 3, 4, 5, 8, 9, 12, 16)
