@@ -391,6 +391,7 @@ class SpeculativeEngine:
                 new_ids = [item["token_id"] for item in emitted[:kept]]
                 generated.extend(new_ids)
                 state.context.extend(new_ids)
+                # 5. Event: the pass's decisions recorded once, as plain JSON (docs/events.md).
                 step = events.step_event(
                     result.tree,
                     result.verdict,
@@ -420,7 +421,9 @@ class SpeculativeEngine:
 
     def _step(self, state: DecodeState, verify_node: Callable | None = None) -> StepResult:
         """One target pass: draft, verify, keep the accepted path in the caches (and let an adaptive
-        policy learn from the outcome, for the next pass)."""
+        policy learn from the outcome, for the next pass). The numbered stages are those of
+        docs/architecture.md ("One drafted token"); 5, the event, is built by the caller from the result."""
+        # 1. Drafter: this pass's K (adaptive drafting picks it), then the draft tree.
         shape = state.adaptive.shape_for_step(state.shape) if state.adaptive else state.shape
         t0 = time.perf_counter()
         tree = state.drafter.propose(state.context, shape, state.params, state.gen)
@@ -430,17 +433,19 @@ class SpeculativeEngine:
         base = cache.length  # == len(context) - 1: the pending token's position
         n = len(tree)
         batched = verify_node is None and self._use_batched_chain(tree, state.params)
+        # 2. Target pass: the pending token and every draft node in one forward.
         try:
             logits, hidden = self._target_pass(state, tree, to_host=not batched)  # [1 + n, V], [1 + n, E] or None
         except torch.OutOfMemoryError as exc:
             raise OutOfMemory(
                 f"out of memory verifying {n} draft tokens; try a smaller K, topk or tree budget"
             ) from exc
+        # 3. Acceptance: the rule walks the tree (or a sampled chain on CUDA, in one kernel launch).
         if batched:
             verdict = verify_chain_batched(logits, tree, state.params, state.gen)
         else:
             verdict = walk_tree(logits, tree, state.params, state.gen, verify_node or verify_children)
-        # Keep the pending token and the accepted path in the target cache; drop the rest.
+        # 4. Caches: keep the pending token and the accepted path in the target cache; drop the rest.
         cache.length = base + 1 + n
         rows = [0] + [1 + i for i in verdict.path]
         cache.keep(base, rows)
