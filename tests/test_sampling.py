@@ -21,6 +21,7 @@ from engine.sampling import (
     sample,
     sample_without_replacement,
 )
+from engine.tools.exactness import verify_children_ignoring_q
 
 V = 6
 N = 6000
@@ -53,10 +54,9 @@ def _first_token_chain(p, q, gen, drop_q=False):
     u = torch.rand(1, generator=gen)
     p2 = torch.stack([p, p])  # bonus position: any distribution works for the first token
     if drop_q:
-        # The lossy shortcut: accept with p(x) as if q were a point mass, resample from p.
-        if float(u[0]) < float(p[draft]):
-            return draft
-        return sample(p, gen)
+        # The lossy shortcut the labs show (engine.tools.exactness): accept with p(x), resample from p.
+        chosen, dist, _ = verify_children_ignoring_q(p, q, [draft], [float(u[0])], greedy=False)
+        return draft if chosen == 0 else sample(dist, gen)
     n_acc, dist = verify_chain(p2, q[None], torch.tensor([draft]), u, greedy=False)
     return draft if n_acc == 1 else sample(dist, gen)
 
