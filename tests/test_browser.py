@@ -180,7 +180,9 @@ def test_playground_step_through_and_race(app_url, browser, monkeypatch):
     assert not real, "browser console errors:\n" + "\n".join(real)
 
 
-def _start_run(page, app_url: str, prompt: str, drafter: str, max_new: int) -> None:
+def _start_run(page, app_url: str, prompt: str, drafter: str, max_new: int) -> str:
+    """Open the page, set up a run and click Run; returns the run card's stats as they were before it
+    (the recorded trace's, whose badge already says finished: see _wait_finished)."""
     page.goto(app_url, wait_until="domcontentloaded")
     page.wait_for_selector("#sl-output .sl-tok", timeout=120_000)  # the recorded trace: the page is live
     page.locator("#sl-prompt textarea").fill(prompt)
@@ -189,7 +191,21 @@ def _start_run(page, app_url: str, prompt: str, drafter: str, max_new: int) -> N
     box.fill(drafter)
     box.press("Enter")
     _set_slider(page, "sl-max-new", max_new)
+    before = page.locator("#sl-stats").inner_html()
     _click_run(page)
+    return before
+
+
+def _wait_finished(page, before: str, timeout: int) -> None:
+    """Wait until this page's own run has finished: the stats show a finished badge and are no longer
+    those of the recorded trace the page opened with (which is finished too: on a busy machine the run's
+    first update can come after a check that only looks for the badge)."""
+    page.wait_for_function(
+        "(before) => { const s = document.querySelector('#sl-stats');"
+        " return s !== null && s.innerHTML !== before && s.querySelector('.sl-badge-finished') !== null; }",
+        arg=before,
+        timeout=timeout,
+    )
 
 
 def _click_run(page) -> None:
@@ -231,8 +247,8 @@ def test_closing_the_tab_ends_the_run_within_a_pass_and_frees_its_slot(app_url, 
     # The slot is free: a new session runs to the end.
     context = browser.new_context()
     page = context.new_page()
-    _start_run(page, app_url, "Say hello.", "ngram", 6)
-    page.wait_for_selector("#sl-stats .sl-badge-finished", timeout=120_000)
+    before = _start_run(page, app_url, "Say hello.", "ngram", 6)
+    _wait_finished(page, before, 120_000)
     context.close()
 
 
@@ -256,10 +272,9 @@ def test_eight_browser_sessions_each_get_their_own_run(app_url, browser):
     contexts = [browser.new_context() for _ in prompts]
     pages = [c.new_page() for c in contexts]
     try:
-        for page, prompt in zip(pages, prompts):
-            _start_run(page, app_url, prompt, "ngram", 8)
-        for page, want in zip(pages, expected):
-            page.wait_for_selector("#sl-stats .sl-badge-finished", timeout=300_000)
+        befores = [_start_run(page, app_url, prompt, "ngram", 8) for page, prompt in zip(pages, prompts)]
+        for page, want, before in zip(pages, expected, befores):
+            _wait_finished(page, before, 300_000)
             shown = "".join(page.locator("#sl-output .sl-tok").all_text_contents())
             assert re.sub(r"[\s⏎]", "", shown) == re.sub(r"\s", "", want)
     finally:
