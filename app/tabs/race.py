@@ -1,7 +1,7 @@
 """The Race tab: plain decoding against speculative decoding, the same prompt and seed, both measured.
 
 The baseline runs first, then the speculative decoder, one after the other on the same machine;
-the speedup shown is measured wall-clock time. With greedy decoding both texts should be identical:
+the speedup shown is measured (each run's tokens per second, from its wall-clock time). With greedy decoding both texts should be identical:
 when they are not, the parity check (engine.tools.parity) says whether a numerical near-tie or a real
 mismatch caused it.
 """
@@ -321,7 +321,7 @@ def layout(init: dict) -> dict:
         gr.Markdown(
             "**Plain decoding vs speculative decoding, for real.** The same prompt and seed run twice on this "
             "machine, one after the other: first the baseline (one token per target pass), then with the "
-            "drafter. The speedup below is measured wall-clock time, never an estimate."
+            "drafter. The speedup below is measured (tokens per second of each run, from its wall-clock time), never an estimate."
         )
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=300):
