@@ -8,6 +8,8 @@ here and nowhere else.
 
 from __future__ import annotations
 
+import math
+
 from engine.trace import finish_event, start_event, step_events
 
 __all__ = [
@@ -170,6 +172,81 @@ def measured_speedup(baseline: dict, run: dict) -> float | None:
     view (Race, the run charts, the calculator, the Drafters lab) shows."""
     base, this = baseline.get("tokens_per_s") or 0.0, run.get("tokens_per_s") or 0.0
     return this / base if base > 0 and this > 0 else None
+
+
+# Speedups compared on a busy machine: a verdict only when the spread excludes 1.
+COMPARE_LEVEL = 0.1  # the interval of the median ratio covers it with probability >= 1 - COMPARE_LEVEL
+MIN_PAIRS = 5  # fewer alternating pairs give no interval at that level (0.5^4 * 2 = 0.125 > 0.1)
+
+
+def median(values: list[float]) -> float:
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def _median_interval(values: list[float], level: float = COMPARE_LEVEL) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of `values` (order statistics): [x_(j), x_(n+1-j)] with
+    the largest j such that P(Binomial(n, 1/2) < j) <= level / 2, so it covers the median with probability
+    >= 1 - level whatever the noise's distribution. None when n is too small for any j >= 1."""
+    n = len(values)
+    s = sorted(values)
+    below, j = 0.0, 0
+    for i in range(n + 1):  # below = P(B < i + 1) after step i
+        below += math.comb(n, i) / 2**n
+        if below > level / 2:
+            break
+        j = i + 1
+    return (s[j - 1], s[n - j]) if j >= 1 else None
+
+
+def compare_speedups(pairs: list[tuple[dict, dict]], level: float = COMPARE_LEVEL) -> dict:
+    """The measured speedup of alternating baseline / speculative runs, with its spread and a verdict.
+
+    pairs: (baseline summary, speculative summary) per pair (``summarize_steps`` / ``run_summary``), the
+    two runs of a pair back to back so that they see the same machine. Each pair gives one ratio
+    (``measured_speedup``); the result is their median, a distribution-free interval for it
+    (``_median_interval``), and a verdict that only a spread excluding 1 can give: "faster" (the whole
+    interval above 1), "slower" (below 1), else "no clear difference"; "too few pairs" under MIN_PAIRS.
+    Also what the measured costs imply, which wall-clock noise moves less: the speculative run's tokens
+    per pass times the baseline's median pass time over the speculative run's median pass plus drafting
+    time (``implied_speedup``)."""
+    ratios = [r for r in (measured_speedup(b, s) for b, s in pairs) if r is not None]
+    interval = _median_interval(ratios, level) if len(ratios) >= MIN_PAIRS else None
+    if interval is None:
+        verdict = "too few pairs"
+    elif interval[0] > 1.0:
+        verdict = "faster"
+    elif interval[1] < 1.0:
+        verdict = "slower"
+    else:
+        verdict = "no clear difference"
+    implied = [i for i in (implied_speedup(b, s) for b, s in pairs) if i is not None]
+    return {
+        "pairs": len(ratios),
+        "ratios": [round(r, 4) for r in ratios],
+        "speedup": median(ratios) if ratios else None,
+        "low": interval[0] if interval else None,
+        "high": interval[1] if interval else None,
+        "level": level,
+        "verdict": verdict,
+        "implied_speedup": median(implied) if implied else None,
+    }
+
+
+def implied_speedup(baseline: dict, run: dict) -> float | None:
+    """The speedup a run's measured costs imply: its tokens per pass × the baseline's mean pass time ÷ (its
+    mean target pass + mean drafting time per pass). Wall-clock speedup also counts the prefill and the
+    loop's own time; this is the part speculation changes."""
+    base_pass = baseline.get("mean_verify_ms")
+    passes = run.get("target_passes") or 0
+    if not base_pass or not passes:
+        return None
+    spec_pass = (run.get("verify_s") or 0.0) * 1000.0 / passes
+    draft = (run.get("draft_s") or 0.0) * 1000.0 / passes
+    if spec_pass + draft <= 0:
+        return None
+    return run.get("tokens_per_pass", 0.0) * base_pass / (spec_pass + draft)
 
 
 def trace_k(start: dict) -> int:

@@ -1,0 +1,69 @@
+"""A speed comparison that survives a busy machine: the baseline and a drafter, run in alternating pairs.
+
+One baseline run against one speculative run measures the machine as much as the method: on a shared
+2-core host (a public Space with several visitors) one run can take twice as long as the next for
+reasons that have nothing to do with speculation. So the comparison runs ``pairs`` pairs, the two runs
+of a pair back to back and the order swapped every pair (drift in the machine's speed falls on both
+sides alike), and ``engine.metrics.compare_speedups`` turns them into a median ratio with a
+distribution-free interval, and a verdict only when the interval excludes 1.
+
+Both runs of every pair use the same settings, seed included, with payload "off" (start and finish
+events only: the event stream's cost is the same small amount on both sides).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from engine.decode import SpeculativeEngine
+from engine.metrics import MIN_PAIRS, compare_speedups, median
+from engine.settings import GenerationSettings
+
+__all__ = ["MAX_PAIRS", "alternating_pairs", "race"]
+
+MAX_PAIRS = 20
+
+
+def alternating_pairs(
+    engine: SpeculativeEngine, prompt, drafter: str, settings: GenerationSettings, pairs: int = MIN_PAIRS
+) -> Iterator[tuple[dict, dict]]:
+    """Yield (baseline metrics, speculative metrics) for each of `pairs` pairs (the finish events'
+    ``metrics``), the baseline first in even pairs and the speculative run first in odd ones."""
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or not 1 <= pairs <= MAX_PAIRS:
+        raise ValueError(f"pairs must be between 1 and {MAX_PAIRS}, got {pairs!r}")
+    quiet = settings.merged({"payload": "off"})
+    for index in range(pairs):
+        order = ("none", drafter) if index % 2 == 0 else (drafter, "none")
+        metrics = {name: engine.run(prompt, name, quiet)["metrics"] for name in order}
+        yield metrics["none"], metrics[drafter]
+
+
+def race(
+    engine: SpeculativeEngine,
+    prompt,
+    drafter: str,
+    settings: GenerationSettings | None = None,
+    pairs: int = MIN_PAIRS,
+    progress: Callable[[int, int], None] | None = None,
+    **overrides,
+) -> dict:
+    """Run the alternating pairs and compare them: ``compare_speedups``' result (speedup, low, high,
+    verdict, implied_speedup, ratios) plus each side's median tokens per second and tokens per pass."""
+    settings = (settings or GenerationSettings()).merged(overrides)
+    if drafter in ("none", "baseline", ""):
+        raise ValueError("a race compares a drafter with the baseline: choose a drafter (ngram, int8, eagle...)")
+    measured: list[tuple[dict, dict]] = []
+    for base, spec in alternating_pairs(engine, prompt, drafter, settings, pairs):
+        measured.append((base, spec))
+        if progress is not None:
+            progress(len(measured), pairs)
+    result = compare_speedups(measured)
+
+    result.update(
+        drafter=drafter,
+        baseline_tokens_per_s=median([base["tokens_per_s"] for base, _ in measured]),
+        speculative_tokens_per_s=median([spec["tokens_per_s"] for _, spec in measured]),
+        speculative_tokens_per_pass=median([spec["tokens_per_pass"] for _, spec in measured]),
+        new_tokens=[pair[1]["new_tokens"] for pair in measured],
+    )
+    return result
