@@ -13,7 +13,8 @@ import time
 
 import gradio as gr
 
-from engine.metrics import measured_speedup, run_summary
+from engine.metrics import MIN_PAIRS, compare_speedups, measured_speedup, run_summary
+from engine.tools.race import alternating_pairs
 from engine.trace import step_events
 from visuals.lab_figures import race_figure
 
@@ -50,14 +51,47 @@ BASELINE_LABEL = "1/2 Baseline (no drafter)"
 
 
 # --------------------------------------------------------------------------------------- results
-def _race_results(base: list[dict], spec: list[dict]) -> str:
+VERDICT_WORDS = {
+    "faster": "faster than plain decoding",
+    "slower": "slower than plain decoding",
+    "no clear difference": "no clear difference: the spread of the pairs includes 1×",
+    "too few pairs": "too few pairs for a verdict",
+}
+
+
+def _verdict_lines(comparison: dict | None, one_pair: float) -> list[str]:
+    """The headline: the verdict of the alternating pairs (engine.metrics.compare_speedups), never of one pair."""
+    if comparison is None or comparison.get("speedup") is None:
+        return [
+            f"### Measured speedup of this pair: **{one_pair:.2f}×**",
+            "One baseline run and one speculative run measure the machine as much as the method: no verdict "
+            "from a single pair (a live race runs alternating pairs and gives one only when their spread allows).",
+        ]
+    c = comparison
+    lines = [
+        f"### Measured speedup: **{c['speedup']:.2f}×** ({VERDICT_WORDS[c['verdict']]})",
+    ]
+    if c["low"] is not None:
+        lines.append(
+            f"Median of {c['pairs']} alternating pairs; the median lies in **{c['low']:.2f}× – {c['high']:.2f}×** "
+            f"with probability ≥ {1 - c['level']:.0%} (pairs: {', '.join(f'{r:.2f}' for r in c['ratios'])})."
+        )
+    if c.get("implied_speedup") is not None:
+        lines.append(
+            f"What the measured pass costs and tokens per pass imply: **{c['implied_speedup']:.2f}×** "
+            "(target passes and drafting only; wall-clock also counts the prompt and the loop)."
+        )
+    return lines
+
+
+def _race_results(base: list[dict], spec: list[dict], comparison: dict | None = None) -> str:
     b, s = run_summary(base), run_summary(spec)
     speedup = measured_speedup(b, s) or float("nan")
-    verdict = "faster" if speedup > 1.0 else "slower"
     lines = [
-        f"### Measured speedup: **{speedup:.2f}×** ({verdict} than plain decoding)",
-        f"speculative {s['tokens_per_s']:.1f} tokens/s ÷ baseline {b['tokens_per_s']:.1f} tokens/s, both measured, "
-        "same machine.",
+        *_verdict_lines(comparison, speedup),
+        "",
+        f"The streamed pair: speculative {s['tokens_per_s']:.1f} tokens/s ÷ baseline {b['tokens_per_s']:.1f} "
+        "tokens/s, both measured, same machine.",
         "",
         f"| | Baseline (no drafter) | Speculative ({s['drafter']}) |",
         "|---|---|---|",
@@ -69,7 +103,8 @@ def _race_results(base: list[dict], spec: list[dict]) -> str:
         f"| tokens / s | {b['tokens_per_s']:.1f} | {s['tokens_per_s']:.1f} |",
         f"| time drafting | — | {s['draft_s']:.2f} s |",
     ]
-    if speedup <= 1.0:
+    verdict = (comparison or {}).get("verdict")
+    if verdict in ("slower", "no clear difference") or (verdict is None and speedup <= 1.0):
         lines.append(
             "\nFewer target passes only pay off when a pass costs much more than drafting. On a small model on a "
             "CPU, drafting and the larger verification pass can eat the gain; n-gram drafting on text that repeats "
@@ -78,15 +113,16 @@ def _race_results(base: list[dict], spec: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def race_outcome(base: list[dict], spec: list[dict], drafter: str) -> tuple[dict, bool]:
-    """Race outputs for two finished runs, and whether a greedy mismatch calls for the parity check."""
+def race_outcome(base: list[dict], spec: list[dict], drafter: str, comparison: dict | None = None) -> tuple[dict, bool]:
+    """Race outputs for two finished runs (and the alternating pairs measured after them, when there are),
+    and whether a greedy mismatch calls for the parity check."""
     same = base[-1].get("token_ids") == spec[-1].get("token_ids")
     greedy = bool(base[0].get("greedy"))
     values = {
         "race_base": render.token_html(base),
         "race_spec": render.token_html(spec) + render.legend_html(),
         "race_plot": race_figure(base, spec, drafter),
-        "race_results": _race_results(base, spec),
+        "race_results": _race_results(base, spec, comparison),
     }
     if same:
         values["race_note"] = (
@@ -193,6 +229,25 @@ def _run_phase(engine, phase: str, prompt, drafter: str, settings, runs: dict, r
     return False
 
 
+def _measure_pairs(engine, prompt, drafter: str, settings, runs: dict, run_id: str):
+    """After the streamed pair: MIN_PAIRS more pairs, alternating which side runs first, measured quietly
+    (engine.tools.race); returns their comparison, or None when Stop ended the race."""
+    measured = []
+    for base, spec in alternating_pairs(engine, prompt, drafter, settings, MIN_PAIRS):
+        measured.append((base, spec))
+        if stop_requested(run_id):
+            yield pack(RACE_KEYS, _stopped(runs))
+            return None
+        yield pack(
+            RACE_KEYS,
+            {
+                "race_status": f"Measuring the spread: pair {len(measured)} of {MIN_PAIRS} "
+                "(baseline and speculative back to back, alternating which goes first)…"
+            },
+        )
+    return compare_speedups(measured)
+
+
 def _prepare(drafter, prompt, settings, progress):
     """Load the model, build the drafter and check the prompt before anything runs; yields status updates,
     returns the engine."""
@@ -240,7 +295,10 @@ def run_race(
     for phase in ("base", "spec"):
         if (yield from _run_phase(engine, phase, prompt, drafter, settings, runs, run_id)):
             return
-    values, needs_parity = race_outcome(runs["base"], runs["spec"], drafter)
+    comparison = yield from _measure_pairs(engine, prompt, drafter, settings, runs, run_id)
+    if comparison is None:
+        return
+    values, needs_parity = race_outcome(runs["base"], runs["spec"], drafter, comparison)
     values["race_status"] = f"Both runs done (seed {settings.seed})."
     if not needs_parity:
         values["race_btn"] = end_run()
@@ -321,7 +379,9 @@ def layout(init: dict) -> dict:
         gr.Markdown(
             "**Plain decoding vs speculative decoding, for real.** The same prompt and seed run twice on this "
             "machine, one after the other: first the baseline (one token per target pass), then with the "
-            "drafter. The speedup below is measured (tokens per second of each run, from its wall-clock time), never an estimate."
+            "drafter. Then five more pairs, measured quietly, alternating which side goes first: the speedup below "
+            "is their median with its spread (tokens per second of each run), and it says faster or slower only "
+            "when the spread excludes 1×."
         )
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=300):
