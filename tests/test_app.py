@@ -110,7 +110,7 @@ def test_build_demo_registers_generate_endpoint():
 
     demo = build_demo()
     names = [fn.api_name for fn in demo.fns.values()]
-    assert "generate" in names
+    assert "generate" in names and "race" in names
 
 
 # ---------------------------------------------------------------------- real model, via HTTP
@@ -142,6 +142,21 @@ def test_generate_endpoint_errors_are_clear_and_server_survives(client):
         client.predict("Hi", "ngram", 4, "nan", 1.0, 0, 0, 8, api_name="/generate")
     ok = client.predict("Say hi.", "none", 4, 0.0, 1.0, 0, 0, 3, api_name="/generate")
     assert ok["metrics"]["new_tokens"] <= 3
+
+
+@pytest.mark.slow
+def test_race_endpoint_measures_pairs_and_refuses_bad_input(client):
+    result = client.predict("Repeat: the cat sat on the mat.", "ngram", 4, 0.0, 0, 12, 5, api_name="/race")
+    assert result["pairs"] == 5 and len(result["ratios"]) == 5 and result["seed"] == 0
+    assert result["verdict"] in ("faster", "slower", "no clear difference")
+    assert result["low"] <= result["speedup"] <= result["high"]
+    assert result["implied_speedup"] > 0 and result["baseline_tokens_per_s"] > 0
+    with pytest.raises(Exception, match="pairs must be between"):
+        client.predict("Hi", "ngram", 4, 0.0, 0, 8, 2, api_name="/race")
+    with pytest.raises(Exception, match="choose a drafter"):
+        client.predict("Hi", "none", 4, 0.0, 0, 8, 5, api_name="/race")
+    with pytest.raises(Exception, match="prompt is empty"):
+        client.predict("  ", "ngram", 4, 0.0, 0, 8, 5, api_name="/race")
 
 
 # ------------------------------------------------------------------ real model, in process

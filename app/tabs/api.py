@@ -1,4 +1,6 @@
-"""The /generate API endpoint: speculative decoding on the default model for programs (gradio_client).
+"""The API endpoints for programs (gradio_client): /generate (speculative decoding on the default model)
+and /race (a drafter against the baseline, measured in alternating pairs, with a verdict only when the
+spread allows).
 
 Its name, inputs and outputs are a public contract (README, tests): change them only compatibly.
 """
@@ -9,11 +11,14 @@ from collections.abc import Iterator
 
 import gradio as gr
 
+from engine.metrics import MIN_PAIRS
+
 from ..config import MAX_CONCURRENT_RUNS
 from ..engine_access import get_engine, make_settings, start_generation, use_drafter
+from ..inputs import as_int, random_seed
 from ..wiring import MODEL_RUNS
 
-__all__ = ["api_generate", "register"]
+__all__ = ["api_generate", "api_race", "register"]
 
 
 def api_generate(
@@ -76,6 +81,53 @@ def api_generate(
     }
 
 
+def api_race(
+    prompt: str,
+    drafter: str = "ngram",
+    k: int = 4,
+    temperature: float = 0.0,
+    seed: int = 0,
+    max_new_tokens: int = 64,
+    pairs: int = MIN_PAIRS,
+) -> dict:
+    """Race a drafter against the plain baseline on the default model, measured so that noise gives no verdict.
+
+    Args:
+        prompt: the user message (the chat template is applied).
+        drafter: ngram, int8, eagle or model:<id>.
+        k: draft depth K.
+        temperature: 0 = greedy.
+        seed: random seed shared by every run; -1 = random (the seed used is returned).
+        max_new_tokens: number of tokens each run generates at most.
+        pairs: baseline / speculative pairs to run back to back, alternating which goes first (5 to 20;
+            fewer give no interval).
+
+    Returns:
+        {"speedup": median ratio of the pairs' tokens per second, "low", "high": an interval that holds the
+        median with probability >= 1 - "level", "verdict": "faster", "slower" or "no clear difference"
+        (only a spread that excludes 1 gives a direction), "implied_speedup": what the measured pass costs
+        and tokens per pass imply, "ratios", "pairs", "baseline_tokens_per_s", "speculative_tokens_per_s",
+        "speculative_tokens_per_pass", "new_tokens", "drafter", "seed"}.
+    """
+    from engine.tools.race import MAX_PAIRS, race
+
+    pairs = as_int(pairs, "pairs")
+    if not MIN_PAIRS <= pairs <= MAX_PAIRS:
+        raise gr.Error(f"pairs must be between {MIN_PAIRS} and {MAX_PAIRS}, got {pairs}")
+    settings = make_settings(k, 1, None, temperature, 1.0, 0, seed, max_new_tokens)
+    if settings.seed is None:
+        settings.seed = random_seed()  # every run shares one seed
+    engine = get_engine("default", "auto")
+    use_drafter(engine, drafter)
+    start_generation(engine, prompt, drafter, settings).close()  # a bad prompt fails before any run
+    try:
+        result = race(engine, prompt, drafter, settings, pairs)
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    return {**result, "seed": settings.seed}
+
+
 def register() -> None:
-    """The endpoint, in the queue every model run shares."""
+    """The endpoints, in the queue every model run shares."""
     gr.api(api_generate, api_name="generate", concurrency_limit=MAX_CONCURRENT_RUNS, concurrency_id=MODEL_RUNS)
+    gr.api(api_race, api_name="race", concurrency_limit=MAX_CONCURRENT_RUNS, concurrency_id=MODEL_RUNS)
