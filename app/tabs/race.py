@@ -73,8 +73,9 @@ def _verdict_lines(comparison: dict | None, one_pair: float) -> list[str]:
     ]
     if c["low"] is not None:
         lines.append(
-            f"Median of {c['pairs']} alternating pairs; the median lies in **{c['low']:.2f}× – {c['high']:.2f}×** "
-            f"with probability ≥ {1 - c['level']:.0%} (pairs: {', '.join(f'{r:.2f}' for r in c['ratios'])})."
+            f"Median of {c['pairs']} alternating pairs ({', '.join(f'{r:.2f}' for r in c['ratios'])}); with "
+            f"probability ≥ {1 - c['level']:.0%} this machine's median ratio lies in "
+            f"**{c['low']:.2f}× – {c['high']:.2f}×**."
         )
     if c.get("implied_speedup") is not None:
         lines.append(

@@ -52,6 +52,11 @@ def race(
     settings = (settings or GenerationSettings()).merged(overrides)
     if drafter in ("none", "baseline", ""):
         raise ValueError("a race compares a drafter with the baseline: choose a drafter (ngram, int8, eagle...)")
+    # A short warm-up of both sides, not counted: a process's first runs pay one-time costs (a drafter's
+    # first build, the first passes of each width) that would land on whichever side runs first.
+    warm = settings.merged({"payload": "off", "max_new_tokens": min(4, settings.max_new_tokens)})
+    for name in ("none", drafter):
+        engine.run(prompt, name, warm)
     measured: list[tuple[dict, dict]] = []
     for base, spec in alternating_pairs(engine, prompt, drafter, settings, pairs):
         measured.append((base, spec))
