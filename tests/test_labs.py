@@ -169,6 +169,23 @@ def test_lossless_lab_passes_the_exact_sampler_and_catches_the_broken_one():
 
 
 @pytest.mark.slow
+def test_lossless_lab_offers_the_eagle_head_and_it_is_exact():
+    """The learned head is a drafter of the Lossless lab like the others (#29): its exact sampler's samples
+    are consistent with p. The first token only (the two-token law with the head is test_eagle.py's)."""
+    from app.labs import lossless
+
+    d = lossless.LOSSLESS_DEFAULTS
+    run = lossless.run_lossless(
+        d["prompt"], d["temperature"], d["top_k"], "eagle", d["k"], d["topk"], 300, 0, ["exact"], 1
+    )
+    (status, _, _), outputs = _last(run)
+    table = {row[0].split(" [")[0]: row for row in [o[2] for o in outputs if not _is_skip(o[2])][-1]}
+    exact = table[lossless.SAMPLERS["exact"]]
+    assert float(exact[4]) > 1e-3 and exact[6] == "consistent with p", table
+    assert "Done" in status and "eagle" in status
+
+
+@pytest.mark.slow
 def test_parity_lab_streams_identical_rows_in_float32():
     from app.labs import parity
 

@@ -169,8 +169,8 @@ def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samp
         "drafter": (drafter or "int8").strip(),
         "tokens": number(tokens, "Tokens tested", 1, max(TOKENS_TESTED), integer=True),
     }
-    if lab["drafter"] not in ("int8", "ngram"):
-        raise gr.Error(f"Choose the int8 or the ngram drafter for this lab, got {lab['drafter']!r}.")
+    if lab["drafter"] not in ("int8", "ngram", "eagle"):
+        raise gr.Error(f"Choose the int8, ngram or eagle drafter for this lab, got {lab['drafter']!r}.")
     lab["chosen"] = list(SAMPLERS) if samplers is None else [kind for kind in SAMPLERS if kind in samplers]
     if not lab["chosen"] or (samplers is not None and set(samplers) - set(SAMPLERS)):
         raise gr.Error(f"Pick at least one sampler to run ({', '.join(SAMPLERS)}).")
@@ -342,7 +342,11 @@ def _controls() -> dict:
         elem_id="ll-n",
     )
     c["drafter"] = gr.Radio(
-        [("int8 (quantised target)", "int8"), ("ngram (prompt lookup)", "ngram")],
+        [
+            ("int8 (quantised target)", "int8"),
+            ("ngram (prompt lookup)", "ngram"),
+            ("eagle (a one-layer head on the target's features)", "eagle"),
+        ],
         value=d["drafter"],
         label="Drafter of the speculative sampler",
         info="The broken verifier always uses int8 (see above).",

@@ -188,7 +188,11 @@ def _controls() -> dict:
     )
     c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Check parity", "pl-run", "pl-stop")
     c["drafter"] = gr.Dropdown(
-        [("ngram (prompt lookup)", "ngram"), ("int8 (quantised target)", "int8")],
+        [
+            ("ngram (prompt lookup)", "ngram"),
+            ("int8 (quantised target)", "int8"),
+            ("eagle (a one-layer head on the target's features)", "eagle"),
+        ],
         value="ngram",
         allow_custom_value=True,
         label="Drafter",
