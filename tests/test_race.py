@@ -38,6 +38,9 @@ def test_a_verdict_only_when_the_spread_excludes_one():
     # One pair that ran while another visitor held the cores: the spread now straddles 1.
     noisy = compare_speedups([_pair(100, r) for r in (130, 125, 95, 128, 135)])
     assert noisy["verdict"] == "no clear difference" and noisy["low"] < 1.0 < noisy["high"]
+    # Every pair a few percent above 1: a tight interval, but a difference too small to call on this machine.
+    small = compare_speedups([_pair(100, r) for r in (102, 107, 107, 100.5, 106)])
+    assert small["low"] > 1.0 and small["verdict"] == "no clear difference"
     few = compare_speedups([_pair(100, 200)] * (MIN_PAIRS - 1))
     assert few["verdict"] == "too few pairs" and few["low"] is None and few["speedup"] == pytest.approx(2.0)
     # What the measured costs imply: 2 tokens per pass, a 10 ms baseline pass, 12 + 2 ms per speculative pass.

@@ -105,7 +105,7 @@ def api_race(
     Returns:
         {"speedup": median ratio of the pairs' tokens per second, "low", "high": an interval that holds the
         median with probability >= 1 - "level", "verdict": "faster", "slower" or "no clear difference"
-        (only a spread that excludes 1 gives a direction), "implied_speedup": what the measured pass costs
+        (only a spread that excludes 1 by 5% or more gives a direction), "implied_speedup": what the measured pass costs
         and tokens per pass imply, "ratios", "pairs", "baseline_tokens_per_s", "speculative_tokens_per_s",
         "speculative_tokens_per_pass", "new_tokens", "drafter", "seed"}.
     """

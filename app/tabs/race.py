@@ -54,7 +54,7 @@ BASELINE_LABEL = "1/2 Baseline (no drafter)"
 VERDICT_WORDS = {
     "faster": "faster than plain decoding",
     "slower": "slower than plain decoding",
-    "no clear difference": "no clear difference: the spread of the pairs includes 1×",
+    "no clear difference": "no clear difference: the spread includes 1×, or the difference is under 5%",
     "too few pairs": "too few pairs for a verdict",
 }
 
@@ -382,7 +382,7 @@ def layout(init: dict) -> dict:
             "machine, one after the other: first the baseline (one token per target pass), then with the "
             "drafter. Then five more pairs, measured quietly, alternating which side goes first: the speedup below "
             "is their median with its spread (tokens per second of each run), and it says faster or slower only "
-            "when the spread excludes 1×."
+            "when the spread excludes 1× by 5% or more."
         )
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=300):
