@@ -141,7 +141,6 @@ def _read_prompts(path: str) -> list[str]:
 
 
 def _default_parity_prompts() -> list[str]:
-
     path = paths.ASSETS / "parity_prompts.jsonl"
     return _read_prompts(str(path))
 

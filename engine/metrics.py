@@ -13,9 +13,15 @@ import math
 from engine.trace import finish_event, start_event, step_events
 
 __all__ = [
+    "MIN_EFFECT",
+    "MIN_PAIRS",
     "batch_throughputs",
+    "compare_speedups",
     "draft_token_cost",
     "expected_tokens_per_pass",
+    "implied_speedup",
+    "measured_speedup",
+    "median",
     "run_summary",
     "summarize_steps",
     "wall_clock_speedup",
@@ -184,6 +190,7 @@ MIN_EFFECT = 0.05
 
 
 def median(values: list[float]) -> float:
+    """The middle value (the mean of the two middle ones for an even count)."""
     s = sorted(values)
     mid = len(s) // 2
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
@@ -213,9 +220,9 @@ def compare_speedups(pairs: list[tuple[dict, dict]], level: float = COMPARE_LEVE
     (``_median_interval``), and a verdict that only a spread excluding 1 can give: "faster" (the whole
     interval at or above 1 + MIN_EFFECT), "slower" (at or below 1 - MIN_EFFECT), else "no clear
     difference"; "too few pairs" under MIN_PAIRS.
-    Also what the measured costs imply, which wall-clock noise moves less: the speculative run's tokens
-    per pass times the baseline's median pass time over the speculative run's median pass plus drafting
-    time (``implied_speedup``)."""
+    Also what the measured costs imply, which wall-clock noise moves less: the median over the pairs of
+    ``implied_speedup`` (tokens per pass × the baseline's mean pass time ÷ the run's mean pass plus
+    drafting time)."""
     ratios = [r for r in (measured_speedup(b, s) for b, s in pairs) if r is not None]
     interval = _median_interval(ratios, level) if len(ratios) >= MIN_PAIRS else None
     if interval is None:

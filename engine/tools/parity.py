@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.decode import GenerationSettings, SpeculativeEngine
+from engine.decode import SpeculativeEngine
+from engine.settings import GenerationSettings
 
 __all__ = ["NEAR_TIE", "parity_check"]
 
@@ -52,17 +53,11 @@ def parity_check(
     baseline = greedy.merged(dict(adaptive=False))
     strict = settings.strict
     tolerance = NEAR_TIE.get(engine.target.dtype, 0.01)
+    # What a baseline run depends on besides its prompt (the cache's key; the draft shape sizes its passes).
+    s = settings
+    shape_key = (s.max_new_tokens, strict, s.chat, s.k * max(s.topk, 1), s.num_draft_tokens, str(engine.target.dtype))
     for index, prompt in enumerate(prompts):
-        s = settings
-        key = (
-            prompt,
-            s.max_new_tokens,
-            strict,
-            s.chat,
-            s.k * max(s.topk, 1),
-            s.num_draft_tokens,
-            str(engine.target.dtype),
-        )
+        key = (prompt, *shape_key)
         if baseline_cache is not None and key in baseline_cache:
             base = baseline_cache[key]
         else:
