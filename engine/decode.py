@@ -19,6 +19,7 @@ Stopping: EOS, max_new_tokens, or the caller closing the generator.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -143,6 +144,9 @@ class SpeculativeEngine:
         # acceptance.verify_children; "batch" or "walk" force one. Both are exact; they draw their
         # uniforms in a different order, so one seed gives different (equally exact) samples.
         self.chain_verifier = "auto"
+        # The quickest mean baseline pass this engine has measured (ms): the host's quiet speed, against
+        # which a comparison tells a busy machine (metrics.busy_machine).
+        self.quickest_pass_ms: float | None = None
 
     @classmethod
     def load(
@@ -371,7 +375,7 @@ class SpeculativeEngine:
         max_new = min(settings.max_new_tokens, self.target.context_window - len(prompt_ids))
         # Measured before the run's clock starts (the first adaptive run on an engine, ~1 s).
         pass_ms = self._adaptive_pass_ms(settings, shape, drafter=drafter)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         info = self._start_info(drafter, settings, params, shape, seed, max_new)
         if pass_ms is not None:  # what the K policy weighs, recorded: a trace replays it on its own
             info["adaptive"] = {"pass_ms": pass_ms, "level_nodes": self.level_nodes(drafter, shape)}
@@ -414,10 +418,22 @@ class SpeculativeEngine:
                     break
             k = shape.steps if drafter.drafts else 0
             metrics = summarize_steps(steps, k, time.perf_counter() - started, prefill_s)
+            metrics["cpu_share"] = self._cpu_share(time.process_time() - cpu_started, metrics["wall_s"])
+            if not drafter.drafts and metrics.get("mean_verify_ms"):
+                quickest = self.quickest_pass_ms
+                self.quickest_pass_ms = min(quickest or math.inf, metrics["mean_verify_ms"])
             text = self.tokenizer.decode(generated, skip_special_tokens=True)
             yield events.finish_event(stop_reason, text, generated, metrics)
         finally:
             drafter.close()
+
+    def _cpu_share(self, cpu_s: float, wall_s: float) -> float | None:
+        """The share of the cores it asked for (torch's threads) that this process got during a run: ~1 on a
+        quiet machine, ~0.5 on 2 cores while two other processes run (measured on this host). Other runs in
+        the same process count as its own. None on a GPU, where the CPU mostly waits."""
+        if self.target.model.device.type != "cpu" or wall_s <= 0:
+            return None
+        return round(min(1.0, cpu_s / (wall_s * torch.get_num_threads())), 3)
 
     def _step(self, state: DecodeState, verify_node: Callable | None = None) -> StepResult:
         """One target pass: draft, verify, keep the accepted path in the caches (and let an adaptive

@@ -16,6 +16,7 @@ __all__ = [
     "MIN_EFFECT",
     "MIN_PAIRS",
     "batch_throughputs",
+    "busy_machine",
     "compare_speedups",
     "draft_token_cost",
     "expected_tokens_per_pass",
@@ -23,6 +24,7 @@ __all__ = [
     "measured_speedup",
     "median",
     "run_summary",
+    "speedup_ceiling",
     "summarize_steps",
     "wall_clock_speedup",
 ]
@@ -211,7 +213,9 @@ def _median_interval(values: list[float], level: float = COMPARE_LEVEL) -> tuple
     return (s[j - 1], s[n - j]) if j >= 1 else None
 
 
-def compare_speedups(pairs: list[tuple[dict, dict]], level: float = COMPARE_LEVEL) -> dict:
+def compare_speedups(
+    pairs: list[tuple[dict, dict]], level: float = COMPARE_LEVEL, quickest_pass_ms: float | None = None
+) -> dict:
     """The measured speedup of alternating baseline / speculative runs, with its spread and a verdict.
 
     pairs: (baseline summary, speculative summary) per pair (``summarize_steps`` / ``run_summary``), the
@@ -219,14 +223,27 @@ def compare_speedups(pairs: list[tuple[dict, dict]], level: float = COMPARE_LEVE
     (``measured_speedup``); the result is their median, a distribution-free interval for it
     (``_median_interval``), and a verdict that only a spread excluding 1 can give: "faster" (the whole
     interval at or above 1 + MIN_EFFECT), "slower" (at or below 1 - MIN_EFFECT), else "no clear
-    difference"; "too few pairs" under MIN_PAIRS.
+    difference"; "too few pairs" under MIN_PAIRS. "faster" also needs the passes saved to allow it
+    (``speedup_ceiling`` at or above 1 + MIN_EFFECT); where they do not, "note" says so. "busy" is
+    ``busy_machine``'s finding (quickest_pass_ms: the quickest baseline pass this process has measured).
     Also what the measured costs imply, which wall-clock noise moves less: the median over the pairs of
     ``implied_speedup`` (tokens per pass × the baseline's mean pass time ÷ the run's mean pass plus
     drafting time)."""
     ratios = [r for r in (measured_speedup(b, s) for b, s in pairs) if r is not None]
     interval = _median_interval(ratios, level) if len(ratios) >= MIN_PAIRS else None
+    ceilings = [c for c in (speedup_ceiling(b, s) for b, s in pairs) if c is not None]
+    ceiling = median(ceilings) if ceilings else None
+    note = None
     if interval is None:
         verdict = "too few pairs"
+    elif interval[0] >= 1.0 + MIN_EFFECT and ceiling is not None and ceiling < 1.0 + MIN_EFFECT:
+        # Faster than fewer passes allow: the runs saved under MIN_EFFECT of their passes, so whatever
+        # the clock says beyond that came from the machine, not from speculation.
+        verdict = "no clear difference"
+        note = (
+            f"measured {interval[0]:.2f}-{interval[1]:.2f}x, but the drafts saved passes for only "
+            f"{ceiling:.2f}x: the rest is the machine's noise"
+        )
     elif interval[0] >= 1.0 + MIN_EFFECT:
         verdict = "faster"
     elif interval[1] <= 1.0 - MIN_EFFECT:
@@ -244,7 +261,60 @@ def compare_speedups(pairs: list[tuple[dict, dict]], level: float = COMPARE_LEVE
         "min_effect": MIN_EFFECT,
         "verdict": verdict,
         "implied_speedup": median(implied) if implied else None,
+        "ceiling": ceiling,
+        "note": note,
+        "busy": busy_machine([b for b, _ in pairs], quickest_pass_ms),
     }
+
+
+# A machine is called busy when its baseline passes ran this much slower than they can: the slowest
+# baseline run of the comparison against the quickest one, or the median against the quickest pass the
+# process has measured (on this 2-core host a quiet float32 pass of the default model is ~60 ms; with two
+# other processes spinning, 1.3-2x that, and run to run by 10-30%).
+BUSY_SLOWDOWN = 1.25
+
+
+# ... or when the runs got less than this share of the cores they asked for (finish metrics' "cpu_share":
+# 0.99 on this quiet 2-core host, 0.50 with two other processes spinning).
+BUSY_CPU_SHARE = 0.75
+
+
+def busy_machine(baselines: list[dict], quickest_pass_ms: float | None = None) -> dict:
+    """Whether the machine was busy while the baseline runs ran, from their own measurements: {"busy",
+    "spread" (slowest ÷ quickest run's mean pass), "slowdown" (median pass ÷ quickest_pass_ms, or None),
+    "cpu_share" (median share of the asked-for cores the runs got, or None), "reason"}."""
+    times = [b["mean_verify_ms"] for b in baselines if b.get("mean_verify_ms")]
+    shares = [b["cpu_share"] for b in baselines if b.get("cpu_share") is not None]
+    share = median(shares) if shares else None
+    if not times:
+        return {"busy": False, "spread": None, "slowdown": None, "cpu_share": share, "reason": "no pass timed"}
+    spread = max(times) / min(times)
+    slowdown = median(times) / quickest_pass_ms if quickest_pass_ms else None
+    reasons = []
+    if share is not None and share < BUSY_CPU_SHARE:
+        reasons.append(f"the runs got {share:.0%} of the cores they asked for (other processes held the rest)")
+    if spread >= BUSY_SLOWDOWN:
+        reasons.append(f"the same baseline run took {min(times):.0f}-{max(times):.0f} ms per pass")
+    if slowdown is not None and slowdown >= BUSY_SLOWDOWN:
+        reasons.append(
+            f"its passes took {slowdown:.1f}x the quickest this server has measured ({quickest_pass_ms:.0f} ms)"
+        )
+    return {
+        "busy": bool(reasons),
+        "spread": spread,
+        "slowdown": slowdown,
+        "cpu_share": share,
+        "reason": "; ".join(reasons) if reasons else "baseline passes ran at this machine's usual speed",
+    }
+
+
+def speedup_ceiling(baseline: dict, run: dict) -> float | None:
+    """The most a run can be faster than the baseline on the same machine: its tokens per pass ÷ the
+    baseline's. A speculative pass costs at least a baseline pass (the same model over one token or more)
+    and drafting costs at least nothing, so fewer passes is the only way speculation saves time. A measured
+    ratio above this ceiling is the machine's doing (another process paused one run more than the other)."""
+    base, this = baseline.get("tokens_per_pass") or 0.0, run.get("tokens_per_pass") or 0.0
+    return this / base if base > 0 and this > 0 else None
 
 
 def implied_speedup(baseline: dict, run: dict) -> float | None:

@@ -105,8 +105,11 @@ def api_race(
     Returns:
         {"speedup": median ratio of the pairs' tokens per second, "low", "high": an interval that holds the
         median with probability >= 1 - "level", "verdict": "faster", "slower" or "no clear difference"
-        (only a spread that excludes 1 by 5% or more gives a direction), "implied_speedup": what the measured pass costs
-        and tokens per pass imply, "ratios", "pairs", "baseline_tokens_per_s", "speculative_tokens_per_s",
+        (only a spread that excludes 1 by 5% or more gives a direction, and "faster" only where tokens per
+        pass allow it), "note": why there is no verdict despite the spread (or null), "ceiling": tokens per
+        pass ÷ the baseline's (no measured speedup above it is speculation's), "busy": {"busy", "spread",
+        "slowdown", "cpu_share", "reason"} (whether other work slowed the baseline passes), "implied_speedup": what the
+        measured pass costs and tokens per pass imply, "ratios", "pairs", "baseline_tokens_per_s", "speculative_tokens_per_s",
         "speculative_tokens_per_pass", "new_tokens", "drafter", "seed"}.
     """
     from engine.tools.race import MAX_PAIRS, race

@@ -77,11 +77,22 @@ def _verdict_lines(comparison: dict | None, one_pair: float) -> list[str]:
             f"probability ≥ {1 - c['level']:.0%} this machine's median ratio lies in "
             f"**{c['low']:.2f}× – {c['high']:.2f}×**."
         )
+    if c.get("note"):
+        lines.append(f"No verdict: {c['note']}.")
     if c.get("implied_speedup") is not None:
         lines.append(
             f"What the measured pass costs and tokens per pass imply: **{c['implied_speedup']:.2f}×** "
             "(target passes and drafting only; wall-clock also counts the prompt and the loop)."
         )
+    if c.get("ceiling") is not None:
+        lines.append(
+            f"The ceiling: {c['ceiling']:.2f} tokens per pass against the baseline's 1 — a speculative pass "
+            "costs at least a plain one, so no measurement above that is speculation's doing."
+        )
+    busy = c.get("busy") or {}
+    if busy.get("busy"):
+        lines.append(f"⚠ **This machine was busy during the race**: {busy['reason']}. Other work (other visitors) "
+                     "shares its cores; the spread above already counts that, so trust the interval, not one pair.")
     return lines
 
 
@@ -246,7 +257,7 @@ def _measure_pairs(engine, prompt, drafter: str, settings, runs: dict, run_id: s
                 "(baseline and speculative back to back, alternating which goes first)…"
             },
         )
-    return compare_speedups(measured)
+    return compare_speedups(measured, quickest_pass_ms=engine.quickest_pass_ms)
 
 
 def _prepare(drafter, prompt, settings, progress):

@@ -62,7 +62,7 @@ def race(
         measured.append((base, spec))
         if progress is not None:
             progress(len(measured), pairs)
-    result = compare_speedups(measured)
+    result = compare_speedups(measured, quickest_pass_ms=engine.quickest_pass_ms)
 
     result.update(
         drafter=drafter,
