@@ -59,7 +59,7 @@ def test_faster_than_the_passes_saved_allow_is_noise_not_a_verdict():
     noisy = compare_speedups(pairs)
     assert noisy["low"] >= 1.0 + MIN_EFFECT and noisy["ceiling"] == pytest.approx(1.02)
     assert noisy["verdict"] == "no clear difference" and "noise" in noisy["note"]
-    for base, spec in pairs:
+    for _base, spec in pairs:
         spec["tokens_per_pass"] = 2.0
     assert compare_speedups(pairs)["verdict"] == "faster"
 

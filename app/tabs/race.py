@@ -91,8 +91,10 @@ def _verdict_lines(comparison: dict | None, one_pair: float) -> list[str]:
         )
     busy = c.get("busy") or {}
     if busy.get("busy"):
-        lines.append(f"⚠ **This machine was busy during the race**: {busy['reason']}. Other work (other visitors) "
-                     "shares its cores; the spread above already counts that, so trust the interval, not one pair.")
+        lines.append(
+            f"⚠ **This machine was busy during the race**: {busy['reason']}. Other work (other visitors) "
+            "shares its cores; the spread above already counts that, so trust the interval, not one pair."
+        )
     return lines
 
 
