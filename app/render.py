@@ -215,6 +215,28 @@ def _card_header(start: dict, s: dict, source: str) -> list[str]:
     return lines
 
 
+def theory_line(s: dict) -> str:
+    """The theory against the measurement, honest for every run kind: E = (1 − α^(K+1)) / (1 − α) at the K
+    each pass actually drafted (adaptive depth, n-gram matches shorter than K, passes with nothing to draft),
+    with α's own sample size; where most passes drafted nothing, the theory over the passes that drafted."""
+    kind = "some sibling at a tried depth is kept" if s["tree_topk"] > 1 else "a tried draft is kept"
+    passes, drafting = s["target_passes"], s.get("passes_drafted", s["target_passes"])
+    text = (
+        f"- **Theory:** α = {fmt_num(s['position_acceptance'])} (the chance that {kind}; "
+        f"{plural(s.get('positions_tried', 0), 'depth')} tried), E = (1 − α^(K+1)) / (1 − α) at the K each pass "
+        f"drafted (mean {s.get('mean_drafted_depth', s['k']):.2f}, slider K = {s['k']}) = "
+        f"**{s['theoretical_tokens_per_pass']:.2f} tokens per pass** (measured {s['tokens_per_pass']:.2f})"
+    )
+    if drafting < passes:
+        text += f"; {drafting} of {passes} passes drafted (a pass with nothing to draft yields 1 token)"
+        if drafting * 2 < passes:
+            text += (
+                f", and over those {drafting} alone the theory is "
+                f"{s.get('theoretical_tokens_per_drafting_pass', 1.0):.2f}"
+            )
+    return text + "."
+
+
 def _card_numbers(s: dict) -> list[str]:
     """The card's output, acceptance, theory and time lines."""
     lines = [
@@ -229,17 +251,13 @@ def _card_numbers(s: dict) -> list[str]:
             f"tried); α = accepted ÷ depths tried = **{_alpha_text(s)}**"
         )
         if s["finished"]:
-            kind = "some sibling at a tried depth is kept" if s["tree_topk"] > 1 else "a tried draft is kept"
-            lines.append(
-                f"- **Theory:** with α = accepted ÷ depths tried = {fmt_num(s['position_acceptance'])} (the chance "
-                f"that {kind}), (1 − α^(K+1)) / (1 − α) = **{s['theoretical_tokens_per_pass']:.2f} tokens per "
-                f"pass** (measured {s['tokens_per_pass']:.2f})."
-            )
+            lines.append(theory_line(s))
     if s["finished"]:
+        other = max(0.0, s["wall_s"] - s["prefill_s"] - s["draft_s"] - s["verify_s"])
         lines.append(
-            f"- **Time:** {s['wall_s']:.2f} s in all: prefill {s['prefill_s']:.2f} s, drafting "
-            f"{s['draft_s']:.2f} s, target passes and checks {s['verify_s']:.2f} s → "
-            f"**{s['tokens_per_s']:.1f} tokens/s**"
+            f"- **Time:** {s['wall_s']:.2f} s in all = prefill {s['prefill_s']:.2f} s + drafting "
+            f"{s['draft_s']:.2f} s + target passes and checks {s['verify_s']:.2f} s + other {other:.2f} s "
+            f"(events, text, the loop; on a busy machine, waiting for a core) → **{s['tokens_per_s']:.1f} tokens/s**"
         )
     else:
         lines.append(

@@ -122,8 +122,11 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
     position_acceptance α = accepted / positions tried, where a pass tries each depth
     its accepted path reached plus the depth where it stopped on a rejection: the
     per-token acceptance rate of E = (1 − α^(K+1)) / (1 − α) (for a tree, the chance
-    that some sibling at a tried depth is accepted), so theoretical_tokens_per_pass
-    uses it; acceptance_by_position[i] is the share of steps that drafted a token at
+    that some sibling at a tried depth is accepted; positions_tried is its denominator), so
+    theoretical_tokens_per_pass uses it, at the depth each pass drafted (E = 1 for a pass
+    that drafted nothing; adaptive K and short n-gram matches draft less than K), with
+    theoretical_tokens_per_drafting_pass the same over the passes_drafted alone and
+    mean_drafted_depth their mean K; acceptance_by_position[i] is the share of steps that drafted a token at
     depth i+1 whose accepted path reached depth i+1 (the chain model predicts α^(i+1));
     draft_cost_ratio c = mean draft time per draft position / mean target pass time
     (an estimate from this run's timings, for the speedup formula).
@@ -142,6 +145,11 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
             accepted_at[depth] += 1
     rejections = sum(1 for s in steps if s.get("extra_kind") == "resampled")
     alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
+    # The theory at the depth each pass actually drafted (adaptive K, an n-gram match shorter than K, or
+    # nothing at all: E = 1 for a pass without drafts), and over the passes that drafted alone.
+    depths = [s.get("draft_depth", 0) if s.get("drafted") else 0 for s in steps]
+    drafted_depths = [d for d in depths if d]
+    theory_each = [expected_tokens_per_pass(alpha, d) for d in depths]
     drafting = [s for s in steps if s.get("drafted")] or steps
     mean_draft_ms = _mean(s.get("draft_ms") for s in drafting)
     mean_verify_ms = _mean(s.get("verify_ms") for s in drafting)
@@ -157,7 +165,13 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
         "accepted_per_position": accepted_at,
         "drafted_per_position": drafted_at,
         "acceptance_by_position": [a / d if d else None for a, d in zip(accepted_at, drafted_at)],
-        "theoretical_tokens_per_pass": expected_tokens_per_pass(alpha, k) if drafted else 1.0,
+        "positions_tried": accepted + rejections,
+        "theoretical_tokens_per_pass": sum(theory_each) / passes if drafted else 1.0,
+        "passes_drafted": len(drafted_depths),
+        "mean_drafted_depth": sum(drafted_depths) / len(drafted_depths) if drafted_depths else 0.0,
+        "theoretical_tokens_per_drafting_pass": (
+            sum(t for t, d in zip(theory_each, depths) if d) / len(drafted_depths) if drafted_depths else 1.0
+        ),
         "mean_tree_size": drafted / passes if passes else 0.0,
         "mean_accepted_depth": accepted / passes if passes else 0.0,
         "mean_draft_ms": mean_draft_ms,
@@ -356,7 +370,13 @@ def run_summary(trace) -> dict:
     wall_s = float(steps[-1].get("elapsed_s") or 0.0) if steps else 0.0
     summary = summarize_steps(steps, k, wall_s)
     if finish is not None:
-        summary.update(finish.get("metrics") or {})  # the engine's numbers win (payload "off" has no steps)
+        metrics = finish.get("metrics") or {}
+        if steps and "passes_drafted" not in metrics:
+            # Recorded before the theory used each pass's drafted depth: the steps give it.
+            theory = ("theoretical_tokens_per_pass", "passes_drafted", "mean_drafted_depth", "positions_tried")
+            metrics = {**metrics, **{key: summary[key] for key in theory}}
+            metrics["theoretical_tokens_per_drafting_pass"] = summary["theoretical_tokens_per_drafting_pass"]
+        summary.update(metrics)  # the engine's numbers win (payload "off" has no steps)
     summary.update(
         mode=start.get("mode"),
         target=start.get("target"),

@@ -226,7 +226,9 @@ def _add_tpp_traces(fig: go.Figure, steps: list[dict], s: dict) -> list[float]:
         _level(
             passes,
             theory,
-            f"theory: (1 − α^(K+1)) / (1 − α) = {theory:.2f} (α = {alpha:.3f}, K = {k})",
+            f"theory: (1 − α^(K+1)) / (1 − α) at each pass's K = {theory:.2f} (α = {alpha:.3f}, "
+            f"mean K {s.get('mean_drafted_depth', k):.2f} over {s.get('passes_drafted', len(passes))} "
+            f"of {len(passes)} passes)",
             SERIES["theory"],
             "dash",
             f"theory: {theory:.2f} tokens per pass",
@@ -310,9 +312,9 @@ def acceptance_figure(trace) -> go.Figure:
         value_bars(
             pos,
             rates,
-            "measured: share of passes reaching position i",
+            "measured: of the passes that drafted position i, the share whose accepted path reached it",
             PALETTE["accepted"],
-            [fmt_prob(r) if r is not None else "" for r in rates],
+            [f"{fmt_prob(r)} ({a}/{d})" if r is not None else "" for r, a, d in zip(rates, reached, drafted)],
             customdata=[[r, d] for r, d in zip(reached, drafted)],
             hovertemplate=(
                 "position %{x}: accepted path reached it in %{customdata[0]} of %{customdata[1]} passes "
@@ -337,7 +339,7 @@ def acceptance_figure(trace) -> go.Figure:
     if s["tree_topk"] > 1:
         subtitle += " · tree: α = chance that some sibling at a tried depth is kept"
     fig.update_xaxes(title_text="draft position i (1 = first drafted token)", tickmode="array", tickvals=pos)
-    fig.update_yaxes(title_text="share of passes (0 to 1)", range=[0, RATE_AXIS_TOP])
+    fig.update_yaxes(title_text="share of the passes that drafted i", range=[0, RATE_AXIS_TOP])
     apply_layout(fig, f"{title} Measured acceptance by draft position vs α^i", subtitle, height=ACCEPTANCE_HEIGHT)
     fig.update_layout(bargap=0.45)
     return fig
