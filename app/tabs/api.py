@@ -89,6 +89,8 @@ def api_race(
     seed: int = 0,
     max_new_tokens: int = 64,
     pairs: int = MIN_PAIRS,
+    topk: int = 1,
+    num_draft_tokens: int = 0,
 ) -> dict:
     """Race a drafter against the plain baseline on the default model, measured so that noise gives no verdict.
 
@@ -101,6 +103,8 @@ def api_race(
         max_new_tokens: number of tokens each run generates at most.
         pairs: baseline / speculative pairs to run back to back, alternating which goes first (5 to 20;
             fewer give no interval).
+        topk: candidates per draft position (1 = a chain; more = a tree).
+        num_draft_tokens: the tree's draft-token budget (0 = K × topk).
 
     Returns:
         {"speedup": median ratio of the pairs' tokens per second, "low", "high": an interval that holds the
@@ -117,7 +121,7 @@ def api_race(
     pairs = as_int(pairs, "pairs")
     if not MIN_PAIRS <= pairs <= MAX_PAIRS:
         raise gr.Error(f"pairs must be between {MIN_PAIRS} and {MAX_PAIRS}, got {pairs}")
-    settings = make_settings(k, 1, None, temperature, 1.0, 0, seed, max_new_tokens)
+    settings = make_settings(k, topk, num_draft_tokens, temperature, 1.0, 0, seed, max_new_tokens)
     if settings.seed is None:
         settings.seed = random_seed()  # every run shares one seed
     engine = get_engine("default", "auto")

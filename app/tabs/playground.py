@@ -586,6 +586,8 @@ def wire(c: dict, st_source: gr.Radio) -> None:
     example_outputs = [c[key] for key in ("prompt", "drafter", "k", "topk", "budget", "temperature", "top_p")]
     example_outputs += [c[key] for key in ("top_k", "seed", "max_new", "status")]
     c["example"].input(pick_example, [c["example"]], example_outputs, show_progress="hidden", queue=False, **PRIVATE)
+    # An edited prompt is no longer the example: the picker lets go of its name (its note stays, as measured).
+    c["prompt"].input(lambda: None, None, [c["example"]], show_progress="hidden", queue=False, **PRIVATE)
     c["target"].input(suggest_drafter, [c["target"]], [c["drafter"]], show_progress="hidden", queue=False, **PRIVATE)
     plan_inputs = [c[key] for key in ("target", "drafter", "dtype", "k", "topk", "budget", "max_new")]
     c["memory_btn"].click(memory_plan, plan_inputs, [c["memory"]], show_progress="hidden", **PRIVATE)

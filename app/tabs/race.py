@@ -42,7 +42,16 @@ __all__ = [
 log = logging.getLogger("speclens.app")
 
 RACE_KEYS = ["race_status", "race_base", "race_spec", "race_plot", "race_results", "race_note", "race_btn"]
-RACE_INPUTS = ["race_prompt", "race_drafter", "race_k", "race_temp", "race_seed", "race_max"]
+RACE_INPUTS = [
+    "race_prompt",
+    "race_drafter",
+    "race_k",
+    "race_topk",
+    "race_budget",
+    "race_temp",
+    "race_seed",
+    "race_max",
+]
 RACE_TEXT_INTERVAL_S = 0.5  # race updates are time-based, so their overhead slows both runs alike
 RACE_FIGURE_INTERVAL_S = 1.5
 RECORDED_RACE = ("code-edit-baseline-greedy.json", "code-edit-ngram-greedy.json")
@@ -168,6 +177,17 @@ def initial_race() -> dict:
         "Press **Race** to run it live on this machine; live numbers on another machine, or a busy one, differ."
     )
     values["prompt"] = base[0].get("prompt") or ""
+    # The controls show the recorded race's own settings, so that pressing Race reruns what is on screen.
+    recorded = spec[0].get("settings") or {}
+    values["controls"] = {
+        "race_drafter": spec[0].get("drafter", "ngram"),
+        "race_k": recorded.get("k", 4),
+        "race_topk": (spec[0].get("tree") or {}).get("topk", 1),
+        "race_budget": 0,
+        "race_temp": recorded.get("temperature", 0.0),
+        "race_seed": recorded.get("seed", 0),
+        "race_max": recorded.get("max_new_tokens", 64),
+    }
     return values
 
 
@@ -283,6 +303,8 @@ def run_race(
     prompt,
     drafter,
     k,
+    topk,
+    budget,
     temperature,
     seed,
     max_new_tokens,
@@ -290,7 +312,7 @@ def run_race(
     progress=gr.Progress(),  # noqa: B008 (gradio injects the tracker)
 ):
     """Generator: baseline then speculative decoding of the same prompt and seed, both measured for real."""
-    settings = make_settings(k, 1, None, temperature, 1.0, 0, seed, max_new_tokens)
+    settings = make_settings(k, topk, budget, temperature, 1.0, 0, seed, max_new_tokens)
     if settings.seed is None:
         settings.seed = random_seed()  # both runs share one seed
     engine = yield from _prepare(drafter, prompt, settings, progress)
@@ -324,12 +346,22 @@ def run_race(
 
 
 def pick_race_example(name: str):
-    """Race example dropdown -> prompt, drafter, K, temperature, seed, max new tokens."""
-    values = example_values(name)
+    """Race example dropdown -> prompt, drafter, K, tree topk and budget, temperature, seed, max new tokens."""
+    values = race_example_values(name)
     if values is None:
         return (gr.skip(),) * len(RACE_INPUTS)
-    keys = ("k", "temperature", "seed", "max_new_tokens")
-    return (values["prompt"], values["drafter"] or gr.skip(), *(values.get(key, gr.skip()) for key in keys))
+    return tuple(values.get(key, gr.skip()) for key in RACE_INPUTS)
+
+
+def race_example_values(name: str) -> dict | None:
+    """An example's values for the Race controls ({control: value}; None for an unknown example)."""
+    values = example_values(name)
+    if values is None:
+        return None
+    keys = {"race_k": "k", "race_topk": "topk", "race_budget": "num_draft_tokens", "race_temp": "temperature"}
+    keys |= {"race_seed": "seed", "race_max": "max_new_tokens"}
+    out = {"race_prompt": values["prompt"], "race_drafter": values["drafter"] or gr.skip()}
+    return out | {control: values[key] for control, key in keys.items() if key in values}
 
 
 # ---------------------------------------------------------------------------------------- layout
@@ -342,27 +374,54 @@ def _controls(c: dict, init: dict, examples: list[dict]) -> None:
         elem_id="race-prompt",
     )
     c["race_example"] = example_dropdown("race-example")
+    start = init.get("controls") or {}
     c["race_btn"], c["race_stop"] = run_stop_buttons("▶ Race", "race-run", "race-stop")
     c["race_status"] = gr.Markdown(init.get("race_status", ""), elem_id="race-status", elem_classes=["sl-status"])
     with gr.Accordion("Settings", open=True):
         c["race_drafter"] = gr.Dropdown(
             choices=DRAFTER_CHOICES[1:],
-            value=examples[0].get("drafter", "ngram") if examples else "ngram",
+            value=start.get("race_drafter") or (examples[0].get("drafter", "ngram") if examples else "ngram"),
             allow_custom_value=True,
             label="Drafter for the speculative run",
             info=DRAFTER_INFO,
         )
-        c["race_k"] = gr.Slider(1, 16, value=4, step=1, label="K (draft depth)", info="Tokens guessed ahead per pass.")
+        c["race_k"] = gr.Slider(
+            1, 16, value=start.get("race_k", 4), step=1, label="K (draft depth)", info="Tokens guessed ahead per pass."
+        )
+        with gr.Row():
+            c["race_topk"] = gr.Slider(
+                1,
+                8,
+                value=start.get("race_topk", 1),
+                step=1,
+                label="Tree top-k",
+                info="1 = a chain",
+                min_width=140,
+                elem_id="race-topk",
+            )
+            c["race_budget"] = gr.Slider(
+                0,
+                128,
+                value=start.get("race_budget", 0),
+                step=1,
+                label="Tree budget",
+                info="0 = K × top-k",
+                min_width=140,
+            )
         c["race_temp"] = gr.Slider(
             0,
             2,
-            value=0.0,
+            value=start.get("race_temp", 0.0),
             step=0.05,
             label="Temperature",
             info="0 = greedy: both outputs are then identical, up to rare numerical near-ties (see the Parity lab).",
         )
-        c["race_seed"] = gr.Number(value=0, precision=0, label="Seed", info="Shared by both runs; -1 = random.")
-        c["race_max"] = gr.Slider(1, MAX_NEW_TOKENS, value=64, step=1, label="Max new tokens", elem_id="race-max")
+        c["race_seed"] = gr.Number(
+            value=start.get("race_seed", 0), precision=0, label="Seed", info="Shared by both runs; -1 = random."
+        )
+        c["race_max"] = gr.Slider(
+            1, MAX_NEW_TOKENS, value=start.get("race_max", 64), step=1, label="Max new tokens", elem_id="race-max"
+        )
 
 
 def _outputs(c: dict, init: dict) -> None:
@@ -412,3 +471,5 @@ def wire(c: dict) -> None:
     c["race_example"].input(
         pick_race_example, [c["race_example"]], inputs, show_progress="hidden", queue=False, **PRIVATE
     )
+    # An edited prompt is no longer the example: the picker lets go of its name.
+    c["race_prompt"].input(lambda: None, None, [c["race_example"]], show_progress="hidden", queue=False, **PRIVATE)
