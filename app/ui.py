@@ -71,6 +71,6 @@ def build_demo() -> gr.Blocks:
         playground.wire(play, steps["st_source"])
         step_through.wire(steps, play["trace"])
         race.wire(races)
-        workshop.wire(class_steps, tabs, play)
+        workshop.wire(class_steps, tabs, play, steps, races)
         api.register()
     return demo

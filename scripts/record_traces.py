@@ -10,7 +10,8 @@ tokens/s of both and the measured speedup into the example's ``measured`` entry
 first runs are also saved as traces in assets/traces/ (the app shows them before a
 model loads; the tests use them as fixtures), the first example's baseline as the
 recorded Race's opponent, and the Drafters lab's default comparison on the first
-example in assets/traces/drafters-lab/ (alone: --drafters-lab-only).
+example in assets/traces/drafters-lab/ (alone: --drafters-lab-only). With --only LESSON, only that
+lesson's examples are measured, and nothing else is written.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--drafters-lab-only", action="store_true", help="record only the Drafters lab's run")
+    parser.add_argument(
+        "--only", metavar="LESSON", help="measure only the examples of this lesson (e.g. does-not-pay); no traces"
+    )
     args = parser.parse_args()
     engine = SpeculativeEngine.load(dtype=args.dtype)
     if args.drafters_lab_only:
@@ -114,16 +118,24 @@ def main() -> int:
     examples = json.loads(EXAMPLES.read_text(encoding="utf-8"))
     TRACES.mkdir(parents=True, exist_ok=True)
     for index, example in enumerate(examples):
+        if args.only and example.get("lesson") != args.only:
+            continue
         engine.run(example["prompt"], example["drafter"], max_new_tokens=4)  # build and warm the drafter
         measured, events, baseline = measure(engine, example, args.repeats)
         measured.update(cpu=machine["cpu"], threads=machine["threads"], dtype=machine["dtype"])
         measured["recorded"] = time.strftime("%Y-%m-%d")
         example["measured"] = measured
+        if args.only:
+            print(f"{example['name']}: {json.dumps(measured)}", flush=True)
+            continue
         if index in EXAMPLE_TRACES:
             trace_io.save(events, TRACES / EXAMPLE_TRACES[index])
         if index == 0:
             trace_io.save(baseline, TRACES / RACE_BASELINE)
         print(f"{example['name']}: {json.dumps(measured)}", flush=True)
+    if args.only:
+        EXAMPLES.write_text(json.dumps(examples, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        return 0
     workloads = json.loads((ROOT / "assets" / "workloads.json").read_text(encoding="utf-8"))
     for name, (workload, drafter, settings) in EXTRA_TRACES.items():
         trace_io.save(engine.run(workloads[workload][0], drafter, **settings)["events"], TRACES / name)

@@ -245,21 +245,37 @@ def test_preload_loads_in_the_background_and_survives_a_bad_model(caplog):
 
 
 def test_workshop_steps_load_their_settings_and_open_existing_tabs():
-    """Every Workshop step opens a tab that exists and fills the Playground from a real example or its own
-    settings; the examples it names exist (a step that silently loaded nothing would strand a class)."""
+    """Every Workshop step opens a tab that exists and loads everything it names there: a Playground step
+    fills every control and the prompt (step 2 used to keep step 1's prompt), step 3 opens the recorded
+    tree it describes, step 7 puts its tree example in the Race with its tree settings; the examples named
+    exist (a step that silently loaded nothing would strand a class)."""
     import app as app_module
     from app.tabs import workshop
+    from app.tabs.race import RACE_INPUTS
+    from app.traces import load_recorded
 
     demo = app_module.build_demo()
     tab_ids = {block.id for block in demo.blocks.values() if type(block).__name__ == "Tab"}
+    prompts = []
     for index, step in enumerate(workshop.STEPS):
-        selected, *values = workshop.load_step(index)
-        assert selected.selected in tab_ids, step["title"]
-        filled = dict(zip(workshop.PLAYGROUND_KEYS, values))
-        if "example" in step or "settings" in step:
-            assert isinstance(filled["drafter"], str) and isinstance(filled["k"], int), step["title"]
-            assert isinstance(filled["temperature"], float), step["title"]
+        values = workshop.step_values(index)
+        assert values["tabs"].selected in tab_ids, step["title"]
+        assert len(workshop.load_step(index)) == len(workshop.OUT)
+        if step["tab"] == "playground":
+            assert set(workshop.PLAYGROUND_KEYS) <= set(values), step["title"]
+            assert isinstance(values["drafter"], str) and isinstance(values["k"], int), step["title"]
+            assert isinstance(values["temperature"], float) and values["prompt"].strip(), step["title"]
+            prompts.append(values["prompt"])
+        if step["tab"] == "race":
+            assert set(RACE_INPUTS) <= set(values) and values["race_topk"] > 1, step["title"]
+            assert values["race_example"] and values["race_example"].split(":")[0] in step["do"], step["title"]
+        if step["tab"] == "step-through":
+            trace = values["st_trace"]
+            assert trace == load_recorded(step["trace"]) and values["st_recorded"] == step["trace"]
+            assert trace[0]["tree"]["topk"] > 1 and not trace[0]["greedy"], "step 3 promises a sampled tree"
         assert step["question"].endswith("?") and step["answer"]
+    assert prompts[1] != prompts[0], "step 2 brings its own prompt (step 1's code is copied, never rejected)"
+    assert "purple" not in workshop.STEPS[2]["answer"], "the residual is drawn orange and hatched"
 
 
 def test_model_panel_memory_plan_says_what_a_run_needs():

@@ -1,36 +1,37 @@
 """The Workshop tab: a guided 30-minute class in eight steps, one click each.
 
-Each step loads its settings into the Playground (or opens the tab or lab it needs) with one click,
-says what to do, and asks one question whose answer the screen then shows; the answer is behind a
-fold, for checking. A teacher can run a class from it without preparing anything: every step uses
-the default model and the examples in assets/examples.json (whose measured claims the tests check).
+Each step's button opens the tab it needs and loads everything the step names there: the whole set of
+Playground controls with the prompt (an example's, or the step's own), the recorded trace in the
+Step-through, or the example in the Race, tree settings included. Nothing of an earlier step stays, so
+the steps work when followed in order (tests/test_browser.py follows them). Each step asks one question
+whose answer the screen then shows; the answer is behind a fold, for checking. A teacher can run a class
+from it without preparing anything: every step uses the default model and the examples in
+assets/examples.json (whose measured claims the tests check).
 """
 
 from __future__ import annotations
 
 import gradio as gr
 
-from ..examples import EXAMPLE_DEFAULTS, EXAMPLE_SETTINGS, example_values, load_examples
-from ..wiring import PRIVATE
+from ..examples import EXAMPLE_DEFAULTS, EXAMPLE_SETTINGS, example_note, example_values, load_examples
+from ..wiring import PRIVATE, pack
+from .race import RACE_INPUTS, race_example_values
+from .step_through import STEP_KEYS, load_step_source
 
-__all__ = ["STEPS", "layout", "load_step", "wire"]
+__all__ = ["STEPS", "layout", "load_step", "step_values", "wire"]
 
-# The Playground controls a step fills, in the order load_step returns them.
-PLAYGROUND_KEYS = ["prompt", "drafter", "k", "topk", "budget", "temperature", "top_p", "top_k", "seed", "max_new"]
-# Playground control -> the GenerationSettings name it shows (EXAMPLE_SETTINGS' order).
-CONTROL_OF = {"num_draft_tokens": "budget", "max_new_tokens": "max_new"}
-
-
-def _example_named(lesson: str) -> str | None:
-    return next((e["name"] for e in load_examples() if e.get("lesson") == lesson), None)
-
+# Step 4's duration with the Lossless lab's defaults (3 samplers × 300 real passes of the default model,
+# bfloat16), measured 2026-12-01: 31 s on a quiet 2-core Xeon with AMX-BF16; 448 s on a teacher's 2-core
+# machine whose cores other work held.
+LOSSLESS_TIME = "31 s measured on a quiet 2-core CPU, up to 7 ½ minutes when other work holds the cores"
 
 STEPS = [
     {
         "title": "1. One target pass checks many guesses",
         "tab": "playground",
         "example": "copy",
-        "do": "Press **▶ Run**. Watch the coloured text: each underline run is one target pass.",
+        "do": "This loads the example *Code edit: n-gram copies the code* into the Playground. Press **▶ Run**. "
+        "Watch the coloured text: each underlined run of tokens is one target pass.",
         "question": "How many tokens per target pass did this answer get, and why can the n-gram drafter guess "
         "so well here?",
         "answer": "The stats line and the run card show it (several tokens per pass, against 1.00 for plain "
@@ -40,9 +41,10 @@ STEPS = [
     {
         "title": "2. Accept or reject: the random test u",
         "tab": "playground",
+        "prompt": "Tell me a short story about a lighthouse keeper and a storm.",
         "settings": {"drafter": "int8", "k": 4, "topk": 1, "temperature": 0.8, "seed": 7, "max_new_tokens": 48},
-        "do": "Sampling at temperature 0.8 with the int8 drafter. Press **▶ Run**, then drag the pass slider to a "
-        "pass with a ✗ rejected node and hover it in the tree.",
+        "do": "This loads a story prompt, sampled at temperature 0.8 with the int8 drafter. Press **▶ Run**, then "
+        "drag the pass slider to a pass whose tree has a ✗ rejected node and hover that node.",
         "question": "For a rejected draft: what were p, q, min(1, p/q) and u? Why was it rejected?",
         "answer": "The hover and the p vs q chart show them: a draft is kept when u < min(1, p/q). A rejected one "
         "had u ≥ min(1, p/q), which happens most where the drafter was more confident than the target (q > p).",
@@ -50,16 +52,18 @@ STEPS = [
     {
         "title": "3. After a rejection: the residual",
         "tab": "step-through",
-        "do": "The Step-through shows a recorded sampled run with a tree of drafts. Press **Next ▶** until the "
-        "narration says **Resampled**.",
+        "trace": "chat-int8-tree-sampling.json",
+        "do": "This opens the recorded sampled chat with a tree of int8 drafts in the Step-through. Press "
+        "**Next ▶** until the narration says **Resampled** (pass 7), then look at p vs q below it.",
         "question": "Which distribution is the replacement token drawn from, and which tokens can it never be?",
-        "answer": "From the residual norm(max(0, p − q)) (the purple bars in p vs q). Tokens where q ≥ p have no "
-        "residual mass: they were already offered often enough as drafts. That is what makes the output exactly p.",
+        "answer": "From the residual norm(max(0, p − q)): the orange hatched bars labelled *residual* in p vs q "
+        "(p is pink, q blue dotted). Tokens where q ≥ p have no residual mass: they were already offered often "
+        "enough as drafts. That is what makes the output exactly p.",
     },
     {
         "title": "4. Lossless: test it, do not trust it",
         "tab": "lossless",
-        "do": "Press **▶ Sample** (about 3 minutes on 2 CPU cores).",
+        "do": f"Press **▶ Sample** with the lab's settings as they open (300 samples per sampler: {LOSSLESS_TIME}).",
         "question": "Does speculative sampling's histogram of the first two tokens differ from the target's exact "
         "p? And the broken verifier's?",
         "answer": "The table's verdicts: the exact rule is consistent with p (its p-value is like plain "
@@ -70,7 +74,8 @@ STEPS = [
         "title": "5. When does n-gram drafting win?",
         "tab": "playground",
         "example": "no-gain",
-        "do": "Press **▶ Run** for this creative chat with the n-gram drafter, then compare with step 1.",
+        "do": "This loads the example *Open chat with n-gram: nothing to copy, no gain*. Press **▶ Run**, then "
+        "compare its tokens per pass with step 1's.",
         "question": "Tokens per pass here vs in step 1: why so different with the same drafter?",
         "answer": "Close to 1 here: creative text repeats nothing from the prompt, so prompt lookup rarely finds "
         "anything to propose. n-gram drafting is free, but it only pays where the output copies its input "
@@ -80,7 +85,8 @@ STEPS = [
         "title": "6. Trees: several candidates per position",
         "tab": "playground",
         "example": "tree",
-        "do": "Press **▶ Run**: the int8 drafter proposes 2 candidates per position (a tree).",
+        "do": "This loads the example *Sampled chat with a tree of int8 drafts*: the int8 drafter proposes 2 "
+        "candidates per position. Press **▶ Run** and find a pass whose tree has two siblings at one depth.",
         "question": "In a pass where the first candidate at a depth was rejected, what was the second one "
         "compared against?",
         "answer": "Against the residual p′ = norm(max(0, p − q)) and q′ = q without the rejected sibling, "
@@ -89,13 +95,16 @@ STEPS = [
     },
     {
         "title": "7. Tokens per pass is not speed",
-        "tab": "playground",
+        "tab": "race",
         "example": "does-not-pay",
-        "do": "Press **▶ Run**, then read the run card's time line, and try the **Race** tab with the same example.",
-        "question": "This run gets several tokens per target pass. Is it faster than plain decoding? Why not?",
-        "answer": "No: the example was measured slower than the baseline. Each depth of the tree costs the int8 "
-        "drafter a pass of its own, and the target verifies 13 tokens at once: the speedup is E ÷ (K·c + 1), "
-        "and a large draft cost c eats E. The Explain tab's calculator shows the same with its sliders.",
+        "do": "This loads the example *Wide int8 tree: more tokens per pass, yet slower* into the **Race**, tree "
+        "settings included. Press **▶ Race**: the baseline and the tree run back to back, then five more "
+        "pairs are measured.",
+        "question": "The tree gets several tokens per target pass. Is it faster than plain decoding? Why not?",
+        "answer": "The race's table shows about 7 tokens per pass, yet its verdict is *slower* (0.59× measured "
+        "on a quiet 2-core CPU; on a busy one, slower or no clear difference). Each depth of the tree costs the "
+        "int8 drafter a pass of its own, and the target verifies 49 tokens at once: the speedup is "
+        "E ÷ (K·c + 1) at best, and a large draft cost c eats E. The Explain tab's calculator shows the same.",
     },
     {
         "title": "8. Batch size, and greedy parity",
@@ -109,42 +118,75 @@ STEPS = [
     },
 ]
 
+# What a step's button fills, by component name: the Playground's controls (and its example picker and
+# status line), the Step-through's source and trace, and the Race's controls and example picker.
+PLAYGROUND_KEYS = ["prompt", "drafter", "k", "topk", "budget", "temperature", "top_p", "top_k", "seed", "max_new"]
+PLAYGROUND_OUT = [*PLAYGROUND_KEYS, "example", "status"]
+STEP_THROUGH_OUT = ["st_source", "st_recorded", *STEP_KEYS]
+RACE_OUT = [*RACE_INPUTS, "race_example"]
+OUT = ["tabs", *PLAYGROUND_OUT, *STEP_THROUGH_OUT, *RACE_OUT]
+# Playground control -> the GenerationSettings name it shows (EXAMPLE_SETTINGS' order).
+CONTROL_OF = {"num_draft_tokens": "budget", "max_new_tokens": "max_new"}
 
-def _settings_of(step: dict) -> tuple[str | None, dict] | None:
-    """(prompt or None, {Playground control: value}) of a step that fills the Playground."""
+
+def _example_named(lesson: str) -> str | None:
+    return next((e["name"] for e in load_examples() if e.get("lesson") == lesson), None)
+
+
+def _playground_values(step: dict) -> dict:
+    """{Playground component: value} for a step that fills the Playground: every control, so that nothing
+    of an earlier step stays."""
     if "example" in step:
         name = _example_named(step["example"])
         values = example_values(name) if name else None
         if values is None:
-            return None
+            return {}
         settings = {key: values[key] for key in EXAMPLE_SETTINGS if key in values}
-        return values["prompt"], {"drafter": values["drafter"], **settings}
-    if "settings" in step:
-        return None, {**EXAMPLE_DEFAULTS, **step["settings"]}
-    return None
+        loaded = {"prompt": values["prompt"], "drafter": values["drafter"], **settings}
+        extra = {"example": name, "status": example_note(name)}
+    else:
+        loaded = {"prompt": step["prompt"], **EXAMPLE_DEFAULTS, **step["settings"]}
+        extra = {"example": None, "status": f"Workshop step {step['title']}: loaded. Press **▶ Run**."}
+    by_control = {CONTROL_OF.get(key, key): value for key, value in loaded.items()}
+    by_control.setdefault("budget", 0)  # "0 = K × top-k"
+    return {**{key: by_control[key] for key in PLAYGROUND_KEYS if key in by_control}, **extra}
 
 
-def load_step(index: int):
-    """A step's button: select its tab and fill the Playground controls it sets (the rest stay as they are)."""
+def _race_values(step: dict) -> dict:
+    name = _example_named(step["example"])
+    values = race_example_values(name) if name else None
+    return {**values, "race_example": name} if values else {}
+
+
+def _step_through_values(step: dict) -> dict:
+    shown = load_step_source("Recorded trace", step["trace"], None, None)
+    return {"st_source": "Recorded trace", "st_recorded": step["trace"], **dict(zip(STEP_KEYS, shown))}
+
+
+def step_values(index: int) -> dict:
+    """{component name: value} that step `index`'s button sets: its tab, and the settings, prompt and view
+    it names (components it does not name keep their values)."""
     step = STEPS[index]
-    skip = [gr.skip()] * len(PLAYGROUND_KEYS)
-    loaded = _settings_of(step)
-    if loaded is None:
-        return gr.Tabs(selected=step["tab"]), *skip
-    prompt, settings = loaded
-    by_control = {CONTROL_OF.get(key, key): value for key, value in settings.items()}
-    if prompt is not None:
-        by_control["prompt"] = prompt
-    if by_control.get("topk", 1) == 1:
-        by_control.setdefault("budget", 0)  # a chain: the budget slider's "0 = K × top-k"
-    values = [by_control.get(key, gr.skip()) for key in PLAYGROUND_KEYS]
-    return gr.Tabs(selected=step["tab"]), *values
+    values: dict = {"tabs": gr.Tabs(selected=step["tab"])}
+    if step["tab"] == "playground":
+        values |= _playground_values(step)
+    elif step["tab"] == "race":
+        values |= _race_values(step)
+    elif step["tab"] == "step-through":
+        values |= _step_through_values(step)
+    return values
+
+
+def load_step(index: int) -> tuple:
+    """A step's button: its values in OUT's order (gr.skip() for what it leaves alone)."""
+    return pack(OUT, step_values(index))
 
 
 INTRO = """
 **A 30-minute class in eight steps.** Each step loads its settings with one click and asks one question; the
-screen it opens shows the answer (open *Answer* to check). Everything runs the real default model on this
-machine, so the numbers you see are measured live and differ a little from machine to machine.
+screen it opens shows the answer (open *Answer* to check). Follow them in order: each loads everything it needs,
+the prompt included. Everything runs the real default model on this machine, so the numbers you see are
+measured live and differ a little from machine to machine.
 """
 
 
@@ -167,7 +209,9 @@ def layout() -> dict:
     return buttons
 
 
-def wire(buttons: dict, tabs: gr.Tabs, play: dict) -> None:
-    outputs = [tabs] + [play[key] for key in PLAYGROUND_KEYS]
+def wire(buttons: dict, tabs: gr.Tabs, play: dict, steps: dict, races: dict) -> None:
+    """Each step button -> its tab and everything it loads (OUT: Playground, Step-through, Race)."""
+    components = {"tabs": tabs, **play, **steps, **races}
+    outputs = [components[key] for key in OUT]
     for index, button in buttons.items():
         button.click(lambda i=index: load_step(i), None, outputs, show_progress="hidden", queue=False, **PRIVATE)
