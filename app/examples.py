@@ -79,9 +79,12 @@ def example_note(name: str) -> str:
     note = f"**{example['name']}.** {example.get('explain', '')}"
     m = example.get("measured")
     if isinstance(m, dict):
+        second = ""
+        if example.get("then_ask") and m.get("first_tokens_per_pass") is not None:
+            second = f"the first answer {m['first_tokens_per_pass']} tokens per target pass; then the second: "
         note += (
             f" Measured on the default model ({m.get('dtype')}, {m.get('cpu')}, {m.get('threads')} threads, "
-            f"{m.get('recorded')}): **{m.get('tokens_per_pass')} tokens per target pass**, "
+            f"{m.get('recorded')}): {second}**{m.get('tokens_per_pass')} tokens per target pass**, "
             f"α = {m.get('alpha')} (accepted ÷ depths tried), {m.get('tokens_per_s')} vs "
             f"{m.get('baseline_tokens_per_s')} tokens/s for the baseline = **{m.get('speedup')}×**, "
             f"median of {m.get('repeats')} runs."

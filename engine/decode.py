@@ -30,7 +30,16 @@ import torch
 
 from engine import events
 from engine.acceptance import verify_children
-from engine.drafters import Drafter, DraftTree, ModelDrafter, NgramDrafter, NoDrafter, TreeShape, int8_weights
+from engine.drafters import (
+    Drafter,
+    DraftTree,
+    ModelDrafter,
+    NgramDrafter,
+    NoDrafter,
+    SuffixDrafter,
+    TreeShape,
+    int8_weights,
+)
 from engine.drafters.adaptive import AdaptiveDepth, verified_outcomes
 from engine.drafters.eagle import EagleDrafter, EagleHead, load_head
 from engine.host import host_info
@@ -118,6 +127,19 @@ class _ChainLogits:
         return self.rest[row - self.first.shape[0]]
 
 
+def _spec_numbers(spec: str, form: str, most: int) -> list[int]:
+    """The numbers after a drafter spec's colon ("suffix:24,3" -> [24, 3]); [] without a colon."""
+    if ":" not in spec:
+        return []
+    try:
+        numbers = [int(x) for x in spec.split(":", 1)[1].split(",")]
+    except ValueError:
+        numbers = []
+    if not 1 <= len(numbers) <= most:
+        raise ValueError(f"the drafter takes {form}, got {spec!r}")
+    return numbers
+
+
 class SpeculativeEngine:
     """A loaded target plus the drafters built for it (loaded once, shared read-only).
 
@@ -190,7 +212,8 @@ class SpeculativeEngine:
 
     # ----------------------------------------------------------------- drafters
     def drafter(self, spec: str) -> Drafter:
-        """A fresh drafter for one run: none, ngram[:MAX[,MIN[,WINDOW]]], int8, eagle or model:<id>.
+        """A fresh drafter for one run: none, ngram[:MAX[,MIN[,WINDOW]]], suffix[:MAX[,MIN]], int8, eagle
+        or model:<id>.
 
         Model weights (the int8 copy, a draft model) are built once per engine and
         shared read-only; the per-run state (the drafter's KV cache) is new for every
@@ -213,9 +236,23 @@ class SpeculativeEngine:
                 if len(parts) == 1:  # ngram:1 means single-token matches only
                     parts.append(min(2, parts[0]))
             return NgramDrafter(*parts, stop_ids=self.special_ids)
+        if spec == "suffix" or spec.startswith("suffix:"):
+            return SuffixDrafter(*_spec_numbers(spec, "suffix:MAX_MATCH[,MIN_MATCH]", 2), stop_ids=self.special_ids)
         if spec == "eagle":
             return EagleDrafter(self._eagle_head())
         return ModelDrafter(self._drafter_weights(spec), spec)
+
+    def _run_drafter(self, spec: str, settings: GenerationSettings) -> Drafter:
+        """``drafter(spec)`` for one run, with what it may read besides the context: the suffix drafter gets
+        the run's history (earlier answers, as texts tokenised like a user's text, or token ids)."""
+        drafter = self.drafter(spec)
+        if settings.history and isinstance(drafter, SuffixDrafter):
+            vocab = self.target.model.cfg.vocab_size
+            docs = [self._text_ids(doc) if isinstance(doc, str) else list(doc) for doc in settings.history]
+            if any(not 0 <= t < vocab for doc in docs for t in doc):
+                raise ValueError(f"history token ids must be in [0, {vocab})")
+            drafter.remember(docs)
+        return drafter
 
     def use_eagle_head(self, head: EagleHead) -> None:
         """Draft `eagle` with this head instead of the one shipped for the target (training, tests)."""
@@ -248,7 +285,7 @@ class SpeculativeEngine:
                 check_same_vocab(self.tokenizer, loaded.tokenizer)
                 model = loaded.model
             else:
-                raise ValueError(f"unknown drafter {spec!r}; choose none, ngram, int8, eagle or model:<id>")
+                raise ValueError(f"unknown drafter {spec!r}; choose none, ngram, suffix, int8, eagle or model:<id>")
             self._drafter_models[spec] = model
             return model
 
@@ -306,13 +343,13 @@ class SpeculativeEngine:
         """Yield start, step... and finish events for one generation.
 
         prompt: text (the chat template is applied when settings.chat) or token ids.
-        drafter: none | ngram | int8 | eagle | model:<id>. Keyword arguments override settings.
+        drafter: none | ngram | suffix | int8 | eagle | model:<id>. Keyword arguments override settings.
         Validation happens here, before the generator exists, so bad input raises
         ValueError at the call without touching any model state.
         """
         settings = (settings or GenerationSettings()).merged(kw)
         params, shape = settings.validate()
-        drafter_obj = self.drafter(drafter)
+        drafter_obj = self._run_drafter(drafter, settings)
         prompt_ids = self._prompt_ids(prompt, settings.chat)
         window = self.target.context_window
         limit = min(window, settings.max_prompt_tokens or window)
@@ -352,7 +389,14 @@ class SpeculativeEngine:
             "drafter": drafter.name,
             "dtype": self.target.weight_kind,
             "device": str(model.device),
-            "settings": {**asdict(settings), "seed": seed, "k": shape.steps, "num_draft_tokens": shape.max_tokens},
+            # (the earlier answers themselves stay out of the trace: how many there were is enough)
+            "settings": {
+                **asdict(settings),
+                "seed": seed,
+                "k": shape.steps,
+                "num_draft_tokens": shape.max_tokens,
+                "history": len(settings.history),
+            },
             "sampling": params.as_dict(),
             "greedy": params.greedy,
             "tree": {"steps": shape.steps, "topk": shape.topk, "budget": shape.max_tokens},
@@ -564,7 +608,7 @@ class SpeculativeEngine:
             raise ValueError(f"n_samples must be between 1 and 100000, got {n_samples!r}")
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 1 <= n_tokens <= 8:
             raise ValueError(f"n_tokens must be between 1 and 8, got {n_tokens!r}")
-        drafter_obj = self.drafter(drafter)
+        drafter_obj = self._run_drafter(drafter, settings)
         prompt_ids = self._prompt_ids(prompt, settings.chat)
         if len(prompt_ids) + n_tokens + shape.max_tokens + 2 >= self.target.context_window:
             raise ValueError("prompt too long for the context window")

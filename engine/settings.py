@@ -12,9 +12,34 @@ from engine.drafters.adaptive import AdaptiveDepth, check_min_confidence
 from engine.drafters.base import TreeShape
 from engine.sampling import SamplingParams
 
-__all__ = ["MAX_NEW_TOKENS", "GenerationSettings"]
+__all__ = ["MAX_HISTORY_DOCS", "MAX_NEW_TOKENS", "GenerationSettings", "check_history"]
 
 MAX_NEW_TOKENS = 4096
+
+
+MAX_HISTORY_DOCS = 16
+MAX_HISTORY_CHARS = 200_000
+
+
+def check_history(value) -> tuple:
+    """Earlier answers as a tuple of texts or of token-id lists (like a prompt), at most MAX_HISTORY_DOCS
+    and MAX_HISTORY_CHARS characters (or tokens) in all; else a ValueError saying what is wrong."""
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"history must be a list of earlier answers (strings), got {type(value).__name__}")
+    if len(value) > MAX_HISTORY_DOCS:
+        raise ValueError(f"history holds at most {MAX_HISTORY_DOCS} earlier answers, got {len(value)}")
+    docs = []
+    for doc in value:
+        if isinstance(doc, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in doc):
+            doc = tuple(doc)
+        elif not isinstance(doc, str):
+            raise ValueError("history must be a list of earlier answers: strings, or lists of token ids")
+        docs.append(doc)
+    if sum(len(doc) for doc in docs) > MAX_HISTORY_CHARS:
+        raise ValueError(f"history is longer than {MAX_HISTORY_CHARS} characters in all")
+    return tuple(docs)
 
 
 @dataclass
@@ -38,6 +63,9 @@ class GenerationSettings:
     # q is below adaptive_min_confidence.
     adaptive: bool = False
     adaptive_min_confidence: float = 0.3
+    # Earlier answers of the session (texts, oldest first) that the suffix drafter may draft from; other
+    # drafters ignore them. The app passes the session's own answers, never another session's.
+    history: tuple = ()  # of str, or of token-id tuples
 
     def validate(self) -> tuple[SamplingParams, TreeShape]:
         params = SamplingParams(self.temperature, self.top_k, self.top_p)
@@ -59,6 +87,7 @@ class GenerationSettings:
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
         self.adaptive_min_confidence = check_min_confidence(self.adaptive_min_confidence)
+        self.history = check_history(self.history)
         return params, TreeShape(self.k, self.topk, self.num_draft_tokens)
 
     def adaptive_depth(self, shape: TreeShape, pass_ms=None, level_nodes: int | None = None) -> AdaptiveDepth | None:

@@ -36,12 +36,18 @@ TRACES = ROOT / "assets" / "traces"
 
 def measure(engine: SpeculativeEngine, example: dict, repeats: int) -> tuple[dict, list[dict], list[dict]]:
     settings = dict(example["settings"])
+    prompt = example["prompt"]
+    first_runs = []
+    if example.get("then_ask"):  # a two-question lesson: its claim is the second answer's, after the first
+        first_runs = [engine.run(prompt, example["drafter"], **settings) for _ in range(repeats)]
+        settings["history"] = [engine.run(prompt, "none", **settings)["text"]]
+        prompt = example["then_ask"]
     spec_runs, base_runs = [], []
     for _ in range(repeats):  # alternate, so machine noise hits both alike
-        spec_runs.append(engine.run(example["prompt"], example["drafter"], **settings))
-        base_runs.append(engine.run(example["prompt"], "none", **settings))
+        spec_runs.append(engine.run(prompt, example["drafter"], **settings))
+        base_runs.append(engine.run(prompt, "none", **settings))
     compare = example.get("compare_drafter")
-    compare_runs = [engine.run(example["prompt"], compare, **settings) for _ in range(repeats)] if compare else []
+    compare_runs = [engine.run(prompt, compare, **settings) for _ in range(repeats)] if compare else []
     spec = [r["metrics"] for r in spec_runs]
     base = [r["metrics"] for r in base_runs]
     spec_tps = statistics.median(m["tokens_per_s"] for m in spec)
@@ -55,6 +61,10 @@ def measure(engine: SpeculativeEngine, example: dict, repeats: int) -> tuple[dic
         "speedup": round(spec_tps / base_tps, 2) if base_tps else None,
         "repeats": repeats,
     }
+    if first_runs:  # the first question's own run, before anything was remembered
+        summary["first_tokens_per_pass"] = round(
+            statistics.median(r["metrics"]["tokens_per_pass"] for r in first_runs), 2
+        )
     if compare_runs:  # the drafter the example is compared with, same settings
         other = [r["metrics"] for r in compare_runs]
         other_tps = statistics.median(m["tokens_per_s"] for m in other)

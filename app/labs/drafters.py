@@ -49,6 +49,7 @@ BASELINE = "none"
 DRAFTERS = {
     "none": "none: the baseline (always runs first)",
     "ngram": "ngram: prompt lookup",
+    "suffix": "suffix: suffix decoding",
     "int8": "int8: the target quantised",
     "eagle": "eagle: a head on the target's hidden state",
 }
@@ -120,7 +121,7 @@ def _checked(prompt, drafters, k, max_new, greedy) -> dict:
     if unknown:
         raise gr.Error(f"Unknown drafter {unknown[0]!r}: choose among {', '.join(DRAFTERS)}.")
     if not [d for d in chosen if d != BASELINE]:
-        raise gr.Error("Pick at least one drafter besides the baseline (ngram, int8 or eagle).")
+        raise gr.Error("Pick at least one drafter besides the baseline (ngram, suffix, int8 or eagle).")
     return {
         "prompt": prompt,
         "drafters": [d for d in DRAFTERS if d in chosen and d != BASELINE],

@@ -127,7 +127,7 @@ def _checked(prompts_text, drafter, dtype, max_new_tokens, k, strict) -> dict:
         "strict": bool(strict),
     }
     if lab["drafter"] in ("", "none", "baseline"):
-        raise gr.Error("Choose a drafter (ngram, int8 or model:<id>): the baseline runs anyway.")
+        raise gr.Error("Choose a drafter (ngram, suffix, int8, eagle or model:<id>): the baseline runs anyway.")
     return lab
 
 
@@ -190,6 +190,7 @@ def _controls() -> dict:
     c["drafter"] = gr.Dropdown(
         [
             ("ngram (prompt lookup)", "ngram"),
+            ("suffix (suffix decoding)", "suffix"),
             ("int8 (quantised target)", "int8"),
             ("eagle (a one-layer head on the target's features)", "eagle"),
         ],

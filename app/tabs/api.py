@@ -36,7 +36,7 @@ def api_generate(
 
     Args:
         prompt: the user message (the chat template is applied).
-        drafter: none, ngram, int8, eagle or model:<id>.
+        drafter: none, ngram, suffix, int8, eagle or model:<id>.
         k: draft depth K (tokens drafted per target pass).
         temperature: 0 = greedy.
         top_p: nucleus sampling threshold in (0, 1].
@@ -96,7 +96,7 @@ def api_race(
 
     Args:
         prompt: the user message (the chat template is applied).
-        drafter: ngram, int8, eagle or model:<id>.
+        drafter: ngram, suffix, int8, eagle or model:<id>.
         k: draft depth K.
         temperature: 0 = greedy.
         seed: random seed shared by every run; -1 = random (the seed used is returned).

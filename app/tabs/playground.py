@@ -14,6 +14,7 @@ import gradio as gr
 
 from engine.metrics import run_summary
 from engine.model.loading import DEFAULT_MODEL, DTYPES, PRESETS
+from engine.settings import MAX_HISTORY_DOCS
 from engine.trace import step_events
 from visuals import acceptance_figure, interesting_step_index, tokens_per_pass_figure
 from visuals.lab_figures import message_figure
@@ -80,6 +81,7 @@ PLAY_KEYS = [
     "trace",
     "st_source",
     "run_btn",
+    "answers",
 ]
 # The inputs of a run, in the order run_playground takes them.
 PLAY_INPUTS = [
@@ -96,11 +98,13 @@ PLAY_INPUTS = [
     "max_new",
     "dtype",
     "adaptive",
+    "answers",
 ]
 
 DRAFTER_CHOICES = [
     ("none (baseline: no drafting)", "none"),
     ("ngram (prompt lookup)", "ngram"),
+    ("suffix (suffix decoding: the prompt and this session's earlier answers)", "suffix"),
     ("int8 (quantised target)", "int8"),
     ("eagle (a one-layer head on the target's own features)", "eagle"),
     ("model:SmolLM2-135M-Instruct", "model:SmolLM2-135M-Instruct"),
@@ -111,7 +115,8 @@ ADAPTIVE_INFO = (
     "distribution stays the target's."
 )
 DRAFTER_INFO = (
-    "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. int8 is a cheaper "
+    "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. suffix copies from "
+    "the prompt and from this session's earlier answers (ask a similar question twice). int8 is a cheaper "
     "copy of the target. eagle is a tiny trained head that reads the target's own hidden states (a low, a middle and "
     "the last layer's) from the pass that just verified (no extra target work) and runs one layer, so a guess costs a few percent of a "
     "target pass. model:<id> (type any Hub id) is a separate small model."
@@ -292,12 +297,15 @@ def run_playground(
     max_new_tokens,
     dtype,
     adaptive: bool = False,
+    answers: list[str] | None = None,
     run_id: str = "",
     request: gr.Request = None,
     progress=gr.Progress(),  # noqa: B008 (gradio injects the tracker)
 ):
     """Generator: stream one real generation into the Playground outputs, one update per target pass."""
     settings = make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens, adaptive)
+    answers = [a for a in (answers or []) if isinstance(a, str)][-MAX_HISTORY_DOCS:]
+    settings.history = tuple(answers)  # only the suffix drafter reads them
     if drafter == VLLM_DRAFTER:  # the production engine: its own model and speculation, same events
         yield pack(PLAY_KEYS, {"status": "Sending the prompt to the vLLM server…"})
         generation = start_vllm_generation(prompt, settings)
@@ -316,6 +324,13 @@ def run_playground(
     values = finished_outputs(trace, status, download=write_trace_file(trace, session_id(request)), step_index=index)
     values["st_source"] = "Last run"
     values["run_btn"] = end_run()
+    finish = trace[-1] if trace and trace[-1].get("type") == "finish" else None
+    if finish is not None and finish.get("text", "").strip():
+        values["answers"] = (answers + [finish["text"]])[-MAX_HISTORY_DOCS:]
+    if drafter == "suffix" and not stopped:
+        values["status"] += (
+            f" The suffix drafter could draft from {render.plural(len(answers), 'earlier answer')} of this session."
+        )
     yield pack(PLAY_KEYS, values)
 
 
@@ -556,6 +571,8 @@ def layout(init: dict) -> dict:
     with gr.Tab("Playground", id="playground"):
         # The session's last run (a recorded one until the user runs): the Step-through and labs read it too.
         c["trace"] = gr.State(trace)  # inside the Tab: a State directly under gr.Tabs breaks gradio's tab bar
+        # This session's finished answers, newest last: what the suffix drafter may draft from (never shared).
+        c["answers"] = gr.State([])
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=300, elem_classes=["sl-controls"]):
                 _prompt_controls(c, start, init)

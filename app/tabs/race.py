@@ -287,7 +287,7 @@ def _prepare(drafter, prompt, settings, progress):
     returns the engine."""
     if drafter in (None, "", "none", "baseline"):
         raise gr.Error(
-            "Choose a drafter for the speculative run (ngram, int8 or model:<id>); the baseline runs anyway."
+            "Choose a drafter for the speculative run (ngram, suffix, int8, eagle or model:<id>); the baseline runs anyway."
         )
     if not is_loaded("default", "auto"):
         yield pack(RACE_KEYS, {"race_status": "Loading the model (once per server)…"})

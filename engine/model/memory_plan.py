@@ -268,8 +268,8 @@ def plan_memory(
         dw = _weights(drafter.split(":", 1)[1].strip())
         drafter_bytes = dw["params"] * wbytes
         drafter_kv = 2 * dw["layers"] * dw["kv_heads"] * dw["head_dim"] * attn_bytes * context * concurrent_runs
-    elif drafter.split(":", 1)[0] not in ("ngram", "none", "", "baseline"):
-        raise ValueError(f"unknown drafter {drafter!r}; choose none, ngram, int8 or model:<id>")
+    elif drafter.split(":", 1)[0] not in ("ngram", "suffix", "none", "", "baseline"):
+        raise ValueError(f"unknown drafter {drafter!r}; choose none, ngram, suffix, int8 or model:<id>")
     # One pass's logits plus the p rows kept per tree position (float32, vocabulary-sized).
     working = (2 * width) * w["vocab"] * 4 * concurrent_runs
     stored = _DTYPE_BYTES.get(w["stored_dtype"] or "", wbytes)

@@ -29,6 +29,7 @@ __all__ = ["SYSTEMS", "run_bench", "machine_info"]
 SYSTEMS = [
     "engine-baseline",
     "engine-ngram",
+    "engine-suffix",
     "engine-int8",
     "engine-tree",
     "engine-eagle",
@@ -52,6 +53,10 @@ ENGINE_SYSTEMS = {
     # the host's pass costs (a 16-token pass cost 3-4.5x a one-token pass on the avx2 kernels and
     # 1.8-2.7x on avx512bf16 in our runs): engine-ngram-adaptive picks K per pass from those costs.
     "engine-ngram": ("ngram", {"k": 15}),
+    # Suffix decoding (engine/drafters/suffix.py) at engine-ngram's K, remembering the answers it gave to the
+    # workload's earlier prompts, as a chat session or an agent loop would (vLLM's suffix method keeps them
+    # across requests): on the first prompt of a workload it is prompt lookup with a frequency-ranked tree.
+    "engine-suffix": ("suffix", {"k": 15}),
     "engine-int8": ("int8", {"k": 3}),
     # Greedy int8 drafts are accepted ~90% of the time, so branching buys little; a 3-node tree
     # keeps the pass at 4 rows (a cheap width for this BLAS: see pass_cost_ms).
@@ -438,8 +443,10 @@ def _interleaved_runs(engine, setup: dict, progress) -> tuple[dict, dict]:
     systems, repeats, max_new = setup["systems"], setup["repeats"], setup["max_new"]
     refs = dict(hf=setup["hf"], llm=setup["llm"], vllm=setup["vllm"], plain=setup["plain"])
 
-    def run(name, ids, tokens):
-        return _run_system(name, engine, refs["hf"], refs["llm"], ids, tokens, vllm=refs["vllm"], plain=refs["plain"])
+    def run(name, ids, tokens, history=()):
+        return _run_system(
+            name, engine, refs["hf"], refs["llm"], ids, tokens, vllm=refs["vllm"], plain=refs["plain"], history=history
+        )
 
     # Warm up every system once (first calls allocate and build the int8 drafter).
     warm = engine.encode_prompt("Hello")
@@ -455,7 +462,9 @@ def _interleaved_runs(engine, setup: dict, progress) -> tuple[dict, dict]:
             for rep in range(repeats):
                 order = systems[rep % len(systems) :] + systems[: rep % len(systems)]  # rotate
                 for name in order:
-                    result = run(name, ids, max_new)
+                    # The system's own answers to this workload's earlier prompts (the suffix row drafts from them).
+                    history = [outputs[(name, workload, j)] for j in range(pi)]
+                    result = run(name, ids, max_new, history)
                     samples.setdefault((name, workload), []).append(result)
                     outputs[(name, workload, pi)] = result["token_ids"]
                     done += 1
@@ -594,13 +603,14 @@ def _timed(start_run) -> dict:
     }
 
 
-def _run_system(name, engine, hf, llm, ids, max_new, payload="reduced", vllm=None, plain=None) -> dict:
+def _run_system(name, engine, hf, llm, ids, max_new, payload="reduced", vllm=None, plain=None, history=()) -> dict:
     if name == TORCH_FLOAT32:
         settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0)
         return _timed(lambda: plain.generate(ids, "none", settings))
     if name in ENGINE_SYSTEMS:
         drafter, kw = ENGINE_SYSTEMS[name]
         settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0, **kw)
+        settings.history = tuple(history) if drafter == "suffix" else ()
         return _timed(lambda: engine.generate(ids, drafter, settings))
     if name in VLLM_SYSTEMS:
         # The prompt as token ids (/v1/completions): exactly the ids our engine decodes from. Streamed

@@ -51,7 +51,9 @@ def race(
     verdict, implied_speedup, ratios) plus each side's median tokens per second and tokens per pass."""
     settings = (settings or GenerationSettings()).merged(overrides)
     if drafter in ("none", "baseline", ""):
-        raise ValueError("a race compares a drafter with the baseline: choose a drafter (ngram, int8, eagle...)")
+        raise ValueError(
+            "a race compares a drafter with the baseline: choose a drafter (ngram, suffix, int8, eagle...)"
+        )
     # A short warm-up of both sides, not counted: a process's first runs pay one-time costs (a drafter's
     # first build, the first passes of each width) that would land on whichever side runs first.
     warm = settings.merged({"payload": "off", "max_new_tokens": min(4, settings.max_new_tokens)})
