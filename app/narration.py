@@ -72,9 +72,24 @@ def _opening(pp: _Pass) -> str:
     depth = pp.step.get("draft_depth") or max((n.get("depth") or 0) for n in nodes)
     return (
         f"{head} The drafter proposed {plural(pp.drafted, 'token')} "
-        f"({shape}, {depth} deep); the target scored all of them in **one** forward pass{_timing(pp)}. "
-        "Checking walks from the last committed token down the drafts:"
+        f"({shape}, {depth} deep){_adaptive_why(pp.step)}; the target scored all of them in **one** forward "
+        f"pass{_timing(pp)}. Checking walks from the last committed token down the drafts:"
     )
+
+
+def _adaptive_why(step: dict) -> str:
+    """Adaptive drafting's reason for this pass's K, as the engine recorded it (draft.why), or ''."""
+    why = (step.get("draft") or {}).get("why")
+    if not isinstance(why, dict):
+        return ""
+    text = f" — adaptive depth chose K = {why.get('k')} because {why.get('because', '?')}"
+    speeds = why.get("speeds")
+    if speeds:
+        best = max(range(len(speeds)), key=speeds.__getitem__)
+        text += f" (K = {best + 1} expected {speeds[best]:.3f} tokens/ms at α = {why.get('alpha', 0):.2f})"
+    if (step.get("draft") or {}).get("stop") == "confidence":
+        text += ", and the drafter stopped shallower when its confidence fell below the threshold"
+    return text
 
 
 def _top_token(step: dict, parent: int) -> list | None:
@@ -226,4 +241,12 @@ def narrate_step(trace: list[dict], step_index: int) -> str:
         lines += [f"*This run came from a production engine; {absent}. The tokens below are what it emitted.*", ""]
     lines += _decisions(pp) + _target_token(pp) + _unreached(pp)
     lines += ["", _result(pp)]
+    kv = steps[max(0, min(step_index, len(steps) - 1))].get("kv")
+    if kv:  # the engine's record of this pass's target cache
+        lines += [
+            "",
+            f"*KV cache:* this pass wrote {kv['written']} slots (the pending token and every draft), kept "
+            f"{kv['kept']} (the pending token and the accepted path) and rolled back {kv['rolled_back']}; "
+            f"{kv['length']} tokens are cached now.",
+        ]
     return "\n".join(lines)

@@ -248,7 +248,9 @@ def _card_numbers(s: dict) -> list[str]:
         lines.append(
             f"- **Acceptance:** {s['accepted']} of {s['drafted']} drafted tokens accepted (accepted ÷ drafted = "
             f"{fmt_num(s['acceptance_rate'])}, vLLM's draft acceptance rate: drafts after a rejection were never "
-            f"tried); α = accepted ÷ depths tried = **{_alpha_text(s)}**"
+            f"tried) beside a **mean acceptance length of {s.get('mean_acceptance_length', 1.0):.2f}** tokens per "
+            f"drafting pass (1 + accepted ÷ drafting passes: a rate can fall while the length stays); "
+            f"α = accepted ÷ depths tried = **{_alpha_text(s)}**"
         )
         if s["finished"]:
             lines.append(theory_line(s))

@@ -10,6 +10,7 @@ import json
 import sys
 
 from engine import paths
+from engine.settings import MAX_HISTORY_DOCS
 
 __all__ = ["main"]
 
@@ -27,7 +28,7 @@ def _dtypes() -> tuple[str, ...]:
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="offline default, a preset, a Hub id or a local folder")
-    p.add_argument("--drafter", default="ngram", help="none | ngram | int8 | eagle | model:<id or preset>")
+    p.add_argument("--drafter", default="ngram", help="none | ngram | suffix | int8 | eagle | model:<id or preset>")
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth)")
     p.add_argument("--steps", type=int, default=None, help="tree depth (same as --k)")
     p.add_argument("--topk", type=int, default=1, help="tree branching per node (1 = chain)")
@@ -68,6 +69,14 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--events", help="write every event to this JSONL file")
     g.add_argument("--trace", help="write the run's JSON trace here (one prompt)")
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    g.add_argument(
+        "--history",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="an earlier answer the suffix drafter may draft from (repeatable); with --prompts-file, each "
+        "answer is also remembered for the prompts after it, as in a chat session",
+    )
     g.add_argument(
         "--vllm-url",
         nargs="?",
@@ -113,6 +122,19 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     th.add_argument("--seed", type=int, default=0)
     th.add_argument("--quick", action="store_true", help="tiny random target, a few prompts: seconds (tests)")
+
+    lc = sub.add_parser(
+        "launch-command", help="the command that turns this drafting on in vLLM, SGLang, llama.cpp or transformers"
+    )
+    lc.add_argument("--engine", required=True, choices=["vllm", "sglang", "llama.cpp", "transformers"])
+    lc.add_argument("--target", default="default", help="the target model (default, a preset or a Hub id)")
+    lc.add_argument("--drafter", default="ngram", help="none | ngram | suffix | int8 | eagle | model:<id or preset>")
+    lc.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth)")
+    lc.add_argument("--topk", type=int, default=1, help="tree branching per node (1 = chain)")
+    lc.add_argument("--num-draft-tokens", type=int, default=None, help="tree budget: draft tokens per step")
+    lc.add_argument("--temperature", type=float, default=0.0)
+    lc.add_argument("--adaptive", action="store_true", help="drafting depth that adapts (where the engine has it)")
+    lc.add_argument("--json", action="store_true", help="print the result as JSON")
 
     prep = sub.add_parser("prepare", help="build the default model cache (once) and report its timing")
     prep.add_argument("--dtype", default="auto", choices=list(_dtypes()))
@@ -171,10 +193,12 @@ def _generate(args, engine, backend=None) -> int:
 
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
     settings = settings_from_args(args)
+    answers = list(args.history)  # the session's answers so far (the suffix drafter reads them)
     events_out = open(args.events, "w", encoding="utf-8") if args.events else None
     try:
         for prompt in prompts:
             events = []
+            settings.history = tuple(answers[-MAX_HISTORY_DOCS:])
             run = backend.generate(prompt, settings) if backend else engine.generate(prompt, args.drafter, settings)
             for event in run:
                 events.append(event)
@@ -186,6 +210,7 @@ def _generate(args, engine, backend=None) -> int:
                     sys.stdout.flush()
             finish = events[-1]
             metrics = finish["metrics"]
+            answers.append(finish["text"])
             if args.trace:
                 trace_io.save(events, args.trace)
             if args.json:
@@ -200,16 +225,36 @@ def _generate(args, engine, backend=None) -> int:
                 }
                 print(json.dumps(out, ensure_ascii=False))
             else:
+                length = metrics.get("mean_acceptance_length")
                 print(
                     f"\n-- {metrics['new_tokens']} tokens in {metrics['target_passes']} target passes "
-                    f"({metrics['tokens_per_pass']:.2f} per pass), acceptance {metrics['acceptance_rate']:.2f}, "
-                    f"{metrics['tokens_per_s']:.1f} tok/s, {metrics['wall_s']:.2f} s",
+                    f"({metrics['tokens_per_pass']:.2f} per pass), acceptance rate {metrics['acceptance_rate']:.2f}"
+                    + (f" beside mean acceptance length {length:.2f}" if length is not None else "")
+                    + f", {metrics['tokens_per_s']:.1f} tok/s, {metrics['wall_s']:.2f} s",
                     file=sys.stderr,
                 )
     finally:
         if events_out:
             events_out.close()
     return 0
+
+
+def _launch_command(args) -> int:
+    from engine.paths import DEFAULT_MODEL
+    from engine.tools.launch import launch_command
+
+    target = DEFAULT_MODEL if args.target == "default" else args.target
+    result = launch_command(
+        args.engine, args.drafter, args.k, args.topk, args.num_draft_tokens, target, args.temperature, args.adaptive
+    )
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False))
+        return 0
+    if result["command"] is not None:
+        print(result["command"])
+    for note in result["notes"]:
+        print(f"# {note}", file=sys.stderr if result["command"] is not None else sys.stdout)
+    return 0 if result["equivalent"] else 3
 
 
 def _parity(args, engine) -> int:
@@ -312,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "train-head":
             return _train_head(args)
+        if args.command == "launch-command":
+            return _launch_command(args)
         if args.command in ("generate", "parity"):
             _check_adaptive(args)  # before any model loads: a bad threshold fails in a moment
         from engine.decode import SpeculativeEngine

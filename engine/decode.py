@@ -98,11 +98,17 @@ class StepResult:
     draft_ms: float
     verify_ms: float
     k: int = 0
+    kv: dict | None = None  # the target cache this pass: slots written, kept, rolled back, length after
+    why: dict | None = None  # adaptive drafting: why this pass's K (AdaptiveDepth.why), else None
 
     @property
     def draft_info(self) -> dict:
-        """The step event's ``draft``: the K used and why drafting stopped (the drafter's own record)."""
-        return {"k": self.k, "stop": self.tree.stop}
+        """The step event's ``draft``: the K used and why drafting stopped (the drafter's own record), and for
+        adaptive drafting why the policy chose that K."""
+        info = {"k": self.k, "stop": self.tree.stop}
+        if self.why is not None:
+            info["why"] = self.why
+        return info
 
 
 class _ChainLogits:
@@ -451,6 +457,7 @@ class SpeculativeEngine:
                     draft_ms=result.draft_ms,
                     verify_ms=result.verify_ms,
                     draft=result.draft_info,
+                    kv=result.kv,
                     payload=settings.payload,
                     token_text=self.token_text,
                 )
@@ -485,6 +492,7 @@ class SpeculativeEngine:
         docs/architecture.md ("One drafted token"); 5, the event, is built by the caller from the result."""
         # 1. Drafter: this pass's K (adaptive drafting picks it), then the draft tree.
         shape = state.adaptive.shape_for_step(state.shape) if state.adaptive else state.shape
+        why = state.adaptive.why() if state.adaptive else None
         t0 = time.perf_counter()
         tree = state.drafter.propose(state.context, shape, state.params, state.gen)
         draft_ms = (time.perf_counter() - t0) * 1000.0
@@ -509,6 +517,9 @@ class SpeculativeEngine:
         cache.length = base + 1 + n
         rows = [0] + [1 + i for i in verdict.path]
         cache.keep(base, rows)
+        # The pending token and every draft node were written at slots base .. base + n; the pending token
+        # and the accepted path stay, the other n - len(path) slots are rolled back (overwritten next pass).
+        kv = {"written": 1 + n, "kept": len(rows), "rolled_back": n - len(verdict.path), "length": cache.length}
         state.drafter.accept(tree, verdict.path)
         if hidden is not None:  # the features of the committed rows, from the pass just run
             state.drafter.take_features(hidden[rows], base)
@@ -524,7 +535,7 @@ class SpeculativeEngine:
                 n,
             )
         k = shape.steps if state.drafter.drafts else 0
-        return StepResult(tree, verdict, draft_ms, verify_ms, k)
+        return StepResult(tree, verdict, draft_ms, verify_ms, k, kv, why)
 
     def _target_pass(self, state: DecodeState, tree: DraftTree, to_host: bool):
         """Logits [1 + n, V]: row 0 = the pending token, row 1 + i = draft node i (a long chain's

@@ -120,11 +120,13 @@ def step_event(
     draft: dict,
     payload: str,
     token_text: TokenText,
+    kv: dict | None = None,
 ) -> dict:
     """One target pass. emitted: verdict.emitted(tree), which the loop already built; kept: how many of them
     the run keeps (fewer than all when EOS or max_new_tokens cut it); accepted nodes past the cut
     are marked ``dropped``. payload "off" leaves out the per-node records. draft: {"k": the K this pass
-    drafted with, "stop": why drafting stopped} (``decode.StepResult.draft_info``)."""
+    drafted with, "stop": why drafting stopped} (``decode.StepResult.draft_info``). kv: the target's KV cache
+    in this pass, {"written", "kept", "rolled_back", "length"} (``decode.StepResult.kv``)."""
     full = payload == "full"
     dropped = {item["node"] for item in emitted[kept:] if item["node"] is not None}
     texts = token_text if full else None
@@ -153,6 +155,7 @@ def step_event(
         tokens_total=tokens_total,
         elapsed_s=elapsed_s,
         truncated=kept < len(emitted),
+        kv=kv,
     )
 
 
@@ -173,6 +176,7 @@ def step_record(
     elapsed_s: float,
     truncated: bool = False,
     draft: dict | None = None,
+    kv: dict | None = None,
 ) -> dict:
     """The step event's one layout (docs/events.md), for our engine's passes (``step_event``) and for a
     production engine's reported steps (``engine.vllm.backend``, which knows counts and p but not q).
@@ -197,6 +201,8 @@ def step_record(
     }
     if truncated:
         event["truncated"] = True
+    if kv is not None:  # a production engine manages its cache out of sight: no record
+        event["kv"] = dict(kv)
     return event
 
 

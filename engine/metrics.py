@@ -126,7 +126,8 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
     theoretical_tokens_per_pass uses it, at the depth each pass drafted (E = 1 for a pass
     that drafted nothing; adaptive K and short n-gram matches draft less than K), with
     theoretical_tokens_per_drafting_pass the same over the passes_drafted alone and
-    mean_drafted_depth their mean K; acceptance_by_position[i] is the share of steps that drafted a token at
+    mean_drafted_depth their mean K; accepted_histogram[j] counts the drafting passes that kept j
+    drafts, and mean_acceptance_length = 1 + accepted / passes_drafted (vLLM's definition); acceptance_by_position[i] is the share of steps that drafted a token at
     depth i+1 whose accepted path reached depth i+1 (the chain model predicts α^(i+1));
     draft_cost_ratio c = mean draft time per draft position / mean target pass time
     (an estimate from this run's timings, for the speedup formula).
@@ -149,6 +150,11 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
     # nothing at all: E = 1 for a pass without drafts), and over the passes that drafted alone.
     depths = [s.get("draft_depth", 0) if s.get("drafted") else 0 for s in steps]
     drafted_depths = [d for d in depths if d]
+    # How many drafts each drafting pass kept (0 .. its depth): the histogram a rate alone hides.
+    histogram = [0] * (max_depth + 1)
+    for s, d in zip(steps, depths):
+        if d:
+            histogram[min(s["accepted_len"], max_depth)] += 1
     theory_each = [expected_tokens_per_pass(alpha, d) for d in depths]
     drafting = [s for s in steps if s.get("drafted")] or steps
     mean_draft_ms = _mean(s.get("draft_ms") for s in drafting)
@@ -166,6 +172,10 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
         "drafted_per_position": drafted_at,
         "acceptance_by_position": [a / d if d else None for a, d in zip(accepted_at, drafted_at)],
         "positions_tried": accepted + rejections,
+        "accepted_histogram": histogram,
+        # vLLM's mean acceptance length: tokens per pass that drafted (its accepted drafts + the bonus or
+        # resampled token). Read beside acceptance_rate: a rate can fall while the length stays.
+        "mean_acceptance_length": 1.0 + accepted / len(drafted_depths) if drafted_depths else 1.0,
         "theoretical_tokens_per_pass": sum(theory_each) / passes if drafted else 1.0,
         "passes_drafted": len(drafted_depths),
         "mean_drafted_depth": sum(drafted_depths) / len(drafted_depths) if drafted_depths else 0.0,
@@ -346,6 +356,18 @@ def implied_speedup(baseline: dict, run: dict) -> float | None:
     return run.get("tokens_per_pass", 0.0) * base_pass / (spec_pass + draft)
 
 
+# Metrics added after traces were first recorded; a recorded finish event without them gets them from its steps.
+LATER_METRICS = (
+    "theoretical_tokens_per_pass",
+    "theoretical_tokens_per_drafting_pass",
+    "passes_drafted",
+    "mean_drafted_depth",
+    "positions_tried",
+    "accepted_histogram",
+    "mean_acceptance_length",
+)
+
+
 def trace_k(start: dict) -> int:
     """The run's draft depth K (0 for the baseline)."""
     k = (start.get("tree") or {}).get("steps")
@@ -371,11 +393,13 @@ def run_summary(trace) -> dict:
     summary = summarize_steps(steps, k, wall_s)
     if finish is not None:
         metrics = finish.get("metrics") or {}
-        if steps and "passes_drafted" not in metrics:
-            # Recorded before the theory used each pass's drafted depth: the steps give it.
-            theory = ("theoretical_tokens_per_pass", "passes_drafted", "mean_drafted_depth", "positions_tried")
-            metrics = {**metrics, **{key: summary[key] for key in theory}}
-            metrics["theoretical_tokens_per_drafting_pass"] = summary["theoretical_tokens_per_drafting_pass"]
+        if steps:
+            # Recorded before these were computed (the histogram, the theory at each pass's drafted depth,
+            # which replaced a theory at the slider's K): the steps give them.
+            later = {key: summary[key] for key in LATER_METRICS if key not in metrics}
+            if "passes_drafted" not in metrics:
+                later["theoretical_tokens_per_pass"] = summary["theoretical_tokens_per_pass"]
+            metrics = {**metrics, **later}
         summary.update(metrics)  # the engine's numbers win (payload "off" has no steps)
     summary.update(
         mode=start.get("mode"),

@@ -270,7 +270,7 @@ def test_every_step_records_its_k_and_why_drafting_stopped(tiny_with_eagle):
     run = engine.run(PROMPT, "int8", max_new_tokens=16, k=4, adaptive=True, payload="reduced")
     assert run["events"][0]["settings"]["adaptive"] is True
     for step in step_events(run["events"]):
-        assert set(step["draft"]) == {"k", "stop"} and step["draft"]["stop"] in STOP_REASONS
+        assert set(step["draft"]) == {"k", "stop", "why"} and step["draft"]["stop"] in STOP_REASONS
         assert 1 <= step["draft"]["k"] <= 4
     assert drafts(loads(dumps(run["events"]))) == drafts(run)  # saved and loaded as recorded
 
@@ -489,3 +489,21 @@ def test_verified_outcomes_are_the_accepted_path_and_the_rejected_children_after
     assert verified_outcomes(tree, [0]) == [(0.6, True), (0.4, False)]  # the sibling's fate is left out
     ngram = DraftTree(tokens=[5], parents=[-1], depths=[1], q_token=[1.0], point_mass=True)
     assert verified_outcomes(ngram, [0]) == []  # a point mass has no q to calibrate
+
+
+def test_each_adaptive_pass_records_why_its_k(tiny_engine):
+    """The step's draft.why says why the policy chose that K (issue #29: 'pass 18: K = 1' needs its reason):
+    the cost-aware rule's expected tokens per ms of every candidate K, the chosen one the largest."""
+    run = tiny_engine.run("Hello there, how are you?", "int8", max_new_tokens=24, k=4, adaptive=True, seed=1)
+    steps = [e for e in run["events"] if e["type"] == "step"]
+    for s in steps:
+        why = s["draft"]["why"]
+        assert why["k"] == s["draft"]["k"] and why["because"]
+        assert len(why["speeds"]) == 4 and 0 <= why["alpha"] <= 1
+    later = [s["draft"]["why"] for s in steps[1:] if "expected tokens" in s["draft"]["why"]["because"]]
+    assert later and all(w["speeds"][w["k"] - 1] == max(w["speeds"]) for w in later)
+    from app.narration import narrate_step
+
+    assert "adaptive depth chose K" in narrate_step(run["events"], 1)
+    fixed = tiny_engine.run("Hello there, how are you?", "int8", max_new_tokens=8, k=4, seed=1)
+    assert all("why" not in e["draft"] for e in fixed["events"] if e["type"] == "step")

@@ -363,3 +363,35 @@ def test_a_long_chain_projects_only_the_rows_its_walk_reads(monkeypatch):
     for chain in chains:  # a walk that stopped in the first rows never projected the rest
         assert chain.rest is None or chain.rest.shape[0] == len(chain) - 5
     assert any(chain.rest is None for chain in chains)
+
+
+def test_each_pass_records_its_kv_cache_and_the_histogram_adds_up(tiny_engine):
+    """The step's kv record: the pending token and every draft node written, the pending token and the accepted
+    path kept, the rest rolled back; the cache grows by what was kept. The finish metrics' histogram of drafts
+    kept per drafting pass, and vLLM's mean acceptance length beside the rate."""
+    run = tiny_engine.run(PROMPT, "int8", max_new_tokens=30, k=3, topk=2, temperature=1.0, seed=4)
+    steps = [e for e in run["events"] if e["type"] == "step"]
+    prompt_len = len(run["events"][0]["prompt_ids"])
+    length = prompt_len - 1  # the prompt is prefilled but for its last token, the first pass's pending token
+    for s in steps:
+        kv = s["kv"]
+        assert kv["written"] == 1 + s["drafted"] and kv["kept"] == 1 + s["accepted_len"]
+        assert kv["kept"] + kv["rolled_back"] == kv["written"]
+        length += kv["kept"]
+        assert kv["length"] == length
+    m = run["metrics"]
+    drafting = [s for s in steps if s["drafted"]]
+    assert sum(m["accepted_histogram"]) == len(drafting) == m["passes_drafted"]
+    assert all(m["accepted_histogram"][j] == sum(s["accepted_len"] == j for s in drafting) for j in range(4))
+    assert m["mean_acceptance_length"] == pytest.approx(1 + m["accepted"] / len(drafting))
+    # ... and the figures read those records as they are (visuals/run_charts.py).
+    from visuals.run_charts import accepted_per_pass_figure, kv_cache_figure
+
+    hist = accepted_per_pass_figure(run["events"])
+    (bars,) = [t for t in hist.data if (t.meta or {}).get("role") == "histogram"]
+    assert list(bars.y) == m["accepted_histogram"]
+    assert f"mean acceptance length {m['mean_acceptance_length']:.2f}" in hist.layout.title.subtitle.text
+    kv_fig = kv_cache_figure(run["events"])
+    roles = {(t.meta or {}).get("role"): t for t in kv_fig.data}
+    assert list(roles["rolled_back"].y) == [s["kv"]["rolled_back"] for s in steps]
+    assert list(roles["length"].y)[-1] == steps[-1]["kv"]["length"]

@@ -30,7 +30,15 @@ from .style import (
     visible_len,
 )
 
-__all__ = ["timeline_figure", "tokens_per_pass_figure", "acceptance_figure", "draft_depth_figure", "is_adaptive"]
+__all__ = [
+    "timeline_figure",
+    "tokens_per_pass_figure",
+    "acceptance_figure",
+    "accepted_per_pass_figure",
+    "draft_depth_figure",
+    "is_adaptive",
+    "kv_cache_figure",
+]
 
 NO_PASS = "No target pass yet."
 
@@ -377,6 +385,21 @@ def _draft_records(steps: list[dict]) -> list[tuple[int, dict, dict]]:
     ]
 
 
+def _why_text(why: dict | None) -> str:
+    """An adaptive pass's reason for its K, as the engine recorded it (draft.why), for a hover."""
+    if not isinstance(why, dict):
+        return "K fixed by the run's settings"
+    text = f"why: {why.get('because', '?')}"
+    speeds = why.get("speeds")
+    if speeds:
+        text += (
+            f" (α = {why.get('alpha', 0):.2f}; expected tokens/ms by K: "
+            + ", ".join(f"{k}: {v:.3f}" for k, v in enumerate(speeds, start=1))
+            + ")"
+        )
+    return text
+
+
 def _depth_markers(fig: go.Figure, records: list[tuple[int, dict, dict]]) -> dict[str, int]:
     """The depth each pass drafted, one marker series per stop reason; returns the count of each reason."""
     counts: dict[str, int] = {}
@@ -420,10 +443,12 @@ def draft_depth_figure(trace) -> go.Figure:
         go.Scatter(
             x=[n for n, _, _ in records],
             y=ks,
-            mode="lines",
+            mode="lines+markers",
+            marker={"size": 4},
             line={"color": SERIES["theory"], "width": 2, "shape": "hv"},
             name="K this pass could draft",
-            hovertemplate="pass %{x}: K = %{y}<extra>K</extra>",
+            customdata=[[_why_text(d.get("why"))] for _, d, _ in records],
+            hovertemplate="pass %{x}: K = %{y}<br>%{customdata[0]}<extra>K</extra>",
             meta={"role": "k"},
         )
     )
@@ -435,3 +460,110 @@ def draft_depth_figure(trace) -> go.Figure:
     fig.update_xaxes(title_text="target pass", rangemode="tozero")
     fig.update_yaxes(title_text="draft depth (tokens)", range=[0, k_max + 0.5], dtick=1 if k_max <= 16 else None)
     return apply_layout(fig, title, subtitle, height=DEPTH_HEIGHT)
+
+
+# ------------------------------------------------------------------------------ accepted per pass
+HISTOGRAM_HEIGHT = 420
+ACCEPTED_PER_PASS_TITLE = "How many drafts does a pass keep?"
+
+
+def accepted_per_pass_figure(trace) -> go.Figure:
+    """The histogram of accepted drafts per drafting pass (0, 1, ..., K), with the draft acceptance rate and
+    the mean acceptance length side by side: a rate can fall (more drafts rejected) while the length stays
+    (as many tokens per pass), so neither alone says whether drafting got worse."""
+    events = events_of(trace)
+    s = run_summary(events)
+    counts = s.get("accepted_histogram") or []
+    if not any(counts):
+        return message_figure(ACCEPTED_PER_PASS_TITLE, _nothing_drafted(events))
+    passes = sum(counts)
+    kept = list(range(len(counts)))
+    fig = go.Figure(
+        value_bars(
+            kept,
+            counts,
+            f"drafting passes ({passes} of {s['target_passes']})",
+            PALETTE["accepted"],
+            [str(c) if c else "" for c in counts],
+            hovertemplate="%{y} of " + str(passes) + " drafting passes kept %{x} drafts<extra>measured</extra>",
+            meta={"role": "histogram", "passes": passes},
+        )
+    )
+    subtitle = (
+        f"draft acceptance rate {s['acceptance_rate']:.2f} (accepted ÷ drafted: {s['accepted']} of {s['drafted']}) · "
+        f"mean acceptance length {s['mean_acceptance_length']:.2f} (1 + accepted ÷ drafting passes) · "
+        f"{mode_words(start_event(events))}"
+    )
+    fig.update_xaxes(title_text="drafts kept in the pass (its accepted path's length)", tickmode="array", tickvals=kept)
+    fig.update_yaxes(title_text="drafting passes")
+    apply_layout(fig, f"{ACCEPTED_PER_PASS_TITLE} Accepted drafts per pass", subtitle, height=HISTOGRAM_HEIGHT)
+    fig.update_layout(bargap=0.3, showlegend=False)
+    return fig
+
+
+# ----------------------------------------------------------------------------------- KV cache
+KV_HEIGHT = 420
+KV_TITLE = "The target's KV cache, pass by pass"
+
+
+def kv_cache_figure(trace) -> go.Figure:
+    """Per pass, the target cache slots the pass wrote (the pending token and every draft node), split into
+    kept (the pending token and the accepted path) and rolled back (rejected and untried drafts, overwritten
+    by the next pass), from the step events' ``kv`` records; and the cache's length after each pass."""
+    events = events_of(trace)
+    steps = [st for st in step_events(events) if st.get("kv")]
+    if not steps:
+        message = (
+            "This run's passes carry no KV record: recorded before SpecLens recorded it, or run by a "
+            "production engine, which keeps its cache out of sight."
+        )
+        return message_figure(KV_TITLE, message if step_events(events) else NO_PASS)
+    passes = [st["step"] for st in steps]
+    kept = [st["kv"]["kept"] for st in steps]
+    rolled = [st["kv"]["rolled_back"] for st in steps]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            x=passes,
+            y=kept,
+            name="slots kept (pending token + accepted drafts)",
+            marker={"color": PALETTE["accepted"]},
+            hovertemplate="pass %{x}: %{y} slots kept<extra></extra>",
+            meta={"role": "kept"},
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            x=passes,
+            y=rolled,
+            name="slots rolled back (rejected or untried drafts)",
+            marker={"color": PALETTE["rejected"]},
+            hovertemplate="pass %{x}: %{y} slots written and rolled back<extra></extra>",
+            meta={"role": "rolled_back"},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=passes,
+            y=[st["kv"]["length"] for st in steps],
+            mode="lines",
+            name="cache length after the pass (tokens, right axis)",
+            line={"color": SERIES["context"], "width": 2},
+            yaxis="y2",
+            hovertemplate="after pass %{x}: %{y} tokens cached<extra></extra>",
+            meta={"role": "length"},
+        )
+    )
+    written, back = sum(kept) + sum(rolled), sum(rolled)
+    subtitle = (
+        f"{written} slots written in {len(steps)} passes, {back} rolled back ({back / written:.0%}): "
+        "verifying drafts costs cache writes that a rejection throws away"
+    )
+    fig.update_layout(
+        barmode="stack",
+        yaxis2={"overlaying": "y", "side": "right", "title": {"text": "cached tokens"}, "showgrid": False},
+    )
+    fig.update_xaxes(title_text="target pass")
+    fig.update_layout(yaxis={"title": {"text": "slots written this pass"}})
+    apply_layout(fig, f"{KV_TITLE}: written, kept, rolled back", subtitle, height=KV_HEIGHT)
+    return fig

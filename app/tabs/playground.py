@@ -18,7 +18,15 @@ from engine.settings import MAX_HISTORY_DOCS
 from engine.trace import step_events
 from visuals import acceptance_figure, interesting_step_index, tokens_per_pass_figure
 from visuals.lab_figures import message_figure
-from visuals.run_charts import DEPTH_TITLE, draft_depth_figure, is_adaptive
+from visuals.run_charts import (
+    ACCEPTED_PER_PASS_TITLE,
+    DEPTH_TITLE,
+    KV_TITLE,
+    accepted_per_pass_figure,
+    draft_depth_figure,
+    is_adaptive,
+    kv_cache_figure,
+)
 
 from .. import config, render
 from ..config import MAX_NEW_TOKENS
@@ -76,6 +84,8 @@ PLAY_KEYS = [
     "step",
     "card",
     "acceptance",
+    "hist",
+    "kv",
     "depth",
     "download",
     "trace",
@@ -135,6 +145,12 @@ def _acceptance(trace: list[dict]):
     return guarded(ACCEPTANCE_TITLE, acceptance_figure, trace)
 
 
+def _accepted_per_pass(trace: list[dict]):
+    if trace and trace[0].get("mode") == "baseline":
+        return message_figure(ACCEPTED_PER_PASS_TITLE, "A baseline run drafts nothing")
+    return guarded(ACCEPTED_PER_PASS_TITLE, accepted_per_pass_figure, trace)
+
+
 def _depth_plot(trace: list[dict], figure=None) -> gr.Plot:
     """The K-per-pass chart, shown for runs whose drafting adapted (a fixed K is a flat line)."""
     figure = figure if figure is not None else guarded(DEPTH_TITLE, draft_depth_figure, trace)
@@ -158,6 +174,8 @@ def finished_outputs(
         "step": pass_slider(n, index + 1),
         "card": render.run_card(trace),
         "acceptance": _acceptance(trace),
+        "hist": _accepted_per_pass(trace),
+        "kv": guarded(KV_TITLE, kv_cache_figure, trace),
         "depth": _depth_plot(trace),
         "trace": trace,
     }
@@ -221,6 +239,8 @@ def _started(trace: list[dict]) -> dict:
         "stats": render.stats_line(trace, running=True),
         "card": "*The run summary appears here when the run ends (or when you press Stop).*",
         "acceptance": message_figure(ACCEPTANCE_TITLE, "Shown when the run ends"),
+        "hist": message_figure(ACCEPTED_PER_PASS_TITLE, "Shown when the run ends"),
+        "kv": message_figure(KV_TITLE, "Shown when the run ends"),
         "depth": _depth_plot(trace, message_figure(DEPTH_TITLE, "Drawn as the run goes")),
         "download": gr.DownloadButton(value=None, interactive=False, label="⬇ Trace download (after the run)"),
         "step": pass_slider(1, 1, interactive=False),
@@ -552,6 +572,8 @@ def _outputs(c: dict, init: dict, n_steps: int) -> None:
             )
         with gr.Column(scale=1, min_width=560):
             c["acceptance"] = gr.Plot(init.get("acceptance"), label="Acceptance", show_label=False, elem_id="sl-acc")
+            c["hist"] = gr.Plot(init.get("hist"), label="Accepted per pass", show_label=False, elem_id="sl-hist")
+    c["kv"] = gr.Plot(init.get("kv"), label="KV cache", show_label=False, elem_id="sl-kv")
 
 
 def initial_values() -> dict:

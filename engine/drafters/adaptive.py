@@ -144,6 +144,7 @@ class AdaptiveDepth:
         self.step_overhead_ms = 0.0
         self.overheads_seen = 0
         self.drafts_seen = 0  # passes that drafted something
+        self._because = "the run starts at its maximum K"  # why self.k is what it is (``why``)
 
     def _width(self, k: int) -> int:
         """Tokens in the target pass of a depth-k draft: the pending token plus the drafted nodes."""
@@ -224,9 +225,15 @@ class AdaptiveDepth:
             self.tried[b] += 1
             self.accepted[b] += bool(accepted)
         if drafted_depth <= 0:
+            self._because = "the last pass drafted nothing, which says nothing about K: unchanged"
             return
         if self.pass_ms is None:
-            self.k = self._bounded(self.k + GROW if accepted_len >= drafted_depth else self.k - SHRINK)
+            if accepted_len >= drafted_depth:
+                self._because = f"the last pass kept all {drafted_depth} drafts: K + {GROW}"
+                self.k = self._bounded(self.k + GROW)
+            else:
+                self._because = f"the last pass kept {accepted_len} of {drafted_depth} levels: K - {SHRINK}"
+                self.k = self._bounded(self.k - SHRINK)
             return
         # Levels tested: the accepted ones and, unless the whole draft survived, the one that failed.
         tested = min(drafted_depth, accepted_len + 1)
@@ -250,6 +257,18 @@ class AdaptiveDepth:
             self.step_overhead_ms = _recent(self.step_overhead_ms, extra, self.overheads_seen > 0)
             self.overheads_seen += 1
         self.k = max(range(1, self.k_max + 1), key=self.expected_speed)
+        self._because = "the most expected tokens per ms of drafting and verifying, with this host's pass costs"
+
+    def why(self) -> dict:
+        """Why the next pass drafts self.k levels, as the step event records it: {"k", "because"} and, for the
+        cost-aware policy, "alpha" (the recent acceptance rate) and "speeds" (expected tokens per ms of each
+        candidate depth, 1..k_max, the chosen one the largest); a model drafter may still stop shallower on
+        confidence (the step's draft.stop says so)."""
+        record = {"k": self.k, "because": self._because}
+        if self.pass_ms is not None:
+            record["alpha"] = round(self.alpha, 3)
+            record["speeds"] = [round(self.expected_speed(k), 4) for k in range(1, self.k_max + 1)]
+        return record
 
 
 def _recent(average: float, sample: float, seen: bool) -> float:

@@ -1,0 +1,205 @@
+"""Turn it on in your engine: the launch command that gives a production engine the drafting SpecLens ran.
+
+``launch_command(engine, drafter, k, topk, num_draft_tokens, ...)`` maps one SpecLens drafting setup onto the
+flags of vLLM (``vllm serve --speculative-config``), SGLang (``python -m sglang.launch_server
+--speculative-*``), llama.cpp (``llama-server`` draft flags) or transformers (``generate`` keyword arguments),
+and says where an engine has no equivalent instead of printing something that would not do the same thing.
+
+The flags were read from the engines' own sources (vLLM 0.32's ``config/speculative.py`` and
+``engine/arg_utils.py``; SGLang's ``server_args.py``; llama.cpp's ``common/arg.cpp``; transformers'
+``GenerationConfig``), and the vLLM command is parsed by vLLM's own argument parser in the tests
+(tests/test_launch.py). Our n-gram lookup matches suffixes of 2 to 6 tokens; vLLM's ``prompt_lookup_min`` /
+``prompt_lookup_max`` and transformers' ``max_matching_ngram_size`` say the same.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from engine.model.loading import DEFAULT_GGUF_FILE, PRESETS, default_gguf_path
+from engine.paths import DEFAULT_MODEL
+
+__all__ = ["ENGINES", "launch_command"]
+
+ENGINES = ("vllm", "sglang", "llama.cpp", "transformers")
+NGRAM_MIN, NGRAM_MAX = 2, 6  # engine.drafters.ngram.NgramDrafter's defaults
+EAGLE_HEAD = "PATH/TO/EAGLE3-HEAD-FOR-THIS-TARGET"
+NO_TREE = "this method drafts a chain here: tree top-k and budget have no flag (the command drafts K in a row)"
+
+
+def _hub_id(target: str) -> str:
+    """The Hub id a production engine loads for a SpecLens target name (ours are presets of Hub models)."""
+    return PRESETS.get(target, {}).get("hub_id", target)
+
+
+def _draft_id(drafter: str) -> str:
+    return _hub_id(drafter.split(":", 1)[1].strip())
+
+
+def _join(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _vllm(model: str, drafter: str, k: int, topk: int, notes: list[str]) -> str | None:
+    argv = ["vllm", "serve", model]
+    if drafter == "none":
+        return _join(argv)
+    if drafter == "ngram":
+        spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": NGRAM_MAX}
+        spec["prompt_lookup_min"] = NGRAM_MIN
+    elif drafter == "suffix":
+        spec = {"method": "suffix", "num_speculative_tokens": k}
+        notes.append(
+            "vLLM's suffix method needs the arctic-inference package (pip install arctic-inference); it caches "
+            "earlier outputs across all requests of the server, where SpecLens keeps one session's answers"
+        )
+    elif drafter.startswith("model:"):
+        spec = {"method": "draft_model", "model": _draft_id(drafter), "num_speculative_tokens": k}
+    elif drafter == "eagle":
+        spec = {"method": "eagle3", "model": EAGLE_HEAD, "num_speculative_tokens": k}
+        notes.append(
+            "SpecLens's head is its own format: vLLM needs an EAGLE-3 checkpoint trained for this target "
+            "(SpecForge trains one); put its path where the command says"
+        )
+    else:
+        return None
+    if topk > 1:
+        notes.append(f"vLLM: {NO_TREE}")
+    return _join(argv + ["--speculative-config", json.dumps(spec)])
+
+
+def _sglang(model: str, drafter: str, k: int, topk: int, budget: int, notes: list[str]) -> str | None:
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", model]
+    if drafter == "none":
+        return _join(argv)
+    # SGLang counts the verified root in --speculative-num-draft-tokens: a chain of K drafts is K + 1 there.
+    tree = ["--speculative-num-steps", str(k), "--speculative-eagle-topk", str(topk)]
+    tree += ["--speculative-num-draft-tokens", str(budget + 1)]
+    if drafter == "ngram":
+        notes.append(
+            "SGLang's NGRAM method runs on CUDA only and sizes its drafts with its own --speculative-ngram-* "
+            "flags (their names changed between releases: see python -m sglang.launch_server --help)"
+        )
+        return _join(argv + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(budget + 1)])
+    if drafter.startswith("model:"):
+        return _join(
+            argv
+            + ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", _draft_id(drafter)]
+            + tree
+        )
+    if drafter == "eagle":
+        notes.append("SGLang needs an EAGLE-3 checkpoint trained for this target; SpecLens's head is its own format")
+        return _join(argv + ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", EAGLE_HEAD] + tree)
+    return None
+
+
+def _llamacpp(target: str, drafter: str, k: int, topk: int, notes: list[str]) -> str | None:
+    gguf = f"{target}.gguf"
+    if target == DEFAULT_MODEL:
+        try:
+            gguf = str(default_gguf_path())
+        except (FileNotFoundError, ImportError, OSError):
+            gguf = DEFAULT_GGUF_FILE
+    argv = ["llama-server", "-m", gguf]
+    if drafter == "none":
+        return _join(argv)
+    if topk > 1:
+        notes.append(f"llama.cpp: {NO_TREE}")
+    renamed = "builds that renamed the draft flags take --spec-draft-n-max / --spec-draft-n-min instead"
+    if drafter.startswith("model:"):
+        notes.append(f"the draft model as a GGUF file of the same vocabulary; {renamed}")
+        return _join(
+            argv + ["-md", f"{_draft_id(drafter).split('/')[-1]}.gguf", "--draft-max", str(k), "--draft-min", "0"]
+        )
+    if drafter == "ngram":
+        notes.append(f"needs a llama-server with --spec-type (n-gram speculation, 2026); {renamed}")
+        return _join(argv + ["--spec-type", "ngram-simple", "--draft-max", str(k)])
+    return None
+
+
+def _transformers(model: str, drafter: str, k: int, temperature: float, adaptive: bool, notes: list[str]):
+    sampling = f"do_sample=True, temperature={temperature}" if temperature > 0 else "do_sample=False"
+    lines = [
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f"tokenizer = AutoTokenizer.from_pretrained({model!r})",
+        f"model = AutoModelForCausalLM.from_pretrained({model!r})",
+        'inputs = tokenizer.apply_chat_template([{"role": "user", "content": "..."}], add_generation_prompt=True, '
+        'return_tensors="pt", return_dict=True)',
+    ]
+    if drafter == "none":
+        call = f"model.generate(**inputs, {sampling})"
+    elif drafter == "ngram":
+        call = (
+            f"model.generate(**inputs, prompt_lookup_num_tokens={k}, max_matching_ngram_size={NGRAM_MAX}, {sampling})"
+        )
+    elif drafter.startswith("model:"):
+        lines.append(f"assistant = AutoModelForCausalLM.from_pretrained({_draft_id(drafter)!r})")
+        schedule = "heuristic" if adaptive else "constant"  # heuristic: K + 2 after a full accept, K - 1 otherwise
+        call = (
+            f"model.generate(**inputs, assistant_model=assistant, num_assistant_tokens={k}, "
+            f'num_assistant_tokens_schedule="{schedule}", {sampling})'
+        )
+    else:
+        return None
+    notes.append("transformers drafts a chain for one sequence at a time (batch size 1)")
+    return "\n".join(lines + [call])
+
+
+def launch_command(
+    engine: str,
+    drafter: str = "ngram",
+    k: int = 4,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    target: str = DEFAULT_MODEL,
+    temperature: float = 0.0,
+    adaptive: bool = False,
+) -> dict:
+    """{"engine", "drafter", "command" (None where the engine has no equivalent), "equivalent", "notes"}.
+
+    drafter: SpecLens's spec (none, ngram, suffix, int8, eagle, model:<id>); k, topk, num_draft_tokens: the
+    draft shape as generate takes it (num_draft_tokens None = K x topk). Raises ValueError for an unknown
+    engine or a bad shape."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    drafter = (drafter or "none").strip()
+    if drafter in ("", "baseline"):
+        drafter = "none"
+    if drafter.startswith(("ngram:", "suffix:")):  # our lookup's sizes: the engines take their own
+        drafter = drafter.split(":", 1)[0]
+    for name, value in (("k", k), ("topk", topk)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    budget = num_draft_tokens or k * topk
+    model = _hub_id(target)
+    notes: list[str] = []
+    if engine == "vllm":
+        command = _vllm(model, drafter, k, topk, notes)
+    elif engine == "sglang":
+        command = _sglang(model, drafter, k, topk, budget, notes)
+    elif engine == "llama.cpp":
+        command = _llamacpp(target, drafter, k, topk, notes)
+    else:
+        command = _transformers(model, drafter, k, temperature, adaptive, notes)
+    if command is None:
+        notes.insert(0, _no_equivalent(engine, drafter))
+    elif adaptive and engine != "transformers":
+        notes.append("adaptive depth has no flag here: the engine drafts K every step")
+    return {
+        "engine": engine,
+        "drafter": drafter,
+        "command": command,
+        "equivalent": command is not None,
+        "notes": notes,
+    }
+
+
+def _no_equivalent(engine: str, drafter: str) -> str:
+    why = {
+        "int8": "no engine drafts with a quantised copy of its own target; the closest is a small draft model "
+        "(model:<id>) or n-gram",
+        "suffix": "suffix decoding is vLLM's (method suffix, with arctic-inference); this engine has no such method",
+        "eagle": "this engine has no EAGLE-style head",
+    }.get(drafter, f"SpecLens's drafter {drafter!r} has no counterpart here")
+    return f"{engine}: no equivalent for {drafter}: {why}"
