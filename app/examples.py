@@ -89,11 +89,14 @@ def example_note(name: str) -> str:
             f"{m.get('baseline_tokens_per_s')} tokens/s for the baseline = **{m.get('speedup')}×**, "
             f"median of {m.get('repeats')} runs."
         )
+        if m.get("draft_cost_ratio") is not None:
+            note += f" A draft token cost c = {m['draft_cost_ratio']} of a target pass."
         other = m.get("compare")
         if isinstance(other, dict):
             note += (
                 f" The {other.get('drafter')} drafter on the same prompt: {other.get('tokens_per_pass')} tokens "
-                f"per pass, {other.get('speedup')}×."
+                f"per pass, {other.get('speedup')}×"
+                + (f", c = {other['draft_cost_ratio']}." if other.get("draft_cost_ratio") is not None else ".")
             )
         note += " On another machine, or while it is busy, live numbers differ."
     return note

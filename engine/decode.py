@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -175,6 +176,9 @@ class SpeculativeEngine:
         # The quickest mean baseline pass this engine has measured (ms): the host's quiet speed, against
         # which a comparison tells a busy machine (metrics.busy_machine).
         self.quickest_pass_ms: float | None = None
+        # c (a draft token's cost in target passes) of every run so far, by drafter: what this host
+        # measured, for texts that would otherwise say "a few percent" (measured_costs).
+        self._costs: dict[str, list[float]] = {}
 
     @classmethod
     def load(
@@ -470,6 +474,8 @@ class SpeculativeEngine:
             k = shape.steps if drafter.drafts else 0
             metrics = summarize_steps(steps, k, time.perf_counter() - started, prefill_s)
             metrics["cpu_share"] = self._cpu_share(time.process_time() - cpu_started, metrics["wall_s"])
+            if drafter.drafts and metrics.get("draft_cost_ratio") is not None:
+                self._costs.setdefault(drafter.name, []).append(metrics["draft_cost_ratio"])
             if not drafter.drafts and metrics.get("mean_verify_ms"):
                 quickest = self.quickest_pass_ms
                 self.quickest_pass_ms = min(quickest or math.inf, metrics["mean_verify_ms"])
@@ -477,6 +483,13 @@ class SpeculativeEngine:
             yield events.finish_event(stop_reason, text, generated, metrics)
         finally:
             drafter.close()
+
+    def measured_costs(self) -> dict[str, dict]:
+        """{drafter name: {"c": the median c of its runs on this engine, "runs"}}: a draft token's cost in
+        target passes as this host measured it (each run's finish metrics' draft_cost_ratio)."""
+        return {
+            name: {"c": statistics.median(values), "runs": len(values)} for name, values in sorted(self._costs.items())
+        }
 
     def _cpu_share(self, cpu_s: float, wall_s: float) -> float | None:
         """The share of the cores it asked for (torch's threads) that this process got during a run: ~1 on a

@@ -61,6 +61,9 @@ def measure(engine: SpeculativeEngine, example: dict, repeats: int) -> tuple[dic
         "speedup": round(spec_tps / base_tps, 2) if base_tps else None,
         "repeats": repeats,
     }
+    costs = [m["draft_cost_ratio"] for m in spec if m.get("draft_cost_ratio") is not None]
+    if costs:  # c: a draft token's cost in target passes, as this run measured it
+        summary["draft_cost_ratio"] = round(statistics.median(costs), 3)
     if first_runs:  # the first question's own run, before anything was remembered
         summary["first_tokens_per_pass"] = round(
             statistics.median(r["metrics"]["tokens_per_pass"] for r in first_runs), 2
@@ -73,6 +76,9 @@ def measure(engine: SpeculativeEngine, example: dict, repeats: int) -> tuple[dic
             "tokens_per_pass": round(statistics.median(m["tokens_per_pass"] for m in other), 2),
             "speedup": round(other_tps / base_tps, 2) if base_tps else None,
         }
+        other_costs = [m["draft_cost_ratio"] for m in other if m.get("draft_cost_ratio") is not None]
+        if other_costs:
+            summary["compare"]["draft_cost_ratio"] = round(statistics.median(other_costs), 3)
     return summary, spec_runs[0]["events"], base_runs[0]["events"]
 
 

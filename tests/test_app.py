@@ -285,3 +285,22 @@ def test_model_panel_memory_plan_says_what_a_run_needs():
     assert "needs" in text and "GiB" in text and "fits" in text and "int8" in text
     assert "nothing is loaded here" in playground.memory_plan("SmolLM2-135M-Instruct", "vllm", "auto", 4, 1, 0, 64)
     assert "Cannot plan" in playground.memory_plan("nope/not-allowed", "int8", "auto", 4, 1, 0, 64)
+
+
+def test_the_playground_and_the_api_print_the_launch_command():
+    """'Turn it on in your engine' from the current settings (no model runs), and /launch_command."""
+    import gradio as gr
+
+    from app.tabs import api, playground
+
+    code, notes = playground.launch_view("vllm", "SmolLM2-135M-Instruct", "ngram", 8, 1, 0, 0.0, False)
+    assert code.value.startswith("vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config")
+    assert '"num_speculative_tokens": 8' in code.value and notes == ""
+    code, notes = playground.launch_view("transformers", "SmolLM2-135M-Instruct", "int8", 4, 1, 0, 0.0, False)
+    assert code.value == "" and "no equivalent for int8" in notes
+    code, notes = playground.launch_view("vllm", "SmolLM2-135M-Instruct", "ngram", "x", 1, 0, 0.0, False)
+    assert code.value == "" and "K" in notes  # a bad value: a message, not a crash
+    result = api.api_launch_command("sglang", "eagle", 3, 2, 5)
+    assert "--speculative-num-draft-tokens 6" in result["command"] and result["equivalent"]
+    with pytest.raises(gr.Error, match="engine must be one of"):
+        api.api_launch_command("tgi")

@@ -134,7 +134,50 @@ def api_race(
     return {**result, "seed": settings.seed}
 
 
+def api_launch_command(
+    engine: str = "vllm",
+    drafter: str = "ngram",
+    k: int = 4,
+    topk: int = 1,
+    num_draft_tokens: int = 0,
+    temperature: float = 0.0,
+    adaptive: bool = False,
+) -> dict:
+    """The command that turns this drafting on in a production engine (no model runs).
+
+    Args:
+        engine: vllm, sglang, llama.cpp or transformers.
+        drafter: none, ngram, suffix, int8, eagle or model:<id>.
+        k: draft depth K.
+        topk: candidates per draft position (1 = a chain).
+        num_draft_tokens: the tree's draft-token budget (0 = K × topk).
+        temperature: 0 = greedy.
+        adaptive: drafting depth that adapts (where the engine has it).
+
+    Returns:
+        {"engine", "drafter", "command": the exact command (or Python for transformers; null where the engine
+        has no equivalent), "equivalent", "notes": what differs, or why there is no equivalent}.
+    """
+    from engine.paths import DEFAULT_MODEL
+    from engine.tools.launch import launch_command
+
+    try:
+        return launch_command(
+            engine,
+            drafter,
+            as_int(k, "k"),
+            as_int(topk, "topk"),
+            as_int(num_draft_tokens, "num_draft_tokens") or None,
+            DEFAULT_MODEL,
+            float(temperature),
+            bool(adaptive),
+        )
+    except (TypeError, ValueError) as exc:
+        raise gr.Error(str(exc)) from None
+
+
 def register() -> None:
     """The endpoints, in the queue every model run shares."""
     gr.api(api_generate, api_name="generate", concurrency_limit=MAX_CONCURRENT_RUNS, concurrency_id=MODEL_RUNS)
     gr.api(api_race, api_name="race", concurrency_limit=MAX_CONCURRENT_RUNS, concurrency_id=MODEL_RUNS)
+    gr.api(api_launch_command, api_name="launch_command", concurrency_limit=None)

@@ -40,7 +40,7 @@ from ..engine_access import (
     start_vllm_generation,
     use_drafter,
 )
-from ..examples import EXAMPLE_SETTINGS, example_dropdown, example_note, example_values
+from ..examples import EXAMPLE_SETTINGS, example_dropdown, example_note, example_values, load_examples
 from ..figure_guard import guarded
 from ..inputs import as_int
 from ..pass_view import pass_figures, pass_slider, pass_slider_label
@@ -51,6 +51,7 @@ from ..wiring import PRIVATE, end_run, pack, run_stop_buttons, wire_run_and_stop
 __all__ = [
     "DRAFTER_CHOICES",
     "DRAFTER_INFO",
+    "drafter_info",
     "drafter_choices",
     "PLAY_KEYS",
     "finished_outputs",
@@ -92,6 +93,7 @@ PLAY_KEYS = [
     "st_source",
     "run_btn",
     "answers",
+    "drafter",
 ]
 # The inputs of a run, in the order run_playground takes them.
 PLAY_INPUTS = [
@@ -126,11 +128,40 @@ ADAPTIVE_INFO = (
 )
 DRAFTER_INFO = (
     "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. suffix copies from "
-    "the prompt and from this session's earlier answers (ask a similar question twice). int8 is a cheaper "
-    "copy of the target. eagle is a tiny trained head that reads the target's own hidden states (a low, a middle and "
-    "the last layer's) from the pass that just verified (no extra target work) and runs one layer, so a guess costs a few percent of a "
-    "target pass. model:<id> (type any Hub id) is a separate small model."
+    "the prompt and from this session's earlier answers (ask a similar question twice). int8 is the target itself "
+    "with int8 weights: a near copy that runs the whole network per guess. eagle is a tiny trained head that reads "
+    "the target's own hidden states (a low, a middle and the last layer's) from the pass that just verified (no "
+    "extra target work) and runs one layer. model:<id> (type any Hub id) is a separate small model. What a guess "
+    "costs is c, in target passes: "
 )
+
+
+def drafter_info(engine=None) -> str:
+    """DRAFTER_INFO with c as measured: this server's runs so far, else the examples' recorded figures (with
+    their machine), never a fixed word like "cheap"."""
+    measured = engine.measured_costs() if engine is not None else {}
+    if measured:
+        costs = ", ".join(
+            f"{name} {m['c']:.2f} ({m['runs']} run{'s' if m['runs'] != 1 else ''})" for name, m in measured.items()
+        )
+        return DRAFTER_INFO + f"measured on this server so far: {costs}."
+    recorded = []
+    for example in load_examples():
+        m = example.get("measured") or {}
+        for drafter, block in (
+            (example.get("drafter"), m),
+            ((m.get("compare") or {}).get("drafter"), m.get("compare") or {}),
+        ):
+            if drafter and block.get("draft_cost_ratio") is not None and drafter not in dict(recorded):
+                recorded.append((drafter, f"{block['draft_cost_ratio']:.2f}"))
+    if not recorded:
+        return DRAFTER_INFO + "measured by each run (the run card shows it)."
+    where = next((e["measured"] for e in load_examples() if (e.get("measured") or {}).get("draft_cost_ratio")), {})
+    costs = ", ".join(f"{name} {c}" for name, c in recorded)
+    return (
+        DRAFTER_INFO
+        + f"{costs} (recorded on {where.get('cpu', '?')}, {where.get('recorded', '?')}; runs here measure their own)."
+    )
 
 
 # --------------------------------------------------------------------------------------- outputs
@@ -347,6 +378,9 @@ def run_playground(
     finish = trace[-1] if trace and trace[-1].get("type") == "finish" else None
     if finish is not None and finish.get("text", "").strip():
         values["answers"] = (answers + [finish["text"]])[-MAX_HISTORY_DOCS:]
+    if drafter != VLLM_DRAFTER:  # the drafters' c as this server has now measured them
+        vllm_note = " vllm runs the prompt on the configured vLLM server: its model, its K." if config.VLLM_URL else ""
+        values["drafter"] = gr.Dropdown(info=drafter_info(engine) + vllm_note)
     if drafter == "suffix" and not stopped:
         values["status"] += (
             f" The suffix drafter could draft from {render.plural(len(answers), 'earlier answer')} of this session."
@@ -458,7 +492,7 @@ def _drafting_controls(c: dict, start: dict, s: dict) -> None:
             value=start.get("drafter") or "ngram",
             allow_custom_value=True,
             label="Drafter",
-            info=DRAFTER_INFO
+            info=drafter_info()
             + (" vllm runs the prompt on the configured vLLM server: its model, its K." if config.VLLM_URL else ""),
             elem_id="sl-drafter",
         )
@@ -487,6 +521,56 @@ def _sampling_controls(c: dict, s: dict) -> None:
             info="Stop after this many tokens (or at the end of the answer).",
             elem_id="sl-max-new",
         )
+
+
+LAUNCH_ENGINES = [("vLLM", "vllm"), ("SGLang", "sglang"), ("llama.cpp", "llama.cpp"), ("transformers", "transformers")]
+
+
+def launch_view(engine_name, target, drafter, k, topk, budget, temperature, adaptive):
+    """The command that turns the current drafting on in a production engine (engine.tools.launch), and its
+    notes: what differs, or why there is no equivalent."""
+    from engine.tools.launch import launch_command
+
+    try:
+        result = launch_command(
+            engine_name or "vllm",
+            drafter if drafter != VLLM_DRAFTER else "none",
+            as_int(k, "K"),
+            as_int(topk, "tree topk"),
+            as_int(budget, "tree budget") or None,
+            target or DEFAULT_MODEL,
+            float(temperature or 0.0),
+            bool(adaptive),
+        )
+    except (ValueError, gr.Error) as exc:
+        return gr.Code(value="", language="shell"), f"*{exc}*"
+    language = "python" if result["engine"] == "transformers" else "shell"
+    notes = "\n".join(f"- {note}" for note in result["notes"])
+    if result["command"] is None:
+        return gr.Code(value="", language=language), notes
+    return gr.Code(value=result["command"], language=language), notes
+
+
+def _launch_controls(c: dict, start: dict, s: dict) -> None:
+    with gr.Accordion("Turn it on in your engine", open=False):
+        c["launch_engine"] = gr.Radio(
+            LAUNCH_ENGINES,
+            value="vllm",
+            label="Production engine",
+            info="The command that gives it the drafting set above (SpecLens's own drafters where it has them).",
+        )
+        code, notes = launch_view(
+            "vllm",
+            DEFAULT_MODEL,
+            start.get("drafter") or "ngram",
+            s.get("k", 4),
+            s.get("topk", 1),
+            0,
+            s.get("temperature", 0.0),
+            False,
+        )
+        c["launch_code"] = gr.Code(value=code.value, language="shell", label="Command", elem_id="sl-launch", lines=3)
+        c["launch_notes"] = gr.Markdown(notes, elem_id="sl-launch-notes")
 
 
 def _kernel_note() -> str:
@@ -601,6 +685,7 @@ def layout(init: dict) -> dict:
                 _drafting_controls(c, start, s)
                 _sampling_controls(c, s)
                 _model_controls(c)
+                _launch_controls(c, start, s)
             with gr.Column(scale=9, min_width=420):
                 _outputs(c, init, len(step_events(trace)) or 1)
     return c
@@ -630,3 +715,15 @@ def wire(c: dict, st_source: gr.Radio) -> None:
     c["target"].input(suggest_drafter, [c["target"]], [c["drafter"]], show_progress="hidden", queue=False, **PRIVATE)
     plan_inputs = [c[key] for key in ("target", "drafter", "dtype", "k", "topk", "budget", "max_new")]
     c["memory_btn"].click(memory_plan, plan_inputs, [c["memory"]], show_progress="hidden", **PRIVATE)
+    # The launch command follows the drafting controls (and the engine chosen), computed here, no model needed.
+    launch_inputs = [c[key] for key in ("launch_engine", "target", "drafter", "k", "topk", "budget", "temperature")]
+    launch_inputs.append(c["adaptive"])
+    gr.on(
+        [c[key].change for key in ("launch_engine", "drafter", "k", "topk", "budget", "temperature", "adaptive")],
+        launch_view,
+        launch_inputs,
+        [c["launch_code"], c["launch_notes"]],
+        show_progress="hidden",
+        queue=False,
+        **PRIVATE,
+    )

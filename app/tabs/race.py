@@ -26,7 +26,7 @@ from ..inputs import random_seed
 from ..stopping import stop_requested
 from ..traces import load_recorded
 from ..wiring import PRIVATE, end_run, pack, run_stop_buttons, wire_run_and_stop
-from .playground import DRAFTER_CHOICES, DRAFTER_INFO
+from .playground import DRAFTER_CHOICES, drafter_info
 
 __all__ = [
     "RACE_KEYS",
@@ -383,7 +383,7 @@ def _controls(c: dict, init: dict, examples: list[dict]) -> None:
             value=start.get("race_drafter") or (examples[0].get("drafter", "ngram") if examples else "ngram"),
             allow_custom_value=True,
             label="Drafter for the speculative run",
-            info=DRAFTER_INFO,
+            info=drafter_info(),
         )
         c["race_k"] = gr.Slider(
             1, 16, value=start.get("race_k", 4), step=1, label="K (draft depth)", info="Tokens guessed ahead per pass."
