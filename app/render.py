@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import time
 
-from engine.metrics import run_summary
+from engine.metrics import BUSY_CPU_SHARE, run_summary
 from engine.trace import start_event, step_events
 from visuals import MARKS, PALETTE
 
@@ -261,6 +261,12 @@ def _card_numbers(s: dict) -> list[str]:
             f"{s['draft_s']:.2f} s + target passes and checks {s['verify_s']:.2f} s + other {other:.2f} s "
             f"(events, text, the loop; on a busy machine, waiting for a core) → **{s['tokens_per_s']:.1f} tokens/s**"
         )
+        share = s.get("cpu_share")
+        if share is not None and share < BUSY_CPU_SHARE:
+            lines.append(
+                f"- ⚠ **Busy machine:** this run got {share:.0%} of the cores it asked for (other work held the rest): "
+                "its speed says as much about the machine as about the method; the Race measures it in pairs."
+            )
     else:
         lines.append(
             f"- **Time:** {s['wall_s']:.2f} s until the last completed pass → {s['tokens_per_s']:.1f} tokens/s"

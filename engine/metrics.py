@@ -13,6 +13,7 @@ import math
 from engine.trace import finish_event, start_event, step_events
 
 __all__ = [
+    "BUSY_CPU_SHARE",
     "MIN_EFFECT",
     "MIN_PAIRS",
     "batch_throughputs",

@@ -215,3 +215,17 @@ def test_batch_lab_measures_pass_times_and_computes_throughput():
     assert [r[1] for r in rows2] == [r[1] for r in rows]  # the same measured pass times
     assert plain(fig2.layout.title.text).split(": ", 1)[1] in status2 and "α = 0.05" in status2
     assert "Measure" in batch.recompute(measured, 4, 0.7, 0.5)[0]  # a new K needs new pass times
+
+
+def test_the_batch_lab_never_calls_a_wider_pass_cheaper_from_noise():
+    """The issue's "a pass over K + 1 = 5 tokens per row costs 0.75x a pass over one token": the cost comes
+    with the repeats' spread, and a spread across 1 is the same cost within noise."""
+    from app.labs.batch import _cost_words
+
+    noisy = {"pass_ms_1": [20.0], "pass_ms_k1": [15.0], "spread_ms_1": [[12.0, 30.0]], "spread_ms_k1": [[11.0, 25.0]]}
+    words = _cost_words(noisy, 1, 4)
+    assert "0.75×" in words and "0.37–2.08× across the repeats" in words and "same cost within" in words
+    steady = {"pass_ms_1": [20.0], "pass_ms_k1": [12.0], "spread_ms_1": [[19.5, 21.0]], "spread_ms_k1": [[11.5, 12.5]]}
+    assert "matrix library" in _cost_words(steady, 1, 4)
+    wider = {"pass_ms_1": [10.0], "pass_ms_k1": [15.0], "spread_ms_1": [[9.0, 11.0]], "spread_ms_k1": [[14.0, 16.0]]}
+    assert _cost_words(wider, 1, 4).endswith("across the repeats)")

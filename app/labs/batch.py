@@ -104,14 +104,34 @@ def _batch_table(result: dict) -> list[list]:
     return rows
 
 
+def _cost_words(result: dict, b: int, k: int) -> str:
+    """What a pass over K + 1 tokens per row costs against a one-token pass at the first batch size, with the
+    spread of the repeats (the slowest over the quickest either way): a ratio whose spread straddles 1 is
+    said to be the same cost within noise, never "cheaper"."""
+    cost = result["pass_ms_k1"][0] / result["pass_ms_1"][0]
+    words = f"At B = {b} a pass over K + 1 = {k + 1} tokens per row costs {cost:.2f}× a pass over one token"
+    spread_1, spread_k1 = (result.get("spread_ms_1") or [None])[0], (result.get("spread_ms_k1") or [None])[0]
+    if not spread_1 or not spread_k1:
+        return words
+    low, high = spread_k1[0] / spread_1[1], spread_k1[1] / spread_1[0]
+    words += f" ({low:.2f}–{high:.2f}× across the repeats)"
+    if low <= 1.0 <= high:
+        return words + ": the same cost within this machine's noise"
+    if high < 1.0:
+        return words + (
+            ": cheaper in every repeat, which is this CPU's matrix library (it runs a few rows faster than one), "
+            "not speculation"
+        )
+    return words
+
+
 def _status(result: dict) -> str:
     """What was measured (where, when), what computed, and the verdict, all from one result."""
     sizes, k, alpha = result["batch_sizes"], result["k"], result["alpha"]
-    cost = result["pass_ms_k1"][0] / result["pass_ms_1"][0]
     return (
         f"**Pass times measured on this machine ({result['measured_on']}; median of {result['repeats']} "
         f"interleaved repeats, spread in the table); throughputs computed from them, α and the draft time.** "
-        f"At B = {sizes[0]} a pass over K + 1 = {k + 1} tokens per row costs {cost:.2f}× a pass over one token; "
+        f"{_cost_words(result, sizes[0], k)}; "
         f"with E = {result['expected_tokens_per_pass']:.2f} tokens per pass (α = {alpha:.2f}, K = {k}): "
         f"**{result['verdict']}**. Move α or the draft time to recompute at once from these pass times. The engine "
         "decodes one sequence at a time: batched speculative decoding is computed here, not run."

@@ -16,7 +16,8 @@ import time
 
 import gradio as gr
 
-from engine.metrics import run_summary
+from engine.metrics import MIN_PAIRS, compare_speedups, run_summary
+from engine.tools.race import alternating_pairs
 from engine.trace import TraceError, load, start_event, step_events
 from visuals.drafter_families import acceptance_curves_figure, comparison_rows, run_label, speedup_surface_figure
 
@@ -25,7 +26,7 @@ from ..engine_access import get_engine, is_loaded, make_settings, start_generati
 from ..examples import example_values, load_examples
 from ..figure_guard import guarded
 from ..inputs import number
-from ..stopping import ProgressReporter, Stopped
+from ..stopping import ProgressReporter, Stopped, stop_requested
 from ..wiring import PRIVATE, run_stop_buttons
 from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
 
@@ -288,21 +289,64 @@ def _where(start: dict) -> str:
     return host.get("gpu") or f"{host.get('cpu', 'CPU')}, {host.get('threads', '?')} threads"
 
 
-def _verdict(traces: dict, lab: dict, notes: list[str]) -> str:
-    rows = [r for r in _rows(traces).values() if not r["baseline"] and r["speedup"] is not None]
+def _verdict(traces: dict, lab: dict, notes: list[str], spread: dict | None = None) -> str:
+    """The lab's status after the runs: where and how they ran and, from the alternating pairs measured after
+    them (``spread``: {label: engine.metrics.compare_speedups' result}), which drafter is fastest, named only
+    when its interval clears the runner-up's; one run each is never a verdict."""
     start = start_event(traces[BASELINE])
     where = _where(start)
     mode = "greedy" if lab["greedy"] else f"sampled at T = {SAMPLING_TEMPERATURE:g}, seed {SEED}"
     text = (
         f"**Done: measured now** on {start.get('target')} ({start.get('dtype')}, {where}), K = {lab['k']}, "
-        f"{lab['max_new']} new tokens, {mode}; the runs one after another, each after an untimed warm-up."
+        f"{lab['max_new']} new tokens, {mode}; the runs one after another, each after an untimed warm-up. "
+        "The table's speedups are one run each."
     )
-    if rows:
-        best = max(rows, key=lambda r: r["speedup"])
-        text += f" Fastest on this prompt: **{best['label']}, {best['speedup']:.2f}×** the baseline's tok/s."
+    if spread:
+        text += " " + _spread_verdict(spread)
     if len(step_events(traces[BASELINE])) < FEW_PASSES:
         text += " Few target passes: the timings are noisy, run more tokens for steadier numbers."
     return text + "".join(f"  \n{note}" for note in notes)
+
+
+def _spread_verdict(spread: dict) -> str:
+    """Words for the two fastest drafters' alternating pairs against the baseline."""
+    parts = []
+    for label, c in spread.items():
+        if c.get("low") is None:
+            parts.append(f"**{label}** {c['speedup']:.2f}× (too few pairs for an interval)")
+            continue
+        parts.append(f"**{label}** {c['speedup']:.2f}× [{c['low']:.2f}–{c['high']:.2f}]: {c['verdict']}")
+    text = f"Measured again in {MIN_PAIRS} alternating pairs with the baseline each: " + "; ".join(parts) + "."
+    ranked = sorted(spread.items(), key=lambda item: -(item[1].get("speedup") or 0))
+    busy = [c["busy"]["reason"] for _, c in ranked if (c.get("busy") or {}).get("busy")]
+    if len(ranked) == 2:
+        (best, a), (other, b) = ranked
+        if a.get("low") is not None and b.get("high") is not None and a["low"] > b["high"]:
+            text += f" Fastest on this prompt: **{best}** (its interval clears {other}'s)."
+        else:
+            text += f" No clear fastest: {best}'s and {other}'s intervals overlap on this machine."
+    if busy:
+        text += f" ⚠ The machine was busy ({busy[0]}): trust the intervals, not the table's single runs."
+    return text
+
+
+def measure_spread(engine, prompt: str, plan, traces: dict, settings, run_id: str = "") -> dict:
+    """The two fastest drafters of the single runs, each raced against the baseline in MIN_PAIRS alternating
+    pairs (engine.tools.race's pairs, compared by engine.metrics.compare_speedups): {label: result}."""
+    rows = [(label, r) for label, r in _rows(traces).items() if not r["baseline"] and r["speedup"] is not None]
+    top = [label for label, _ in sorted(rows, key=lambda item: -item[1]["speedup"])[:2]]
+    by_label = {label: (spec, overrides) for label, spec, overrides in plan}
+    quiet = settings.merged({"payload": "off"})
+    results = {}
+    for label in top:
+        spec, overrides = by_label[label]
+        pairs = []
+        for base, run in alternating_pairs(engine, prompt, spec, quiet.merged(overrides), MIN_PAIRS):
+            pairs.append((base, run))
+            if stop_requested(run_id):
+                return results
+        results[label] = compare_speedups(pairs, quickest_pass_ms=engine.quickest_pass_ms)
+    return results
 
 
 def _outputs(status: str, traces: dict, failures: dict, plan) -> tuple:
@@ -348,7 +392,15 @@ def run_drafters(prompt, drafters, k, max_new, greedy, run_id: str = "", progres
     plan, notes = plan_runs(engine, lab["drafters"])
     for status, traces, failures in compare(engine, lab["prompt"], plan, settings, run_id, progress):
         if status is None:
-            status = _verdict(traces, lab, notes)
+            yield _outputs(
+                _verdict(traces, lab, notes) + f"  \nMeasuring the spread: the two fastest, {MIN_PAIRS} alternating "
+                "pairs each with the baseline…",
+                traces,
+                failures,
+                plan,
+            )
+            spread = measure_spread(engine, lab["prompt"], plan, traces, settings, run_id)
+            status = _verdict(traces, lab, notes, spread)
         yield _outputs(status, traces, failures, plan)
 
 
