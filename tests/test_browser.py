@@ -402,8 +402,24 @@ LAYOUT_CHECKS = r"""
         problems.push(`plot title overflows its figure: "${t.textContent.slice(0, 60)}"`);
       }
     }
+    // Legends and annotations stay inside their figure (a cut legend entry or note hides what it names).
+    for (const t of plot.querySelectorAll('.legend .legendtext, .annotation-text')) {
+      const r = t.getBoundingClientRect();
+      if (r.width > 0 && (r.right > box.right + 2 || r.left < box.left - 2)) {
+        problems.push(`legend or note outside its figure: "${t.textContent.slice(0, 60)}"`);
+      }
+    }
+    // The plotly mode bar (shown on hover) never covers the title.
+    const bar = plot.querySelector('.modebar');
+    const title = plot.querySelector('.gtitle');
+    if (bar && title) {
+      const a = bar.getBoundingClientRect(), b = title.getBoundingClientRect();
+      if (a.width > 0 && b.width > 0 && a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom) {
+        problems.push(`the mode bar covers the title "${title.textContent.slice(0, 40)}"`);
+      }
+    }
   }
-  for (const th of document.querySelectorAll('th')) {
+  for (const th of document.querySelectorAll('th, td:first-child')) {
     if (!visible(th)) continue;
     const walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
     let node;
@@ -413,7 +429,7 @@ LAYOUT_CHECKS = r"""
         const range = document.createRange();
         range.setStart(node, m.index); range.setEnd(node, m.index + m[0].length);
         const lines = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
-        if (lines.size > 1) problems.push(`table header breaks inside the word "${m[0]}"`);
+        if (lines.size > 1) problems.push(`table header or row label breaks inside the word "${m[0]}"`);
       }
     }
   }
@@ -432,6 +448,13 @@ LAYOUT_CHECKS = r"""
   return problems;
 }
 """
+# On a phone these tabs show the run's results right under the prompt and Run, above the settings.
+RESULTS_FIRST = {"Playground": "#sl-output", "Race": "#race-results"}
+RESULTS_ABOVE_SETTINGS = """(first) => {
+  const result = document.querySelector(first).getBoundingClientRect();
+  const settings = [...document.querySelectorAll('.sl-settings')].filter((e) => e.getBoundingClientRect().height > 0);
+  return settings.length > 0 && settings.every((e) => e.getBoundingClientRect().top > result.top);
+}"""
 TABS = [
     ("Playground", "#sl-tree .main-svg"),
     ("Workshop", "#ws-step-1"),
@@ -475,5 +498,8 @@ def test_every_tab_is_laid_out_cleanly(app_url, browser, width):
         slug = tab.lower().replace(" ", "-")
         page.screenshot(path=str(SHOTS / f"layout-{width}-{slug}.png"), full_page=True)
         problems += [f"{tab} at {width} px: {p}" for p in page.evaluate(LAYOUT_CHECKS)]
+        first = RESULTS_FIRST.get(tab)
+        if width < 640 and first and not page.evaluate(RESULTS_ABOVE_SETTINGS, first):
+            problems.append(f"{tab} at {width} px: the settings come before the results ({first})")
     page.close()
     assert not problems, "\n".join(problems)

@@ -443,7 +443,7 @@ def test_pq_position_out_of_range_and_empty_dists():
     events = copy.deepcopy(RECORDED[CHAT][:2])
     events[1]["dists"] = []
     fig = pq_figure(events, 0)
-    assert "reduced payload" in fig.layout.annotations[0].text
+    assert "reduced payload" in fig.layout.annotations[0].text.replace("<br>", " ")
 
 
 # ---------------------------------------------------------------------------------------- timeline

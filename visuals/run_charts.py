@@ -346,7 +346,7 @@ def acceptance_figure(trace) -> go.Figure:
     subtitle = f"{mode_words(start_event(events))} · α = accepted ÷ depths tried = {alpha:.3f} · source: {source}"
     if s["tree_topk"] > 1:
         subtitle += " · tree: α = chance that some sibling at a tried depth is kept"
-    fig.update_xaxes(title_text="draft position i (1 = first drafted token)", tickmode="array", tickvals=pos)
+    fig.update_xaxes(title_text="draft position i (1 = first)", tickmode="array", tickvals=pos)
     fig.update_yaxes(title_text="share of the passes that drafted i", range=[0, RATE_AXIS_TOP])
     apply_layout(fig, f"{title} Measured acceptance by draft position vs α^i", subtitle, height=ACCEPTANCE_HEIGHT)
     fig.update_layout(bargap=0.45)
@@ -490,12 +490,11 @@ def accepted_per_pass_figure(trace) -> go.Figure:
         )
     )
     subtitle = (
-        f"draft acceptance rate {s['acceptance_rate']:.2f} (accepted ÷ drafted: {s['accepted']} of {s['drafted']}) · "
-        f"mean acceptance length {s['mean_acceptance_length']:.2f} (1 + accepted ÷ drafting passes) · "
-        f"{mode_words(start_event(events))}"
+        f"acceptance rate {s['acceptance_rate']:.2f} ({s['accepted']} of {s['drafted']} drafts)<br>"
+        f"mean acceptance length {s['mean_acceptance_length']:.2f} (tokens per drafting pass)"
     )
-    fig.update_xaxes(title_text="drafts kept in the pass (its accepted path's length)", tickmode="array", tickvals=kept)
-    fig.update_yaxes(title_text="drafting passes")
+    fig.update_xaxes(title_text="drafts kept in the pass", tickmode="array", tickvals=kept)
+    fig.update_yaxes(title_text="drafting passes", range=[0, max(counts) * 1.18])  # room for the top bar's label
     apply_layout(fig, f"{ACCEPTED_PER_PASS_TITLE} Accepted drafts per pass", subtitle, height=HISTOGRAM_HEIGHT)
     fig.update_layout(bargap=0.3, showlegend=False)
     return fig
@@ -555,10 +554,7 @@ def kv_cache_figure(trace) -> go.Figure:
         )
     )
     written, back = sum(kept) + sum(rolled), sum(rolled)
-    subtitle = (
-        f"{written} slots written in {len(steps)} passes, {back} rolled back ({back / written:.0%}): "
-        "verifying drafts costs cache writes that a rejection throws away"
-    )
+    subtitle = f"{written} slots written in {len(steps)} passes, {back} rolled back ({back / written:.0%})"
     fig.update_layout(
         barmode="stack",
         yaxis2={"overlaying": "y", "side": "right", "title": {"text": "cached tokens"}, "showgrid": False},

@@ -106,6 +106,8 @@ TOP_MARGIN = 60  # room for a one-line title
 # 330 px of figure): plotly does not wrap text, and a longer line runs out of the figure.
 TITLE_CHARS = 38  # characters per title line at TITLE_SIZE
 SUBTITLE_CHARS = 52  # characters per subtitle line at SUBTITLE_SIZE
+LEGEND_CHARS = 36  # characters per legend entry line (a 390 px phone's figure holds about that many)
+MESSAGE_CHARS = 40  # characters per line of a message figure's note
 TITLE_PAD = 12  # from the figure's top edge to its title
 TITLE_LINE = 21  # pixels per title line
 SUBTITLE_LINE = 16  # pixels per subtitle line
@@ -274,6 +276,11 @@ def apply_layout(
             {"orientation": "h", "yanchor": "top", "y": -LEGEND_BELOW_AXIS / plot_h, "xanchor": "left", "x": 0}
         )
     fig.update_layout(layout)
+    if legend_bottom:
+        # A legend entry longer than a phone's figure is cut off at its right edge: long names wrap instead.
+        for trace in fig.data:
+            if trace.name and len(trace.name) > LEGEND_CHARS and "<br>" not in trace.name:
+                trace.name = wrap_text(trace.name, LEGEND_CHARS)[0]
     return fig
 
 
@@ -296,7 +303,7 @@ def paper_note(fig: go.Figure, text: str, x: float, y: float, size: int, **ancho
 def message_figure(title: str, message: str) -> go.Figure:
     """An empty figure that says why there is nothing to draw (e.g. no target pass yet)."""
     fig = go.Figure()
-    paper_note(fig, message, 0.5, 0.5, MESSAGE_SIZE)
+    paper_note(fig, wrap_text(message, MESSAGE_CHARS)[0], 0.5, 0.5, MESSAGE_SIZE)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return apply_layout(fig, title, height=MESSAGE_HEIGHT)

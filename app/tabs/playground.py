@@ -486,7 +486,7 @@ def drafter_choices() -> list[tuple[str, str]]:
 
 
 def _drafting_controls(c: dict, start: dict, s: dict) -> None:
-    with gr.Accordion("Drafting", open=True):
+    with gr.Accordion("Drafting", open=True, elem_classes=["sl-settings"]):
         c["drafter"] = gr.Dropdown(
             choices=drafter_choices(),
             value=start.get("drafter") or "ngram",
@@ -504,7 +504,7 @@ def _drafting_controls(c: dict, start: dict, s: dict) -> None:
 
 
 def _sampling_controls(c: dict, s: dict) -> None:
-    with gr.Accordion("Sampling", open=True):
+    with gr.Accordion("Sampling", open=True, elem_classes=["sl-settings"]):
         _sliders(c, SAMPLING_SLIDERS, s)
         c["seed"] = gr.Number(
             value=s.get("seed", -1),
@@ -552,7 +552,7 @@ def launch_view(engine_name, target, drafter, k, topk, budget, temperature, adap
 
 
 def _launch_controls(c: dict, start: dict, s: dict) -> None:
-    with gr.Accordion("Turn it on in your engine", open=False):
+    with gr.Accordion("Turn it on in your engine", open=False, elem_classes=["sl-settings"]):
         c["launch_engine"] = gr.Radio(
             LAUNCH_ENGINES,
             value="vllm",
@@ -610,7 +610,7 @@ def memory_plan(target, drafter, dtype, k, topk, budget, max_new_tokens) -> str:
 
 
 def _model_controls(c: dict) -> None:
-    with gr.Accordion("Model", open=False):
+    with gr.Accordion("Model", open=False, elem_classes=["sl-settings"]):
         c["target"] = gr.Dropdown(
             choices=_target_choices(),
             value=DEFAULT_MODEL,
@@ -679,14 +679,14 @@ def layout(init: dict) -> dict:
         c["trace"] = gr.State(trace)  # inside the Tab: a State directly under gr.Tabs breaks gradio's tab bar
         # This session's finished answers, newest last: what the suffix drafter may draft from (never shared).
         c["answers"] = gr.State([])
-        with gr.Row(equal_height=False):
+        with gr.Row(equal_height=False, elem_classes=["sl-results-first"]):
             with gr.Column(scale=3, min_width=300, elem_classes=["sl-controls"]):
                 _prompt_controls(c, start, init)
                 _drafting_controls(c, start, s)
                 _sampling_controls(c, s)
                 _model_controls(c)
                 _launch_controls(c, start, s)
-            with gr.Column(scale=9, min_width=420):
+            with gr.Column(scale=9, min_width=420, elem_classes=["sl-outputs"]):
                 _outputs(c, init, len(step_events(trace)) or 1)
     return c
 

@@ -377,7 +377,7 @@ def _controls(c: dict, init: dict, examples: list[dict]) -> None:
     start = init.get("controls") or {}
     c["race_btn"], c["race_stop"] = run_stop_buttons("▶ Race", "race-run", "race-stop")
     c["race_status"] = gr.Markdown(init.get("race_status", ""), elem_id="race-status", elem_classes=["sl-status"])
-    with gr.Accordion("Settings", open=True):
+    with gr.Accordion("Settings", open=True, elem_classes=["sl-settings"]):
         c["race_drafter"] = gr.Dropdown(
             choices=DRAFTER_CHOICES[1:],
             value=start.get("race_drafter") or (examples[0].get("drafter", "ngram") if examples else "ngram"),
@@ -456,10 +456,10 @@ def layout(init: dict) -> dict:
             "is their median with its spread (tokens per second of each run), and it says faster or slower only "
             "when the spread excludes 1× by 5% or more."
         )
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=3, min_width=300):
+        with gr.Row(equal_height=False, elem_classes=["sl-results-first"]):
+            with gr.Column(scale=3, min_width=300, elem_classes=["sl-controls"]):
                 _controls(c, init, load_examples())
-            with gr.Column(scale=9, min_width=420):
+            with gr.Column(scale=9, min_width=420, elem_classes=["sl-outputs"]):
                 _outputs(c, init)
     return c
 
