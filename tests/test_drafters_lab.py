@@ -89,7 +89,9 @@ def test_acceptance_curves_are_the_measured_shares_against_alpha_to_the_i(runs):
         assert list(line.y) == [r for r in s["acceptance_by_position"] if r is not None]
         assert all(math.isclose(y, s["position_acceptance"] ** x) for x, y in zip(curve.x, curve.y))
     only_baseline = acceptance_curves_figure(runs[:1])
-    assert not only_baseline.data and "only the baseline" in only_baseline.layout.annotations[0].text.replace("<br>", " ")
+    assert not only_baseline.data and "only the baseline" in only_baseline.layout.annotations[0].text.replace(
+        "<br>", " "
+    )
 
 
 def test_surface_marks_each_drafter_at_its_measured_c_and_alpha(runs):

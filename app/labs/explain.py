@@ -30,6 +30,9 @@ LATEX = [
 ]
 MAX_ALPHA = 0.99  # the calculator's α stops short of 1, where E is K + 1 and every draft is kept
 MAX_K = 12
+# c reaches past 1: a wide int8 tree measured 0.96-1.17 (a draft token's pass over a growing tree costs about
+# a target pass of its own); the slider leaves room for that.
+MAX_C = 2.0
 MAX_TOY_TOKENS = 12
 TOY_SAMPLES = 1000
 CALCULATOR_START = (0.7, 4, 0.1)  # α, K, c shown before the session has a run of its own
@@ -112,7 +115,7 @@ def calculator(alpha, k, c, trace=None) -> tuple:
     try:
         alpha = number(alpha, "α", 0.0, MAX_ALPHA)
         k = number(k, "K", 1, MAX_K, integer=True)
-        c = number(c, "c", 0.0, 1.0)
+        c = number(c, "c", 0.0, MAX_C)
     except gr.Error as exc:
         gr.Warning(str(exc))
         return gr.skip(), gr.skip()
@@ -144,9 +147,10 @@ def explain_refresh(trace, seen: str, alpha, k, c):
     alpha = round(_clamp(summary["position_acceptance"], 0.0, MAX_ALPHA), 2)
     k = int(_clamp(summary["k"], 1, MAX_K))
     if summary.get("draft_cost_ratio") is not None:
-        c = round(_clamp(summary["draft_cost_ratio"], 0.0, 1.0), 2)
-    gr.Info("Calculator set to your last Playground run: its α, K and c (c estimated from its timings).")
+        c = round(_clamp(summary["draft_cost_ratio"], 0.0, MAX_C), 2)
     fig, text = calculator(alpha, k, c, trace)
+    # Said in the tab itself, not in a toast (a toast stays on screen when the visitor moves to another tab).
+    text = "*Calculator set to your last Playground run: its α, K and c (c estimated from its timings).*  \n" + text
     return alpha, k, c, fig, text, summary["run_id"]
 
 
@@ -223,7 +227,7 @@ def _calculator_controls(start_fig, start_note) -> dict:
     with gr.Row():
         alpha = gr.Slider(0, MAX_ALPHA, alpha0, step=0.01, label="α (acceptance rate)", elem_id="ex-alpha")
         k = gr.Slider(1, MAX_K, k0, step=1, label="K (drafts per target pass)", elem_id="ex-k")
-        c = gr.Slider(0, 1, c0, step=0.01, label="c (cost of one draft token ÷ one target pass)", elem_id="ex-c")
+        c = gr.Slider(0, MAX_C, c0, step=0.01, label="c (cost of one draft token ÷ one target pass)", elem_id="ex-c")
     plot = gr.Plot(start_fig, show_label=False, elem_id="ex-calc")
     note = gr.Markdown(start_note, elem_id="ex-calc-note")
     return {"alpha": alpha, "k": k, "c": c, "plot": plot, "note": note}

@@ -131,7 +131,13 @@ def load_step_source(
                 STEP_KEYS, {"st_info": "Upload a `.json` trace (from the Playground's download button or the CLI)."}
             )
         path = upload_path(upload)
-        trace, origin = load_upload(path), f"Uploaded `{Path(path).name}`"
+        try:
+            trace, origin = load_upload(path), f"Uploaded `{Path(path).name}`"
+        except gr.Error as exc:
+            # Said where the trace's description goes; the trace on screen stays (an error raised here would
+            # mark every output of the tab as failed).
+            gr.Warning(exc.message)
+            return pack(STEP_KEYS, {"st_info": f"⚠ {exc.message} The trace shown is unchanged."})
     else:
         trace, origin = load_recorded(recorded or DEFAULT_TRACE), f"Recorded trace `{recorded or DEFAULT_TRACE}`"
     return pack(STEP_KEYS, _show(trace, origin))
