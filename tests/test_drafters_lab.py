@@ -232,3 +232,19 @@ def test_the_lab_opens_on_its_recorded_real_run():
     assert [row[0] for row in table] == expected and all(row[-1] != "not run" for row in table)
     assert len(by_role(surface, "drafter")) == len(expected) - 1
     assert "EAGLE head" in families and "n-gram" in families
+
+
+def test_a_crowd_of_points_gets_one_label_listing_them_all():
+    """n-gram and suffix, with and without adaptive depth, land on one (c, α): one label names the four,
+    where stacked single labels ran into each other."""
+    from visuals.drafter_families import label_positions, point_labels
+
+    rows = [
+        dict(label=name, cost=0.001, alpha=1.0, speedup=s)
+        for name, s in zip(["a", "b", "c", "d"], [2.5, 2.4, 2.6, 2.5])
+    ]
+    rows.append(dict(label="int8", cost=0.6, alpha=1.0, speedup=1.2))
+    texts = point_labels(rows, c_max=0.8)
+    assert sum(bool(t) for t in texts[:4]) == 1 and all(name in "".join(texts) for name in "abcd")
+    assert texts[4] == "int8: 1.20× measured"
+    assert label_positions(rows, c_max=0.8)[0] == "bottom right"

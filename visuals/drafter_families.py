@@ -20,6 +20,7 @@ __all__ = ["acceptance_curves_figure", "comparison_rows", "run_label", "speedup_
 # One Okabe-Ito colour per drafter family; an adaptive variant shares its family's colour (open markers).
 FAMILY_COLOURS = {
     "ngram": PALETTE["resampled"],
+    "suffix": "#56B4E9",  # sky blue: n-gram's cousin, told apart from it
     "int8": PALETTE["bonus"],
     "eagle": PALETTE["accepted"],
     "model": SERIES["target"],
@@ -206,10 +207,8 @@ def _surface_traces(k: int, c_max: float) -> list[go.Contour]:
     return [surface, even]
 
 
-def label_positions(rows: list[dict], c_max: float) -> list[str]:
-    """Plotly textposition per row: the side with more room, and within a cluster of nearby points
-    the labels stacked top / middle / bottom in order of α (the highest on top), so none overlap."""
-    placed = ["middle"] * len(rows)
+def _clusters(rows: list[dict], c_max: float) -> list[list[int]]:
+    """Indices of rows whose points lie near each other (chained), in order of first appearance."""
     clusters: list[list[int]] = []
     for i, row in enumerate(rows):
         for cluster in clusters:
@@ -222,12 +221,23 @@ def label_positions(rows: list[dict], c_max: float) -> list[str]:
                 break
         else:
             clusters.append([i])
-    for cluster in clusters:
+    return clusters
+
+
+def label_positions(rows: list[dict], c_max: float) -> list[str]:
+    """Plotly textposition per row: the side with more room, and within a pair of nearby points the labels
+    one above the other in order of α (the highest on top), so none overlap; a cluster of more than two
+    carries one label (point_labels) on its highest point."""
+    placed = ["middle"] * len(rows)
+    for cluster in _clusters(rows, c_max):
         if len(cluster) < 2:
             continue
         order = sorted(cluster, key=lambda j: -rows[j]["alpha"])
-        slots = ["top", "bottom"] if len(order) == 2 else ["top"] + ["middle"] * (len(order) - 2) + ["bottom"]
-        if len(order) == 2 and rows[order[0]]["alpha"] > 0.9:  # no room above the axis' top
+        if len(order) > 2:  # one label for them all (point_labels), on the highest, below it near the top
+            placed[order[0]] = "bottom" if rows[order[0]]["alpha"] > 0.9 else "middle"
+            continue
+        slots = ["top", "bottom"]
+        if rows[order[0]]["alpha"] > 0.9:  # no room above the axis' top
             slots = ["middle", "bottom"]
         for j, slot in zip(order, slots):
             placed[j] = slot
@@ -236,10 +246,24 @@ def label_positions(rows: list[dict], c_max: float) -> list[str]:
     ]
 
 
-def _point(row: dict, c_max: float, position: str) -> go.Scatter:
-    """A drafter at its measured (c, α), labelled by its measured speedup at `position`."""
+def point_labels(rows: list[dict], c_max: float) -> list[str]:
+    """Each point's label: its measured speedup; where more than two points share a spot (n-gram and suffix
+    with and without adaptive depth land on one c and α), one label lists them all, on the highest point,
+    and the others carry none (stacked single labels would run into each other)."""
+    texts = [f"{row['label']}: {fmt_speedup(row['speedup'])} measured" for row in rows]
+    for cluster in _clusters(rows, c_max):
+        if len(cluster) > 2:
+            order = sorted(cluster, key=lambda j: -rows[j]["alpha"])
+            combined = "<br>".join(f"{rows[j]['label']}: {fmt_speedup(rows[j]['speedup'])}" for j in cluster)
+            for j in order:
+                texts[j] = ""
+            texts[order[0]] = combined + " measured"
+    return texts
+
+
+def _point(row: dict, c_max: float, position: str, text: str) -> go.Scatter:
+    """A drafter at its measured (c, α), labelled by its measured speedup (`text`) at `position`."""
     colour = _colour(row)
-    text = f"{row['label']}: {fmt_speedup(row['speedup'])} measured"
     hover = (
         f"{row['label']}<br>c = {row['cost']:.3f}, α = {row['alpha']:.3f} (measured)<br>"
         f"surface: {fmt_speedup(row['surface'])} (theory at these c and α)<br>"
@@ -254,7 +278,7 @@ def _point(row: dict, c_max: float, position: str) -> go.Scatter:
         textfont={"size": NOTE_SIZE, "color": "#111111"},
         cliponaxis=False,
         marker={"size": 16, "color": LABEL_BG if row["adaptive"] else colour, "line": {"width": 2, "color": colour}},
-        name=text,
+        name=f"{row['label']}: {fmt_speedup(row['speedup'])} measured",
         hovertemplate=hover,
         meta={"role": "drafter", **{key: row[key] for key in ("label", "cost", "alpha", "speedup", "surface")}},
     )
@@ -272,8 +296,8 @@ def speedup_surface_figure(traces: list) -> go.Figure:
     k = max(r["k"] for r in rows)
     c_max = max(MIN_C_AXIS, C_MARGIN * max(r["cost"] for r in rows))
     fig = go.Figure(_surface_traces(k, c_max))
-    for row, position in zip(rows, label_positions(rows, c_max)):
-        fig.add_trace(_point(row, c_max, position))
+    for row, position, text in zip(rows, label_positions(rows, c_max), point_labels(rows, c_max)):
+        fig.add_trace(_point(row, c_max, position, text))
     subtitle = (
         f"surface: theory E / (K·c + 1) at K = {k}, E = (1 − α^(K+1)) / (1 − α) · points: α and c measured "
         "in this lab run, c = draft time per token ÷ a baseline target pass · labels: measured speedup "

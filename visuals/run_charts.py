@@ -521,26 +521,20 @@ def kv_cache_figure(trace) -> go.Figure:
     kept = [st["kv"]["kept"] for st in steps]
     rolled = [st["kv"]["rolled_back"] for st in steps]
     fig = go.Figure()
-    fig.add_trace(
-        go.Bar(
-            x=passes,
-            y=kept,
-            name="slots kept (pending token + accepted drafts)",
-            marker={"color": PALETTE["accepted"]},
-            hovertemplate="pass %{x}: %{y} slots kept<extra></extra>",
-            meta={"role": "kept"},
+    for role, values, name, colour, hover in (
+        ("kept", kept, "slots kept (pending token + accepted drafts)", "accepted", "slots kept"),
+        ("rolled_back", rolled, "slots rolled back (rejected or untried drafts)", "rejected", "slots rolled back"),
+    ):
+        fig.add_trace(
+            go.Bar(
+                x=passes,
+                y=values,
+                name=name,
+                marker={"color": PALETTE[colour]},
+                hovertemplate=f"pass %{{x}}: %{{y}} {hover}<extra></extra>",
+                meta={"role": role},
+            )
         )
-    )
-    fig.add_trace(
-        go.Bar(
-            x=passes,
-            y=rolled,
-            name="slots rolled back (rejected or untried drafts)",
-            marker={"color": PALETTE["rejected"]},
-            hovertemplate="pass %{x}: %{y} slots written and rolled back<extra></extra>",
-            meta={"role": "rolled_back"},
-        )
-    )
     fig.add_trace(
         go.Scatter(
             x=passes,

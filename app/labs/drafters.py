@@ -92,6 +92,11 @@ FAMILY_TEXT = {
         "next to nothing; it is right when the answer repeats its input (code edits, quoting, summaries) and has "
         "nothing, or the wrong thing, to propose in open chat."
     ),
+    "suffix": (
+        "**suffix decoding** is n-gram's lookup with a memory: it also searches the session's earlier answers (here: "
+        "none, one prompt) and ranks what followed every occurrence of the longest match by how often it followed, as "
+        "a tree. Like n-gram it runs no network, so c is next to nothing; it pays when answers repeat each other."
+    ),
     "int8": (
         "**int8 self-drafting** runs the target itself with its weights quantised to int8, with its own KV cache: "
         "the same network, so it agrees with the target often (high α) on any text, but each draft token is a whole "
@@ -102,7 +107,7 @@ FAMILY_TEXT = {
         "**EAGLE head** is a tiny network trained on the target: it reads the target's own hidden states (a low, a middle and the "
         "last layer's) from the verification pass that just ran plus the embedding of the next token, runs one decoder layer and predicts "
         "over a reduced vocabulary. It reuses the work the target already did, which is why a draft token costs a "
-        "few percent of a target pass, and why it guesses new text that n-gram cannot."
+        "small fraction of a target pass (its c, measured below), and why it guesses new text that n-gram cannot."
     ),
     "adaptive": (
         "**+ adaptive** is the same drafter with a drafting depth that adapts: each pass stops drafting before K "
