@@ -35,9 +35,14 @@ def main() -> int:
     parser.add_argument("--busy", type=int, default=0, help="other processes kept spinning meanwhile")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--lessons", default=None, help="comma-separated lessons to race (default: every example)")
     args = parser.parse_args()
     engine = SpeculativeEngine.load(dtype="auto")
     examples = json.loads((ROOT / "assets" / "examples.json").read_text(encoding="utf-8"))
+    if args.lessons:
+        examples = [e for e in examples if e["lesson"] in args.lessons.split(",")]
+    # A SIGTERM ends the script through its finally block, so the spinners it started never outlive it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     spinners = [
         subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=3600)], start_new_session=True)
         for _ in range(args.busy)

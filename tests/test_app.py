@@ -155,6 +155,9 @@ def test_race_endpoint_measures_pairs_and_refuses_bad_input(client):
     assert result["verdict"] in ("faster", "slower", "no clear difference")
     assert result["low"] <= result["speedup"] <= result["high"]
     assert result["implied_speedup"] > 0 and result["baseline_tokens_per_s"] > 0
+    # Both runs' summaries, the busy-machine finding and the tokens-per-pass ceiling come with the verdict.
+    assert result["speculative_metrics"]["tokens_per_pass"] == pytest.approx(result["ceiling"], rel=0.5)
+    assert result["baseline_metrics"]["tokens_per_pass"] == 1.0 and "cpu_share" in result["busy"]
     with pytest.raises(Exception, match="pairs must be between"):
         client.predict("Hi", "ngram", 4, 0.0, 0, 8, 2, api_name="/race")
     with pytest.raises(Exception, match="choose a drafter"):

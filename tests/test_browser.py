@@ -448,6 +448,8 @@ LAYOUT_CHECKS = r"""
   return problems;
 }
 """
+TABLES_WIDER_THAN_BOX = """() => [...document.querySelectorAll('.virtual-table-viewport')]
+  .filter((e) => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map((e) => [e.scrollWidth, e.clientWidth])"""
 # On a phone these tabs show the run's results right under the prompt and Run, above the settings.
 RESULTS_FIRST = {"Playground": "#sl-output", "Race": "#race-results"}
 RESULTS_ABOVE_SETTINGS = """(first) => {
@@ -498,6 +500,11 @@ def test_every_tab_is_laid_out_cleanly(app_url, browser, width):
         slug = tab.lower().replace(" ", "-")
         page.screenshot(path=str(SHOTS / f"layout-{width}-{slug}.png"), full_page=True)
         problems += [f"{tab} at {width} px: {p}" for p in page.evaluate(LAYOUT_CHECKS)]
+        if width >= 1280:  # on a desktop every results table fits its box: no column hidden behind a scroll
+            problems += [
+                f"{tab} at {width} px: a table is {w} px wide in a {box} px box"
+                for w, box in page.evaluate(TABLES_WIDER_THAN_BOX)
+            ]
         first = RESULTS_FIRST.get(tab)
         if width < 640 and first and not page.evaluate(RESULTS_ABOVE_SETTINGS, first):
             problems.append(f"{tab} at {width} px: the settings come before the results ({first})")

@@ -44,14 +44,21 @@ def status_box(text: str, elem_id: str) -> gr.Markdown:
     return gr.Markdown(text, elem_id=elem_id, elem_classes=["sl-status"])
 
 
-TABLE_WIDTH_PX = 960  # the results column's width on a desktop: what the tables' percentages refer to
+TABLE_WIDTH_PX = 880  # the results column's width on a 1440 px desktop (898 px measured): the percentages refer to it
 MIN_COLUMN_PX = 72
 
 
 def results_table(value: list[list], headers: list[str], label: str, widths: list[str], elem_id: str) -> gr.Dataframe:
     """A results table; `widths` are shares of a desktop-wide table ("22%"), given to gradio in pixels so
     that on a narrow screen the table scrolls sideways instead of squeezing its columns into letters."""
-    pixels = [f"{max(MIN_COLUMN_PX, round(float(w.rstrip('%')) * TABLE_WIDTH_PX / 100))}px" for w in widths]
+    raw = [max(MIN_COLUMN_PX, float(w.rstrip("%")) * TABLE_WIDTH_PX / 100) for w in widths]
+    # Narrow columns raised to the minimum: the room they took comes off the wider ones, so the table still
+    # fits the results column.
+    excess = sum(raw) - TABLE_WIDTH_PX
+    spare = sum(px - MIN_COLUMN_PX for px in raw)
+    if excess > 0 and spare > 0:
+        raw = [px - excess * (px - MIN_COLUMN_PX) / spare for px in raw]
+    pixels = [f"{int(px)}px" for px in raw]
     return gr.Dataframe(
         value=value,
         headers=headers,

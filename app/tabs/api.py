@@ -114,7 +114,8 @@ def api_race(
         pass ÷ the baseline's (no measured speedup above it is speculation's), "busy": {"busy", "spread",
         "slowdown", "cpu_share", "reason"} (whether other work slowed the baseline passes), "implied_speedup": what the
         measured pass costs and tokens per pass imply, "ratios", "pairs", "baseline_tokens_per_s", "speculative_tokens_per_s",
-        "speculative_tokens_per_pass", "new_tokens", "drafter", "seed"}.
+        "speculative_tokens_per_pass", "new_tokens", "baseline_metrics" and "speculative_metrics" (the last
+        pair's two run summaries, as a trace's finish event holds them), "drafter", "seed"}.
     """
     from engine.tools.race import MAX_PAIRS, race
 

@@ -48,7 +48,8 @@ def race(
     **overrides,
 ) -> dict:
     """Run the alternating pairs and compare them: ``compare_speedups``' result (speedup, low, high,
-    verdict, implied_speedup, ratios) plus each side's median tokens per second and tokens per pass."""
+    verdict, implied_speedup, ratios, ceiling, note, busy) plus each side's median tokens per second and
+    tokens per pass, and the last pair's two finish metrics (baseline_metrics, speculative_metrics)."""
     settings = (settings or GenerationSettings()).merged(overrides)
     if drafter in ("none", "baseline", ""):
         raise ValueError(
@@ -72,5 +73,8 @@ def race(
         speculative_tokens_per_s=median([spec["tokens_per_s"] for _, spec in measured]),
         speculative_tokens_per_pass=median([spec["tokens_per_pass"] for _, spec in measured]),
         new_tokens=[pair[1]["new_tokens"] for pair in measured],
+        # Both runs' whole summaries (finish metrics) of the last pair: what a trace's finish event holds.
+        baseline_metrics=measured[-1][0],
+        speculative_metrics=measured[-1][1],
     )
     return result
