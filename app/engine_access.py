@@ -159,8 +159,15 @@ class Generation:
     def __iter__(self) -> Iterator[dict]:
         from engine.vllm.backend import VllmError
 
+        from .metrics_export import record_run
+
+        seen: list[dict] = []
         try:
-            yield from self._events
+            for event in self._events:
+                seen.append(event)
+                if event.get("type") == "finish":
+                    record_run(seen)  # the served run, counted once for /metrics
+                yield event
         except (OutOfMemory, VllmError) as exc:  # smaller settings, or a server gone: the app keeps serving
             raise gr.Error(str(exc)) from None
 

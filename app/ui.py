@@ -49,7 +49,26 @@ class SpecLensBlocks(gr.Blocks):
         kwargs.setdefault("css_paths", [CSS_PATH] if CSS_PATH.is_file() else None)
         kwargs.setdefault("footer_links", ["api", "gradio"])
         kwargs.setdefault("max_file_size", "20mb")  # uploads are traces; engine.trace refuses > 20 MiB too
-        return super().launch(*args, **kwargs)
+        block = not kwargs.pop("prevent_thread_lock", False)
+        result = super().launch(*args, prevent_thread_lock=True, **kwargs)
+        add_metrics_route(self.app)
+        if block:
+            self.block_thread()
+        return result
+
+
+def add_metrics_route(app) -> None:
+    """GET /metrics on the app's own server: the speculation counters in Prometheus' text format
+    (app/metrics_export.py). First in the route list, ahead of gradio's own catch-all routes."""
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from .metrics_export import CONTENT_TYPE_LATEST, metrics_text
+
+    async def metrics(_request):
+        return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    app.router.routes.insert(0, Route("/metrics", metrics, methods=["GET"]))
 
 
 def build_demo() -> gr.Blocks:
