@@ -136,6 +136,14 @@ def _build_parser() -> argparse.ArgumentParser:
     lc.add_argument("--adaptive", action="store_true", help="drafting depth that adapts (where the engine has it)")
     lc.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    an = sub.add_parser("analyze", help="does speculation pay on your server? two scrapes of its /metrics")
+    an.add_argument("source", help="a server's URL (vLLM, llama.cpp or SpecLens) or a file saved with --save")
+    an.add_argument("--interval", type=float, default=60.0, help="seconds between the two scrapes (default 60)")
+    an.add_argument("--pass-ms", default=None, metavar="W:MS,...", help="the server's pass costs, e.g. 1:20,5:26")
+    an.add_argument("--model", default=None, help="only this model_name's counters")
+    an.add_argument("--save", default=None, metavar="FILE", help="also save the two scrapes (for offline use)")
+    an.add_argument("--json", action="store_true", help="print the analysis as JSON")
+
     prep = sub.add_parser("prepare", help="build the default model cache (once) and report its timing")
     prep.add_argument("--dtype", default="auto", choices=list(_dtypes()))
     return parser
@@ -236,6 +244,54 @@ def _generate(args, engine, backend=None) -> int:
     finally:
         if events_out:
             events_out.close()
+    return 0
+
+
+def _pass_costs(text: str | None) -> dict | None:
+    """--pass-ms "1:20,5:26" -> {1: 20.0, 5: 26.0}; ValueError saying what it takes."""
+    if not text:
+        return None
+    try:
+        return {int(w): float(ms) for w, ms in (item.split(":") for item in text.split(","))}
+    except ValueError:
+        raise ValueError(f"--pass-ms takes WIDTH:MS pairs such as 1:20,5:26, got {text!r}") from None
+
+
+def _analyze(args) -> int:
+    import os
+
+    from engine.tools.analyze import AnalyzeError, analyze, load_recording, record
+
+    try:
+        if os.path.isfile(args.source):
+            window = load_recording(args.source)
+        else:
+            if not 0 < args.interval <= 3600:
+                raise ValueError("--interval must be between 0 and 3600 seconds")
+            print(f"scraping {args.source} twice, {args.interval:g} s apart…", file=sys.stderr)
+            window = record(args.source, args.interval)
+            if args.save:
+                with open(args.save, "w", encoding="utf-8") as fh:
+                    json.dump(window, fh)
+        result = analyze(
+            window["before"], window["after"], window.get("interval_s"), _pass_costs(args.pass_ms), args.model
+        )
+    except AnalyzeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(
+        f"{result['server']}: {result['drafts']:.0f} drafts in the window ({result['requests']:.0f} requests, "
+        f"{result['tokens']:.0f} tokens)\n"
+        f"draft acceptance rate {result['acceptance_rate']:.3f} beside mean acceptance length "
+        f"{result['mean_acceptance_length']:.2f} tokens per drafting pass"
+    )
+    if result["acceptance_by_position"]:
+        shares = ", ".join(f"{r:.3f}" for r in result["acceptance_by_position"])
+        print(f"acceptance by position: {shares}; fitted α = {result['alpha_fit']:.3f} (α^i)")
+    print(f"recommendation: {result['recommendation']}")
     return 0
 
 
@@ -359,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train_head(args)
         if args.command == "launch-command":
             return _launch_command(args)
+        if args.command == "analyze":
+            return _analyze(args)
         if args.command in ("generate", "parity"):
             _check_adaptive(args)  # before any model loads: a bad threshold fails in a moment
         from engine.decode import SpeculativeEngine

@@ -84,3 +84,23 @@ def test_metrics_is_read_only(server, bad):
     request = urllib.request.Request(server + "metrics", method=bad, data=b"")
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(request, timeout=30)
+
+
+def test_the_grafana_dashboard_reads_names_both_servers_export():
+    """docs/grafana-speculation.json's five panels use only counters vLLM exports (its spec_decode schema) and
+    our /metrics exports under the same names, so one board reads either by its prefix variable."""
+    import json
+    import re
+    from pathlib import Path
+
+    board = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana-speculation.json").read_text())
+    exprs = [t["expr"] for panel in board["panels"] for t in panel["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\$\{prefix\}:(\w+)", e)}
+    vllm = {
+        f"spec_decode_num_{n}_total" for n in ("drafts", "draft_tokens", "accepted_tokens", "accepted_tokens_per_pos")
+    }
+    assert used and used <= vllm, used - vllm
+    record_run(load_recorded("chat-int8-tree-sampling.json"))
+    ours = {name.split(":", 1)[1] for name, _ in _samples(metrics_text().decode())}
+    assert used <= ours, used - ours
+    assert len(board["panels"]) == 5

