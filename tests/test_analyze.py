@@ -115,3 +115,23 @@ def test_our_own_metrics_read_as_the_traces_of_the_window(server):
         for i in range(len(result["acceptance_by_position"]))
     ]
     assert result["acceptance_by_position"] == pytest.approx(reached)
+
+
+def test_a_window_recorded_from_the_real_vllm_server_reads_offline():
+    """assets/scrapes/: two scrapes of the real vLLM CPU server (n-gram speculation) around a code edit and a
+    chat, saved by tests/test_vllm_backend.py; read offline, as a user's saved window would be."""
+    run = [
+        sys.executable,
+        "-m",
+        "engine",
+        "analyze",
+        str(ROOT / "assets" / "scrapes" / "vllm-ngram-code-edit-and-chat.json"),
+    ]
+    out = subprocess.run(run + ["--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["server"] == "vllm" and result["requests"] == 2 and result["drafts"] >= 20
+    assert result["mean_acceptance_length"] == pytest.approx(1 + result["accepted"] / result["drafts"])
+    rates = result["acceptance_by_position"]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))  # a path that reached position i reached i - 1
+    assert 0 < result["alpha_fit"] < 1

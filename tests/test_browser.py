@@ -6,6 +6,7 @@ skipped cleanly otherwise. Screenshots of each tab go to artifacts/screenshots/.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -252,8 +253,12 @@ def test_the_workshop_runs_in_order(app_url, browser):
 
     # 7. The wide tree in the Race, with its tree settings: many tokens per pass, yet not called faster.
     _load_step(page, 7)
+    examples = json.loads((Path(__file__).resolve().parent.parent / "assets" / "examples.json").read_text())
+    topk = next(e for e in examples if e["lesson"] == "does-not-pay")["settings"]["topk"]
     page.wait_for_function(
-        "() => document.querySelector('#race-topk input[type=number]')?.value === '3'", timeout=30_000
+        "(topk) => document.querySelector('#race-topk input[type=number]')?.value === String(topk)",
+        arg=topk,
+        timeout=30_000,
     )
     page.locator("#race-run").click(timeout=60_000)
     _wait_text(page, "#race-status", "Both runs done", 600_000)
