@@ -145,6 +145,7 @@ class AdaptiveDepth:
         self.overheads_seen = 0
         self.drafts_seen = 0  # passes that drafted something
         self._because = "the run starts at its maximum K"  # why self.k is what it is (``why``)
+        self._speeds: list[float] | None = None  # expected tokens per ms of K = 1..k_max at the last update
 
     def _width(self, k: int) -> int:
         """Tokens in the target pass of a depth-k draft: the pending token plus the drafted nodes."""
@@ -256,7 +257,9 @@ class AdaptiveDepth:
             extra = max(0.0, float(verify_ms) - self.pass_ms[drafted])
             self.step_overhead_ms = _recent(self.step_overhead_ms, extra, self.overheads_seen > 0)
             self.overheads_seen += 1
-        self.k = max(range(1, self.k_max + 1), key=self.expected_speed)
+        # Every candidate's expected speed, computed once: the choice reads it now, the step event (why) next pass.
+        self._speeds = [self.expected_speed(k) for k in range(1, self.k_max + 1)]
+        self.k = 1 + max(range(self.k_max), key=self._speeds.__getitem__)
         self._because = "the most expected tokens per ms of drafting and verifying, with this host's pass costs"
 
     def why(self) -> dict:
@@ -267,7 +270,8 @@ class AdaptiveDepth:
         record = {"k": self.k, "because": self._because}
         if self.pass_ms is not None:
             record["alpha"] = round(self.alpha, 3)
-            record["speeds"] = [round(self.expected_speed(k), 4) for k in range(1, self.k_max + 1)]
+            speeds = self._speeds or [self.expected_speed(k) for k in range(1, self.k_max + 1)]
+            record["speeds"] = [round(v, 4) for v in speeds]
         return record
 
 
