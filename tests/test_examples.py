@@ -64,14 +64,19 @@ def test_the_lesson_example_was_measured_slower_than_the_baseline():
 
 @pytest.mark.parametrize("example", _by_lesson("learned-head"), ids=lambda e: e["name"])
 def test_the_learned_head_costs_a_fraction_of_int8_and_accepts_less(real_engine, example):
-    """The EAGLE example's claim, live: a head's draft token costs a fraction of what the int8 copy's does
-    (c, measured by each run: 0.06 against 0.41 when recorded), and int8, a near copy, gets more accepted."""
+    """The EAGLE example's claim, live: a head's draft token costs a small fraction of a target pass and less
+    than the int8 copy's (c, measured by each run), and int8, a near copy, gets more accepted.
+
+    How much less depends on the host: 0.06 against 0.41 on the Xeon that recorded it (AMX-BF16, where the
+    bf16 target pass is fast, so int8 looks dear), 0.06 against 0.12 on a CI host where the target pass was
+    dearer. The example's text claims only the order and the small fraction, so that is what is asserted."""
     assert example["drafter"] == "eagle" and example["compare_drafter"] == "int8"
     runs = {
         d: real_engine.run(example["prompt"], d, payload="reduced", **example["settings"])["metrics"]
         for d in ("eagle", "int8")
     }
-    assert runs["eagle"]["draft_cost_ratio"] < 0.5 * runs["int8"]["draft_cost_ratio"], runs
+    assert runs["eagle"]["draft_cost_ratio"] < 0.25, runs
+    assert runs["eagle"]["draft_cost_ratio"] < runs["int8"]["draft_cost_ratio"], runs
     assert runs["eagle"]["tokens_per_pass"] < runs["int8"]["tokens_per_pass"], runs
     m = example["measured"]
     assert m["draft_cost_ratio"] < m["compare"]["draft_cost_ratio"]
