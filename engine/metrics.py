@@ -58,23 +58,39 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
     pass_times: {"batch_sizes": [B...], "k": K, "pass_ms_1": [ms...], "pass_ms_k1": [ms...]} (measured:
     one target pass over B rows of 1 token, and of K + 1 tokens). Without speculation a pass yields B
     tokens: B / pass_ms_1. With it, B · E(α, K) tokens per pass that also pays K draft tokens per row:
-    B · E / (pass_ms_k1 + K · draft_ms). The verdict, computed once here and read by every view:
-    ``pays_at`` (batch sizes where speculation is faster) and ``stops_paying_at`` (the first measured B
-    where it is not, or None), with a sentence saying so.
+    B · E / (pass_ms_k1 + K · draft_ms). The verdict, computed once here and read by every view, reads the
+    repeats' spread where measured ("spread_ms_1", "spread_ms_k1": [min, max] per B): ``speedup_bounds`` per
+    B, ``pays_at`` (B where even the worst pairing of repeats is faster), ``unclear_at`` (the bounds straddle
+    1: noise, no verdict), ``stops_paying_at`` (the first B where even the best pairing is not faster, or
+    None), with a sentence saying so.
     """
     sizes, k = [int(b) for b in pass_times["batch_sizes"]], int(pass_times["k"])
     e = expected_tokens_per_pass(alpha, k)
+    draft = k * draft_ms_per_token
     plain = [b * MS_PER_S / ms for b, ms in zip(sizes, pass_times["pass_ms_1"])]
-    spec = [b * e * MS_PER_S / (ms + k * draft_ms_per_token) for b, ms in zip(sizes, pass_times["pass_ms_k1"])]
+    spec = [b * e * MS_PER_S / (ms + draft) for b, ms in zip(sizes, pass_times["pass_ms_k1"])]
     speedup = [s / p for s, p in zip(spec, plain)]
-    pays_at = [b for b, r in zip(sizes, speedup) if r > 1.0]
-    stops = next((b for b, r in zip(sizes, speedup) if r <= 1.0), None)
-    if stops is None:
+    # The spread of the repeats bounds each ratio: at best the quickest wide pass against the slowest plain one.
+    # A bound that straddles 1 is noise, never a verdict (without spreads the medians decide alone).
+    spreads_1 = pass_times.get("spread_ms_1") or [None] * len(sizes)
+    spreads_k1 = pass_times.get("spread_ms_k1") or [None] * len(sizes)
+    bounds = [
+        (e * s1[0] / (sk[1] + draft), e * s1[1] / (sk[0] + draft)) if s1 and sk else (r, r)
+        for r, s1, sk in zip(speedup, spreads_1, spreads_k1)
+    ]
+    pays_at = [b for b, (low, _) in zip(sizes, bounds) if low > 1.0]
+    unclear = [b for b, (low, high) in zip(sizes, bounds) if low <= 1.0 < high]
+    stops = next((b for b, (_, high) in zip(sizes, bounds) if high <= 1.0), None)
+    if stops is None and not unclear:
         verdict = "speculation pays at every batch size measured"
     elif stops == sizes[0]:
         verdict = "speculation does not pay at any batch size measured"
-    else:
+    elif stops is not None:
         verdict = f"speculation stops paying at batch size {stops}"
+    else:
+        verdict = "no batch size measured where it clearly stops paying"
+    if unclear:
+        verdict += f" (at B = {', '.join(map(str, unclear))} the repeats' spread straddles 1×: no verdict there)"
     return {
         **pass_times,
         "alpha": alpha,
@@ -83,7 +99,9 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
         "throughput_plain": plain,
         "throughput_speculative": spec,
         "speedup": speedup,
+        "speedup_bounds": bounds,
         "pays_at": pays_at,
+        "unclear_at": unclear,
         "stops_paying_at": stops,
         "verdict": verdict,
     }

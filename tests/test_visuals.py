@@ -620,6 +620,30 @@ def test_batch_throughputs_and_crossover():
     assert "measured" in plain(fig.layout.title.subtitle.text) and "computed" in plain(fig.layout.title.subtitle.text)
 
 
+def test_batch_verdict_reads_the_repeats_spread():
+    """A batch size whose repeats' spread lets the ratio fall on either side of 1 gets no verdict: the median
+    alone never says "stops paying" there (a busy machine's noise), and a clear loss further on still does."""
+    from engine.metrics import batch_throughputs, expected_tokens_per_pass
+
+    m = _batch()
+    e = expected_tokens_per_pass(m["alpha"], m["k"])
+    draft = m["k"] * m["draft_ms_per_token"]
+    base = batch_throughputs(m, m["alpha"], m["draft_ms_per_token"])
+    stop = base["stops_paying_at"]
+    i = m["batch_sizes"].index(stop)
+    wide = [[t * 0.5, t * 2.0] for t in m["pass_ms_1"]]  # a busy machine: every repeat range spans 4x
+    noisy = batch_throughputs({**m, "spread_ms_1": wide, "spread_ms_k1": wide}, m["alpha"], m["draft_ms_per_token"])
+    low, high = noisy["speedup_bounds"][i]
+    assert low == pytest.approx(e * m["pass_ms_1"][i] * 0.5 / (m["pass_ms_1"][i] * 2.0 + draft))
+    assert low < 1.0 < high and stop in noisy["unclear_at"]
+    assert noisy["stops_paying_at"] != stop and "no verdict there" in noisy["verdict"]
+    tight = [[t, t] for t in m["pass_ms_1"]], [[t, t] for t in m["pass_ms_k1"]]
+    quiet = batch_throughputs(
+        {**m, "spread_ms_1": tight[0], "spread_ms_k1": tight[1]}, m["alpha"], m["draft_ms_per_token"]
+    )
+    assert quiet["stops_paying_at"] == stop and quiet["verdict"] == base["verdict"]
+
+
 def test_batch_always_pays_and_bad_input():
     fig = batch_figure(_batch(pass_ms_k1=[21.0] * 6, draft_ms_per_token=None))
     assert "pays at every batch size" in plain(fig.layout.title.text)
