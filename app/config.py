@@ -13,6 +13,7 @@
 | GRADIO_SERVER_NAME | 127.0.0.1 | address `python app.py` serves on |
 | GRADIO_SERVER_PORT | 7860 | port `python app.py` serves on |
 | SPECLENS_VLLM_URL | unset | a vLLM server with speculation: the Playground offers it as the drafter "vllm" |
+| SPECLENS_ALLOW_SCRAPE | 1, or 0 on a Space | 1 = "Your deployment" may fetch URLs a visitor types (its /metrics, its API); 0 = saved windows only |
 | SPECLENS_VLLM_BASELINE_URL | unset | the same model served without speculation: with both, the Batch lab measures real batches |
 
 The numbers are read once, at import. The model permissions are read when a model is about to
@@ -44,6 +45,7 @@ __all__ = [
     "allowed_models",
     "any_model_allowed",
     "check_model_allowed",
+    "scrape_allowed",
     "trust_remote_code",
 ]
 
@@ -77,6 +79,13 @@ SERVER_PORT = _int_env("GRADIO_SERVER_PORT", 7860)
 # A production engine driven through its API (engine.vllm.backend): unset = the vLLM views stay hidden.
 VLLM_URL = os.environ.get("SPECLENS_VLLM_URL", "").strip() or None
 VLLM_BASELINE_URL = os.environ.get("SPECLENS_VLLM_BASELINE_URL", "").strip() or None
+
+
+def scrape_allowed() -> bool:
+    """May "Your deployment" fetch a URL a visitor typed? Not by default on a public Space (SPACE_ID set):
+    there the server would fetch addresses of the Space's own network for anyone (server-side request
+    forgery); visitors upload a window saved with `python -m engine analyze URL --save FILE` instead."""
+    return _flag_env("SPECLENS_ALLOW_SCRAPE", "0" if os.environ.get("SPACE_ID") else "1")
 
 
 def allowed_models() -> set[str]:

@@ -11,7 +11,7 @@ import gradio as gr
 
 from .config import CSS_PATH
 from .engine_access import missing_model_banner
-from .labs import batch, drafters, explain, lossless, parity
+from .labs import batch, deployment, drafters, explain, lossless, parity
 from .tabs import api, playground, race, step_through, workshop
 
 __all__ = ["SpecLensBlocks", "build_demo", "theme"]
@@ -88,6 +88,7 @@ def build_demo() -> gr.Blocks:
             drafters.build_tab()
             parity.build_tab()
             batch.build_tab(play["trace"])
+            deployment.build_tab()
         # Events once every tab exists: a Playground run also points the Step-through at itself.
         playground.wire(play, steps["st_source"])
         step_through.wire(steps, play["trace"])

@@ -139,7 +139,19 @@ def _build_parser() -> argparse.ArgumentParser:
     an = sub.add_parser("analyze", help="does speculation pay on your server? two scrapes of its /metrics")
     an.add_argument("source", help="a server's URL (vLLM, llama.cpp or SpecLens) or a file saved with --save")
     an.add_argument("--interval", type=float, default=60.0, help="seconds between the two scrapes (default 60)")
-    an.add_argument("--pass-ms", default=None, metavar="W:MS,...", help="the server's pass costs, e.g. 1:20,5:26")
+    an.add_argument(
+        "--pass-ms",
+        default=None,
+        metavar="B:PLAIN/SPEC,...",
+        help="the server's pass costs in ms by batch size, plain / speculative at its K, e.g. 1:60/81,4:77/128",
+    )
+    an.add_argument(
+        "--probe",
+        default=None,
+        metavar="URL|same",
+        help="time the pass costs through the server's OpenAI API (same = the source URL)",
+    )
+    an.add_argument("--max-batch", type=int, default=16, help="largest batch the probe times (default 16)")
     an.add_argument("--model", default=None, help="only this model_name's counters")
     an.add_argument("--save", default=None, metavar="FILE", help="also save the two scrapes (for offline use)")
     an.add_argument("--json", action="store_true", help="print the analysis as JSON")
@@ -247,20 +259,11 @@ def _generate(args, engine, backend=None) -> int:
     return 0
 
 
-def _pass_costs(text: str | None) -> dict | None:
-    """--pass-ms "1:20,5:26" -> {1: 20.0, 5: 26.0}; ValueError saying what it takes."""
-    if not text:
-        return None
-    try:
-        return {int(w): float(ms) for w, ms in (item.split(":") for item in text.split(","))}
-    except ValueError:
-        raise ValueError(f"--pass-ms takes WIDTH:MS pairs such as 1:20,5:26, got {text!r}") from None
-
-
 def _analyze(args) -> int:
     import os
 
     from engine.tools.analyze import AnalyzeError, analyze, load_recording, record
+    from engine.tools.pass_costs import parse_pass_costs, probe_pass_costs
 
     try:
         if os.path.isfile(args.source):
@@ -270,12 +273,19 @@ def _analyze(args) -> int:
                 raise ValueError("--interval must be between 0 and 3600 seconds")
             print(f"scraping {args.source} twice, {args.interval:g} s apart…", file=sys.stderr)
             window = record(args.source, args.interval)
-            if args.save:
-                with open(args.save, "w", encoding="utf-8") as fh:
-                    json.dump(window, fh)
-        result = analyze(
-            window["before"], window["after"], window.get("interval_s"), _pass_costs(args.pass_ms), args.model
-        )
+        costs = window.get("pass_costs")
+        if not 1 <= args.max_batch <= 256:
+            raise ValueError("--max-batch must be between 1 and 256")
+        if args.pass_ms:
+            costs = parse_pass_costs(args.pass_ms)
+        elif args.probe:
+            url = args.source if args.probe == "same" else args.probe
+            print(f"timing plain and speculative passes of {url} up to batch {args.max_batch}…", file=sys.stderr)
+            costs = probe_pass_costs(url, model=args.model, max_batch=args.max_batch)
+        if args.save:
+            with open(args.save, "w", encoding="utf-8") as fh:
+                json.dump({**window, "pass_costs": costs}, fh)
+        result = analyze(window["before"], window["after"], window.get("interval_s"), costs, args.model)
     except AnalyzeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -288,9 +298,39 @@ def _analyze(args) -> int:
         f"draft acceptance rate {result['acceptance_rate']:.3f} beside mean acceptance length "
         f"{result['mean_acceptance_length']:.2f} tokens per drafting pass"
     )
+    if result["decode_passes"]:
+        line = (
+            f"{result['decode_passes']:.0f} decode passes, {result['drafting_share']:.0%} of them drafted: "
+            f"{result['tokens_per_pass']:.2f} tokens per pass"
+        )
+        if result["window_pass_ms"]:
+            line += f", {result['window_pass_ms']:.1f} ms per pass (the server's decode time)"
+        print(line)
     if result["acceptance_by_position"]:
         shares = ", ".join(f"{r:.3f}" for r in result["acceptance_by_position"])
         print(f"acceptance by position: {shares}; fitted α = {result['alpha_fit']:.3f} (α^i)")
+    if result.get("speedup_by_batch"):
+        costs = result["pass_costs"]
+        print(f"pass costs ({costs['source'] or 'given'}), ms plain / speculative at K = {costs['k']}:")
+        print(
+            "  "
+            + ", ".join(
+                f"B={b}: {costs['decode_ms'][b]:.1f} / {costs['verify_ms'][b]:.1f}"
+                for b in sorted(costs["decode_ms"])
+                if b in costs["verify_ms"]
+            )
+        )
+        if result.get("model_check"):
+            check = result["model_check"]
+            print(
+                f"model check at batch {check['batch']}: {check['model_ms']:.1f} ms per pass modelled, "
+                f"{check['measured_ms']:.1f} ms measured; the window's own speedup {result['window_speedup']:.2f}x"
+            )
+        print("expected speedup (K down, batch across):")
+        batches = sorted(result["speedup_by_batch"])
+        print("  K  " + "".join(f"{f'B={b}':>8}" for b in batches))
+        for k in sorted(result["speedup_by_batch"][batches[0]]):
+            print(f"  {k:<3}" + "".join(f"{result['speedup_by_batch'][b][k]:>7.2f}x" for b in batches))
     print(f"recommendation: {result['recommendation']}")
     return 0
 

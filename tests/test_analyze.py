@@ -5,6 +5,7 @@ server: tests/test_vllm_backend.py, which starts it.)"""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import urllib.request
@@ -17,7 +18,7 @@ from engine.tools.analyze import AnalyzeError, analyze, parse_prometheus, snapsh
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _scrape(drafts, draft_tokens, accepted, per_pos, prefix="vllm") -> str:
+def _scrape(drafts, draft_tokens, accepted, per_pos, prefix="vllm", requests=None, tokens=None, decode_s=None) -> str:
     lines = [
         f"# TYPE {prefix}:spec_decode_num_drafts counter",
         f'{prefix}:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}',
@@ -28,7 +29,17 @@ def _scrape(drafts, draft_tokens, accepted, per_pos, prefix="vllm") -> str:
         f'{prefix}:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{i}"}} {v}'
         for i, v in enumerate(per_pos)
     ]
+    if requests is not None:
+        lines += [
+            f'{prefix}:request_success_total{{engine="0",model_name="m",finished_reason="length"}} {requests}',
+            f'{prefix}:generation_tokens_total{{engine="0",model_name="m"}} {tokens}',
+            f'{prefix}:request_decode_time_seconds_sum{{engine="0",model_name="m"}} {decode_s}',
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _costs(decode: dict, verify: dict, k: int = 4) -> dict:
+    return {"decode_ms": decode, "verify_ms": verify, "k": k, "source": "typed"}
 
 
 def test_the_window_reads_rate_length_positions_and_alpha():
@@ -40,10 +51,45 @@ def test_the_window_reads_rate_length_positions_and_alpha():
     assert r["acceptance_by_position"] == pytest.approx([0.9, 0.72, 0.5, 0.28])
     assert 0.6 < r["alpha_fit"] < 0.9 and r["k"] == 4
     assert "pass costs" in r["recommendation"]
-    cheap = analyze(before, after, 60.0, {1: 20.0, 5: 22.0})  # a wide pass almost free: speculation pays
+    assert r["drafting_share"] == 1.0 and r["decode_passes"] is None  # no request counters: every pass assumed to draft
+    cheap = analyze(before, after, 60.0, _costs({1: 20.0}, {1: 22.0}))  # a verify pass almost free: it pays
     assert cheap["recommendation"].startswith("K = ")
-    dear = analyze(before, after, 60.0, {1: 20.0, 2: 40.0})  # every extra token a whole pass: it does not
+    dear = analyze(before, after, 60.0, _costs({1: 20.0}, {1: 80.0}))  # 4 drafts cost 3 passes more: it does not
     assert dear["recommendation"].startswith("turn speculation off")
+
+
+def test_passes_that_did_not_draft_and_batches_are_weighed():
+    """vLLM's request and token counters give the window's decode passes; only a share of them drafted (an
+    n-gram drafter often finds nothing), and the expected tokens per pass mix E(α, K) with 1 by that share. With
+    plain and speculative pass costs by batch size, speculation pays alone and stops paying where a speculative
+    pass of B requests costs more than the tokens it adds; the model is checked against the window's own ms."""
+    before = _scrape(0, 0, 0, [0, 0, 0, 0], requests=0, tokens=0, decode_s=0.0)
+    # 10 requests, 400 decode passes of which 100 drafted (4 tokens each, 240 accepted): 650 tokens, 30 s decoding
+    after = _scrape(100, 400, 240, [90, 72, 50, 28], requests=10, tokens=650, decode_s=30.0)
+    r = analyze(before, after, 40.0, _costs({1: 60.0, 4: 80.0, 16: 170.0}, {1: 80.0, 4: 130.0, 16: 700.0}, k=4))
+    assert r["decode_passes"] == 400 and r["drafting_share"] == pytest.approx(0.25)
+    assert r["tokens_per_pass"] == pytest.approx(640 / 400)
+    assert r["window_pass_ms"] == pytest.approx(75.0) and r["concurrency"] == pytest.approx(0.75)
+    e4 = (1 - r["alpha_fit"] ** 5) / (1 - r["alpha_fit"])
+    assert r["expected_tokens_per_pass"][4] == pytest.approx(0.25 * e4 + 0.75)
+    # at batch 1 and the probe's K: a quarter of the passes cost the speculative 80 ms, the rest the plain 60
+    assert r["model_check"] == {"batch": 1, "model_ms": pytest.approx(65.0), "measured_ms": pytest.approx(75.0)}
+    assert r["window_speedup"] == pytest.approx(1.6 * 60 / 75)
+    assert r["speedup_by_batch"][1][4] == pytest.approx(r["expected_tokens_per_pass"][4] * 60 / 65)
+    assert r["best_k_by_batch"][1] > 0 and r["best_k_by_batch"][16] == 0
+    assert "turn it off from about 16 concurrent requests" in r["recommendation"]
+    with pytest.raises(AnalyzeError, match="pass costs need"):
+        analyze(before, after, 40.0, {"decode_ms": {1: 60.0}})
+    # With the half-drafting pass probed, a batch pays the speculative path's fixed cost once any request
+    # drafts: at 16, 180 plain, 330 half, 395 all (K = 4): 65 ms for 32 more drafted tokens, so 2.03 ms a token
+    # and 395 − 180 − 64 · 2.03 = 85 ms for the path, paid with probability 1 − 0.75^16.
+    mixed = analyze(
+        before, after, 40.0, {**_costs({1: 60.0, 16: 180.0}, {1: 80.0, 16: 395.0}), "mixed_ms": {16: 330.0}}
+    )
+    path, token = mixed["pass_costs"]["path_ms"][16], mixed["pass_costs"]["token_ms"][16]
+    assert token == pytest.approx(65 / 32) and path == pytest.approx(395 - 180 - 64 * 65 / 32)
+    expected = mixed["expected_tokens_per_pass"][2] * 180 / (180 + (1 - 0.75**16) * path + 16 * 0.25 * 2 * token)
+    assert mixed["speedup_by_batch"][16][2] == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -54,6 +100,7 @@ def test_the_window_reads_rate_length_positions_and_alpha():
         ('{"metrics": 1}', "not a Prometheus sample"),
         ("vllm:num_requests_running 3\n", "no speculative decoding counters"),
         ("vllm:spec_decode_num_drafts_total abc\n", "not a number"),
+        ("vllm:x{" + "}" * 100_000 + " 1\n", "longer than 4096 characters"),
     ],
 )
 def test_bad_scrapes_get_clear_messages(text, message):
@@ -74,7 +121,7 @@ def test_the_cli_reads_a_saved_window_and_says_what_is_wrong(tmp_path):
     saved.write_text(
         json.dumps({"before": _scrape(0, 0, 0, [0]), "after": _scrape(50, 200, 100, [40, 30]), "interval_s": 30})
     )
-    run = [sys.executable, "-m", "engine", "analyze", str(saved), "--pass-ms", "1:20,3:24"]
+    run = [sys.executable, "-m", "engine", "analyze", str(saved), "--pass-ms", "1:20/24,4:30/45"]
     out = subprocess.run(run, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert (
@@ -87,6 +134,8 @@ def test_the_cli_reads_a_saved_window_and_says_what_is_wrong(tmp_path):
     junk.write_text("[1, 2]")
     bad = subprocess.run(run[:4] + [str(junk)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "not a saved scrape" in bad.stderr
+    bad = subprocess.run(run[:5] + ["--pass-ms", "1:20,3:24"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "BATCH:PLAIN_MS/SPECULATIVE_MS" in bad.stderr
 
 
 def test_our_own_metrics_read_as_the_traces_of_the_window(server):
@@ -117,21 +166,59 @@ def test_our_own_metrics_read_as_the_traces_of_the_window(server):
     assert result["acceptance_by_position"] == pytest.approx(reached)
 
 
-def test_a_window_recorded_from_the_real_vllm_server_reads_offline():
-    """assets/scrapes/: two scrapes of the real vLLM CPU server (n-gram speculation) around a code edit and a
-    chat, saved by tests/test_vllm_backend.py; read offline, as a user's saved window would be."""
-    run = [
-        sys.executable,
-        "-m",
-        "engine",
-        "analyze",
-        str(ROOT / "assets" / "scrapes" / "vllm-ngram-code-edit-and-chat.json"),
-    ]
+@pytest.mark.parametrize("workload, requests", [("code-edit", 4), ("chat", 3)])
+def test_a_window_recorded_from_the_real_vllm_server_reads_offline(workload, requests):
+    """assets/scrapes/: two scrapes of the real vLLM CPU server (n-gram, K = 8) around one workload's prompts,
+    with the pass costs probed on it (scripts/record_deployment_windows.py); read offline by the CLI, as a
+    user's saved window would be, with the pass costs it carries."""
+    run = [sys.executable, "-m", "engine", "analyze", str(ROOT / "assets" / "scrapes" / f"vllm-ngram-{workload}.json")]
     out = subprocess.run(run + ["--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["server"] == "vllm" and result["requests"] == 2 and result["drafts"] >= 20
+    assert result["server"] == "vllm" and result["requests"] == requests and result["drafts"] >= 20
     assert result["mean_acceptance_length"] == pytest.approx(1 + result["accepted"] / result["drafts"])
     rates = result["acceptance_by_position"]
     assert all(a >= b for a, b in zip(rates, rates[1:]))  # a path that reached position i reached i - 1
-    assert 0 < result["alpha_fit"] < 1
+    assert 0 < result["alpha_fit"] < 1 and result["k"] == 8 == result["pass_costs"]["k"]
+    assert result["decode_passes"] == result["tokens"] - result["requests"] - result["accepted"]
+    assert 0 < result["drafting_share"] <= 1 and result["window_pass_ms"] > 0
+    # the cost model, at the window's own K and load, lands within 25% of the server's own ms per pass
+    check = result["model_check"]
+    assert abs(check["model_ms"] / check["measured_ms"] - 1) < 0.25, check
+    text = subprocess.run(run, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "expected speedup (K down, batch across)" in text.stdout and "recommendation: K = " in text.stdout
+
+
+def test_fuzzed_scrapes_get_a_result_or_a_clear_message():
+    """Two thousand mutations of a real window (cut, bytes flipped, lines swapped or doubled, labels broken):
+    the analyzer returns a reading or raises AnalyzeError with a message; nothing else escapes."""
+    import random
+
+    window = json.loads((ROOT / "assets" / "scrapes" / "vllm-ngram-chat.json").read_text())
+    rng = random.Random(0)
+    junk = ["", "{", "}", '"', "=", " ", "\n", "\x00", "é", "NaN", "-1", "1e309", "#", '{position="x"}']
+    outcomes = {"read": 0, "refused": 0}
+    for _ in range(2000):
+        text = window["after"]
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(text))
+            move = rng.randrange(4)
+            if move == 0:
+                text = text[:i]
+            elif move == 1:
+                text = text[:i] + rng.choice(junk) + text[i + 1 :]
+            elif move == 2:
+                lines = text.splitlines()
+                rng.shuffle(lines)
+                text = "\n".join(lines)
+            else:
+                text = text[:i] + text[i:][: rng.randrange(200)] + text[i:]
+        try:
+            result = analyze(window["before"], text, 30.0, window["pass_costs"])
+            numbers = [result["acceptance_rate"], result["mean_acceptance_length"], *result["acceptance_by_position"]]
+            assert all(math.isfinite(v) for v in numbers), result
+            outcomes["read"] += 1
+        except AnalyzeError as exc:
+            assert str(exc), "an empty message"
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 100, outcomes

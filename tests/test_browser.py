@@ -145,6 +145,16 @@ def test_playground_stop_step_through_and_labs(app_url, browser, monkeypatch):
         page.wait_for_selector(selector, timeout=30_000)
         page.wait_for_timeout(300)
         page.screenshot(path=str(SHOTS / shot), full_page=True)
+    # Your deployment: a window recorded on the real vLLM server, read at once (no model, no network).
+    page.get_by_role("tab", name="Your deployment").click()
+    assert "chat" in page.locator("#sl-deploy-status").inner_text()  # it opens on a recorded window
+    page.get_by_label("vLLM on CPU, n-gram K = 8: code edits (recorded)").check()
+    status = _wait_text(page, "#sl-deploy-status", "code-edit", 30_000)
+    assert "Recommendation (expected)" in status
+    assert "draft acceptance rate" in status and "mean acceptance length" in status, status
+    page.wait_for_selector("#sl-deploy-speedup .heatmaplayer", timeout=30_000)
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SHOTS / "your-deployment.png"), full_page=True)
 
     page.close()
     real = [e for e in errors if not IGNORED.search(e)]
@@ -472,6 +482,7 @@ TABS = [
     ("Drafters lab", "#dr-curves .main-svg"),
     ("Parity lab", "#pl-table table"),
     ("Batch lab", "#bl-plot .main-svg"),
+    ("Your deployment", "#sl-deploy-speedup .main-svg"),
 ]
 
 

@@ -373,3 +373,28 @@ def test_the_analyzer_reads_a_vllm_window_as_its_traces_do(ngram_server, baselin
     )
     with pytest.raises(AnalyzeError, match="no speculative decoding counters"):
         snapshot(scrape(baseline_server.url))
+
+
+@pytest.mark.slow
+def test_the_probe_times_plain_and_speculative_passes_and_the_lab_reads_the_server(ngram_server, baseline_server):
+    """engine/tools/pass_costs.py on the real server: plain and speculative passes timed by batch size with the
+    server's own decode clock, the drafts of the speculative probe confirmed by its counters (K read back). "Your
+    deployment" scrapes the server itself; an idle window gets the thin-window message, and the server without
+    speculation is refused by the probe with its reason."""
+    from app.labs import deployment
+    from engine.tools.analyze import AnalyzeError
+    from engine.tools.pass_costs import probe_pass_costs
+
+    costs = probe_pass_costs(ngram_server.url, max_batch=4, repeats=3)
+    print(f"\n[probe vLLM] {json.dumps(costs)}")
+    assert sorted(costs["decode_ms"]) == [1, 2, 4] == sorted(costs["verify_ms"]) and sorted(costs["mixed_ms"]) == [2, 4]
+    assert costs["k"] == K and min(costs["verify_share"].values()) >= 0.2
+    assert all(costs["mixed_share"][b] < costs["verify_share"][b] for b in (2, 4))
+    assert "the server's decode time per pass" in costs["source"]
+    assert costs["verify_ms"][4] > costs["decode_ms"][4]  # verifying 4 × 9 tokens costs more than 4 × 1
+    window, message = deployment.scrape_window(ngram_server.url, 1)
+    assert window is not None and not message
+    status = deployment.analyze_window(window, deployment._pass_text(costs))[0]
+    assert "too few drafts in the window" in status
+    with pytest.raises(AnalyzeError, match="no speculative decoding counters"):
+        probe_pass_costs(baseline_server.url, max_batch=1, repeats=2)

@@ -8,6 +8,9 @@
 * `parity`: greedy speculative output against the greedy baseline, prompt by prompt, with the
   divergence diagnosis of `engine.tools.parity`.
 * `batch`: target pass times measured now for several batch sizes; throughputs computed from them.
+* `deployment` ("Your deployment"): a user's own server read from its /metrics (engine.tools.analyze) and its
+  pass costs (engine.tools.pass_costs): acceptance, α, and the expected speedup by K and batch size. It runs
+  no model here.
 
 Each module's `build_tab` lays out its tab and wires its events, called from `ui.build_demo` inside
 its `gr.Tabs()`; the handlers are plain functions (generators for the long runs) so tests can call

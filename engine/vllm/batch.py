@@ -97,9 +97,11 @@ def measure_batches(
     Returns {"batch_sizes", "modes": {name: {"url", "speculative", "k", "tok_per_s",
     "tok_per_s_min", "tok_per_s_max", "latency_s" (median per-request latency),
     "latency_min_s", "latency_max_s", "acceptance_rate"}}, "speedup" (speculative ÷
-    baseline tok/s per B, when both are given), "speculation_pays_up_to" (the largest B
-    of the leading run of B where speculation was faster) and "verdict" (that in words,
-    what every view shows), "greedy_mismatches",
+    baseline tok/s per B, when both are given), "speedup_bounds" (per B, the slowest repeat
+    of one server against the quickest of the other, both ways), "speculation_pays_up_to"
+    (the largest B of the leading run of B where even the lower bound is above 1) and
+    "verdict" (that in words, a B whose bounds straddle 1 named as no verdict: what every
+    view shows), "greedy_mismatches",
     "settings", "source": "measured"}.
     """
     sizes = [int(b) for b in batch_sizes]
@@ -166,18 +168,42 @@ def measure_batches(
     if spec and base:
         speedup = [s / b if b else None for s, b in zip(modes[spec]["tok_per_s"], modes[base]["tok_per_s"])]
         report["speedup"] = speedup
+        # The repeats' spread bounds each ratio (the slowest repeat of one server against the quickest of the
+        # other): a B whose bounds straddle 1 gets no verdict, however its medians fall.
+        bounds = [
+            (s_lo / b_hi, s_hi / b_lo) if b_lo and b_hi else (None, None)
+            for s_lo, s_hi, b_lo, b_hi in zip(
+                modes[spec]["tok_per_s_min"],
+                modes[spec]["tok_per_s_max"],
+                modes[base]["tok_per_s_min"],
+                modes[base]["tok_per_s_max"],
+            )
+        ]
+        report["speedup_bounds"] = bounds
         pays = None
-        for batch, value in zip(sizes, speedup):
-            if value is None or value <= 1.0:
+        for batch, (low, _) in zip(sizes, bounds):
+            if low is None or low <= 1.0:
                 break
             pays = batch
+        stops = next((b for b, (_, high) in zip(sizes, bounds) if high is not None and high <= 1.0), None)
+        unclear = [b for b, (low, high) in zip(sizes, bounds) if low is not None and low <= 1.0 < high]
         report["speculation_pays_up_to"] = pays
-        if pays is None:
-            report["verdict"] = f"speculation does not pay at B = {sizes[0]}"
-        elif pays == sizes[-1]:
+        if pays == sizes[-1]:
             report["verdict"] = "speculation pays at every batch size measured"
+        elif stops == sizes[0]:
+            report["verdict"] = f"speculation does not pay at B = {sizes[0]}"
+        elif stops is not None:
+            report["verdict"] = (
+                f"speculation pays up to B = {pays}, not from B = {stops}"
+                if pays
+                else f"speculation does not pay from B = {stops}"
+            )
         else:
-            report["verdict"] = f"speculation pays up to B = {pays}, not beyond"
+            report["verdict"] = "no batch size measured where speculation clearly stops paying"
+        if unclear:
+            report["verdict"] += (
+                f" (at B = {', '.join(map(str, unclear))} the repeats' spread straddles 1×: no verdict)"
+            )
         if temperature == 0.0:
             # Greedy speculation must not change the output: compare every request of every batch.
             for batch in sizes:

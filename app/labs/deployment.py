@@ -1,0 +1,265 @@
+"""Your deployment: does speculation pay on the user's own server? Its /metrics read as a window of traffic.
+
+The window comes from two scrapes of a vLLM, llama.cpp or SpecLens /metrics (typed URL, where the operator
+allows the app to fetch one), from a file saved by `python -m engine analyze URL --save FILE`, or from a
+window recorded on the real vLLM CPU server (assets/scrapes). engine/tools/analyze.py reads it; the pass
+costs are typed or timed through the server's OpenAI API (engine/tools/pass_costs.py). This module only
+moves those between the controls and the page; every number on it was decided by the analyzer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import gradio as gr
+
+from engine.tools.analyze import AnalyzeError, analyze, load_recording, record
+from engine.tools.pass_costs import parse_pass_costs, probe_pass_costs
+from visuals.deployment import acceptance_window_figure, expected_speedup_figure
+
+from ..config import ASSETS, scrape_allowed
+from .panels import lab_tab, results_plot, status_box
+
+__all__ = ["RECORDED", "analyze_window", "build_tab", "load_saved", "probe", "scrape_window"]
+
+log = logging.getLogger("speclens.app")
+
+SCRAPES = ASSETS / "scrapes"
+# Windows recorded on the real vLLM CPU server (scripts/record_deployment_windows.py), by their label.
+RECORDED = {
+    "vLLM on CPU, n-gram K = 8: code edits (recorded)": SCRAPES / "vllm-ngram-code-edit.json",
+    "vLLM on CPU, n-gram K = 8: chat (recorded)": SCRAPES / "vllm-ngram-chat.json",
+}
+MAX_INTERVAL_S = 300
+MODEL_TOLERANCE = 0.2  # beyond this the cost model's ms per pass and the server's own are said to disagree
+
+TEXT = """
+**Does speculation pay on your server?** vLLM, llama.cpp and SpecLens count what their drafters do
+(`*:spec_decode_num_drafts`, `…_draft_tokens`, `…_accepted_tokens`, `…_accepted_tokens_per_pos`). Two scrapes
+of those counters around real traffic are a **window**: its draft **acceptance rate** and its **mean acceptance
+length** (read them side by side: the rate can fall while the length holds), the share of drafting passes
+that kept each position, and the **α** of the chain that fits them. With what a pass costs on that server
+(typed, or timed through its OpenAI API), they give the **expected** speedup for each K and each number of
+concurrent requests, and a recommendation. Expected means computed from measured inputs; racing the server
+measures the real thing.
+"""
+
+WAITING = "Pick a recorded window, upload a saved one, or scrape a server."
+
+
+def _source_note() -> str:
+    if scrape_allowed():
+        return "Scrapes are fetched by this app's server: give an address it can reach."
+    return (
+        "This public app does not fetch addresses for visitors. Record a window where your server runs — "
+        "`python -m engine analyze http://HOST:PORT --interval 60 --save window.json` — and upload the file."
+    )
+
+
+def analyze_window(window: dict | None, pass_text: str):
+    """(status markdown, acceptance figure, speedup figure) of a window with the pass costs typed."""
+    if not window:
+        return (WAITING, *_empty())
+    try:
+        costs = None
+        if (pass_text or "").strip():
+            costs = parse_pass_costs(pass_text, k=(window.get("pass_costs") or {}).get("k"))
+            saved = window.get("pass_costs") or {}
+            if _pass_text(saved) == _pass_text(costs):  # the recorded or probed costs, untouched
+                costs = saved
+        result = analyze(window["before"], window["after"], window.get("interval_s"), costs)
+    except AnalyzeError as exc:
+        return (f"**Cannot analyse this window:** {exc}", *_empty())
+    return _summary(window, result), acceptance_window_figure(result), expected_speedup_figure(result)
+
+
+def _empty():
+    from visuals.style import message_figure
+
+    return (
+        message_figure("Acceptance in the window", WAITING),
+        message_figure("Expected speedup by K and batch size", WAITING),
+    )
+
+
+def _summary(window: dict, result: dict) -> str:
+    seconds = f" in {result['interval_s']:.0f} s" if result.get("interval_s") else ""
+    traffic = f"{result['requests']:.0f} requests, {result['tokens']:.0f} tokens" if result["requests"] else ""
+    alpha = f"{result['alpha_fit']:.2f}" if result.get("alpha_fit") else "—"
+    lines = [
+        f"**Window:** {window.get('url', 'a saved window')}{seconds}. {traffic}",
+        "",
+        "| draft acceptance rate | mean acceptance length | drafting passes | fitted α | K on the server |",
+        "|---|---|---|---|---|",
+        f"| {result['acceptance_rate']:.3f} | {result['mean_acceptance_length']:.2f} tokens per pass | "
+        f"{result['drafts']:.0f} | {alpha} | {result['k'] or '—'} |",
+        "",
+        f"**Recommendation (expected):** {result['recommendation']}.",
+    ]
+    if result.get("decode_passes"):
+        passes = (
+            f"\n**Passes in the window:** {result['decode_passes']:.0f} decode passes, "
+            f"{result['drafting_share']:.0%} of them drafted, {result['tokens_per_pass']:.2f} tokens per pass"
+        )
+        if result.get("model_check"):
+            check = result["model_check"]
+            passes += (
+                f"; {check['measured_ms']:.1f} ms per pass by the server's decode time, where the cost model gives "
+                f"{check['model_ms']:.1f} ms; the window's own speedup against plain steps: "
+                f"{result['window_speedup']:.2f}x"
+            )
+            miss = check["model_ms"] / check["measured_ms"] - 1
+            if abs(miss) > MODEL_TOLERANCE:
+                passes += (
+                    f". **The cost model misses this window's passes by {miss:+.0%}**: the probe's short prompts "
+                    "and this traffic differ (context length, load); read the table as rough and race the server "
+                    "before deciding"
+                )
+        lines.insert(-1, passes + ".")
+        lines.insert(-1, "")
+    if window.get("cpu"):
+        lines.append(f"\nRecorded on {window['cpu']}, {window.get('recorded', '')}.")
+    return "\n".join(lines)
+
+
+def _pass_text(costs: dict | None) -> str:
+    """The pass costs as the box shows them: "1:60.7/81.3, 4:77.2/110.0/128.5" (batch: plain / [half the
+    requests drafting /] all drafting, ms)."""
+    if not costs or not isinstance(costs.get("decode_ms"), dict) or not isinstance(costs.get("verify_ms"), dict):
+        return ""
+    verify = {int(b): ms for b, ms in costs["verify_ms"].items()}
+    mixed = {int(b): ms for b, ms in (costs.get("mixed_ms") or {}).items()}
+    decode = sorted((int(b), ms) for b, ms in costs["decode_ms"].items())
+    return ", ".join(
+        f"{b}:{float(ms):.1f}/" + (f"{float(mixed[b]):.1f}/" if b in mixed else "") + f"{float(verify[b]):.1f}"
+        for b, ms in decode
+        if b in verify
+    )
+
+
+def load_saved(path) -> tuple[dict | None, str, str]:
+    """(window, pass costs text, message) of a saved window file (uploaded or recorded)."""
+    if not path:
+        return None, "", WAITING
+    try:
+        if Path(path).stat().st_size > 20 * 2**20:
+            raise AnalyzeError("the file is larger than 20 MiB: a saved window is two scrapes")
+        window = load_recording(str(path))
+    except AnalyzeError as exc:
+        return None, "", f"**Not a saved window:** {exc}"
+    except OSError as exc:
+        return None, "", f"**Cannot read the file:** {exc.strerror or exc}"
+    window.setdefault("url", Path(path).name)
+    return window, _pass_text(window.get("pass_costs")), ""
+
+
+def scrape_window(url: str, interval: float):
+    """(window, message): two scrapes of `url`, `interval` seconds apart, where the operator allows it."""
+    if not scrape_allowed():
+        return None, f"**Not here:** {_source_note()}"
+    try:
+        interval = float(interval)
+        if not 1 <= interval <= MAX_INTERVAL_S:
+            raise AnalyzeError(f"the interval must be between 1 and {MAX_INTERVAL_S} seconds")
+        window = record((url or "").strip(), interval)
+    except (AnalyzeError, ValueError, TypeError) as exc:
+        return None, f"**Cannot scrape:** {exc}"
+    return window, ""
+
+
+def probe(url: str, window: dict | None):
+    """(pass costs text, window, message): the server's passes timed through its OpenAI API."""
+    if not scrape_allowed():
+        return gr.update(), window, f"**Not here:** {_source_note()} Or type the pass costs."
+    try:
+        result = probe_pass_costs((url or "").strip(), repeats=5)
+    except AnalyzeError as exc:
+        return gr.update(), window, f"**Cannot time the server:** {exc}"
+    log.info("probed %s: %s", url, json.dumps(result))
+    if window:
+        window = {**window, "pass_costs": result}
+    return _pass_text(result), window, ""
+
+
+FIRST = "vLLM on CPU, n-gram K = 8: chat (recorded)"  # what the tab opens on: a real window, never empty
+
+
+def _first() -> tuple:
+    """(window, costs text, status, acceptance figure, speedup figure) of the window the tab opens on."""
+    window, costs, message = load_saved(RECORDED[FIRST])
+    return (window, costs, *_then_analyze(window, costs, message))
+
+
+def _then_analyze(window, pass_text, message):
+    status, fig_a, fig_s = analyze_window(window, pass_text)
+    return (message or status), fig_a, fig_s
+
+
+def _controls(first: tuple) -> dict:
+    c = {}
+    c["recorded"] = gr.Radio(list(RECORDED), label="A window recorded on the real vLLM CPU server", value=FIRST)
+    c["upload"] = gr.File(label="…or a saved window (JSON)", file_types=[".json"], type="filepath")
+    allowed = scrape_allowed()
+    c["url"] = gr.Textbox(
+        label="…or your server's address (its /metrics)",
+        placeholder="http://127.0.0.1:8000",
+        interactive=allowed,
+        max_lines=1,
+    )
+    c["interval"] = gr.Slider(1, MAX_INTERVAL_S, value=30, step=1, label="seconds between the two scrapes")
+    c["scrape"] = gr.Button("Scrape twice", interactive=allowed)
+    gr.Markdown(_source_note(), elem_classes=["sl-note"])
+    c["pass_ms"] = gr.Textbox(
+        first[1],
+        label="Pass costs, ms: batch : plain / half drafting / all drafting (at the server's K)",
+        placeholder="1:63/83, 4:116/150/168, 16:180/330/395",
+        max_lines=3,
+        info="Typed, or timed below: one decode pass of B requests, none, half or all of them verifying K drafts.",
+    )
+    c["probe"] = gr.Button("Time the server's passes (its OpenAI API)", interactive=allowed)
+    c["analyze"] = gr.Button("Analyse", variant="primary")
+    c["window"] = gr.State(first[0])
+    return c
+
+
+def _results(first: tuple) -> dict:
+    out = {"status": status_box(first[2], "sl-deploy-status")}
+    out["acceptance"] = results_plot("Acceptance in the window", WAITING, "sl-deploy-acceptance", first[3])
+    out["speedup"] = results_plot("Expected speedup by K and batch size", WAITING, "sl-deploy-speedup", first[4])
+    return out
+
+
+def _wire(c: dict, out: dict) -> None:
+    shown = [out["status"], out["acceptance"], out["speedup"]]
+    then_analyze = _then_analyze
+
+    def from_recorded(label):
+        window, costs, message = load_saved(RECORDED.get(label)) if label else (None, "", WAITING)
+        return (window, costs, *then_analyze(window, costs, message))
+
+    def from_upload(path):
+        window, costs, message = load_saved(path)
+        return (window, costs, *then_analyze(window, costs, message))
+
+    def from_scrape(url, interval, pass_text):
+        window, message = scrape_window(url, interval)
+        return (window, *then_analyze(window, pass_text, message))
+
+    def from_probe(url, window):
+        costs, window, message = probe(url, window)
+        text = costs if isinstance(costs, str) else ""
+        status, fig_a, fig_s = analyze_window(window, text) if text else (message, gr.update(), gr.update())
+        return (costs, window, message or status, fig_a, fig_s)
+
+    c["recorded"].change(from_recorded, [c["recorded"]], [c["window"], c["pass_ms"], *shown])
+    c["upload"].upload(from_upload, [c["upload"]], [c["window"], c["pass_ms"], *shown])
+    c["scrape"].click(from_scrape, [c["url"], c["interval"], c["pass_ms"]], [c["window"], *shown], concurrency_limit=4)
+    c["probe"].click(from_probe, [c["url"], c["window"]], [c["pass_ms"], c["window"], *shown], concurrency_limit=1)
+    c["analyze"].click(analyze_window, [c["window"], c["pass_ms"]], shown)
+
+
+def build_tab() -> gr.Tab:
+    first = _first()
+    return lab_tab("Your deployment", "deployment", TEXT, lambda: _controls(first), lambda: _results(first), _wire)

@@ -1,0 +1,247 @@
+"""What a server's decode passes cost, plain and speculative, by batch size, timed through its OpenAI API.
+
+Whether speculation pays depends on how much dearer a pass that verifies K drafts is than a plain decode
+step, at the batch sizes the server runs. A server does not report its pass times, so they are measured from
+outside, with requests whose work is known, B at a time (sent together, so the server batches them), three
+cases per B:
+
+* plain: every prompt is random token ids, which give an n-gram drafter nothing to match;
+* all drafting: every prompt is a random run of tokens repeated (S S S S[:8]); the model continues it by
+  copying, so the drafter proposes its K tokens on (nearly) every pass and the pass verifies them; the
+  share that did draft is counted and used as measured;
+* half drafting: half of each (B ≥ 2). Real traffic mixes them, and a batch where any request drafts may
+  take the server's speculative path as a whole: with three points engine/tools/analyze.py separates that
+  fixed cost from the cost per drafted token.
+
+Each request asks for TOKENS tokens (the drafting ones (K + 1)× as many, so that the batch keeps its mix to
+the end) and ignores end of sequence. Around each case the probe scrapes the server's counters: passes =
+tokens − requests − accepted, the share of them that drafted, and K = draft tokens ÷ drafts. Where the server
+reports how long each request decoded (vLLM's ``request_decode_time_seconds``), ms per pass = those seconds ÷
+the passes: the server's own clock in steady state, free of HTTP and prefill. The rounds of all the cases
+are interleaved, so that a slow spell of the host lands on every case alike (measured: run case after case,
+one plain pass at batch 1 came out at 75 ms where the same server's real traffic took 56 to 64). (A first version timed requests
+of one decode pass from outside; its plain pass came out 15% dearer than the passes of long requests on the
+same server, 64.6 against 56.4 ms, and wall-time differences at batch 16 came out below batch 8's.) Elsewhere
+it is the wall-time difference with requests of one token, over the passes. Prompts are fresh random tokens
+every time (no prefix-cache hit). These are measured costs at the server's own K; the analyzer scales the
+drafted part linearly to other K, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from engine.tools.analyze import AnalyzeError
+
+__all__ = ["BATCHES", "parse_pass_costs", "probe_pass_costs"]
+
+BATCHES = (1, 2, 4, 8, 16)  # batch sizes probed (capped by the caller's max_batch)
+TOKEN_IDS = (100, 10_000)  # random prompt ids drawn here: ordinary tokens in any vocabulary of ≥ 10k
+RUN = 24  # tokens in the repeated run of the speculative probe's prompt (S S S S[:8]: three copies make the
+# model copy reliably; with two copies of 16 only 41% of its passes drafted, measured)
+MIN_SHARE = 0.2  # below this share of drafting passes the speculative cases measure too little drafting
+TOKENS = 9  # tokens asked of each probe request: 8 decode passes (fewer where drafts are accepted)
+
+
+def parse_pass_costs(text: str, k: int | None = None) -> dict:
+    """ "1:60/81, 4:77/110/128" (batch : plain ms / [half drafting ms /] all drafting ms, at the server's K) →
+    the probe's dict; AnalyzeError saying what is wrong (hand-entered costs)."""
+    decode, mixed, verify = {}, {}, {}
+    try:
+        for item in text.replace(" ", "").split(","):
+            if not item:
+                continue
+            batch, times = item.split(":")
+            values = [float(v) for v in times.split("/")]
+            if len(values) not in (2, 3):
+                raise ValueError(item)
+            decode[int(batch)], verify[int(batch)] = values[0], values[-1]
+            if len(values) == 3:
+                mixed[int(batch)] = values[1]
+    except ValueError:
+        raise AnalyzeError(
+            f"pass costs are BATCH:PLAIN_MS/SPECULATIVE_MS (or PLAIN/HALF/ALL) such as 1:60/81,4:77/110/128, got {text!r}"
+        ) from None
+    times = [*decode.values(), *mixed.values(), *verify.values()]
+    if 1 not in decode or any(b < 1 for b in decode) or any(not 0 < ms < 1e6 for ms in times):
+        raise AnalyzeError("pass costs need positive times at batch 1 (and at any other batch size given)")
+    return {"k": k, "decode_ms": decode, "mixed_ms": mixed, "verify_ms": verify, "source": "typed"}
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read().decode("utf-8", "replace"))
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace")[:200]
+        raise AnalyzeError(f"{url} answered HTTP {exc.code}: {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise AnalyzeError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+    except ValueError:
+        raise AnalyzeError(f"{url} did not answer JSON: is it an OpenAI-compatible server?") from None
+
+
+def _model(base: str, timeout: float) -> str:
+    try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as response:
+            data = json.loads(response.read().decode("utf-8", "replace"))
+        return data["data"][0]["id"]
+    except (urllib.error.URLError, OSError) as exc:
+        raise AnalyzeError(f"cannot reach {base}/v1/models: {getattr(exc, 'reason', exc)}") from None
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise AnalyzeError(f"{base}/v1/models lists no model: is it an OpenAI-compatible server?") from None
+
+
+def probe_pass_costs(
+    url: str, model: str | None = None, max_batch: int = 16, repeats: int = 5, timeout: float = 120.0, seed: int = 0
+) -> dict:
+    """Time plain and speculative decode passes of the server at `url` (base URL, with or without /v1) at
+    each batch size in BATCHES up to `max_batch`, as the module says.
+
+    Returns {"decode_ms", "mixed_ms" (B ≥ 2), "verify_ms": {B: ms per decode pass}, "mixed_share",
+    "verify_share": {B: share of the requests' passes that drafted}, "k": draft tokens per drafting pass as the
+    server's counters saw them, "tokens_per_request", "repeats", "model", "source"};
+    AnalyzeError when the server cannot be reached, does not generate the tokens asked for, does not draft on
+    the probe's prompts, or the timings cannot separate a pass from the overhead."""
+    from engine.tools.analyze import scrape, snapshot
+
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise AnalyzeError(f"not an http(s) URL: {url!r}")
+    if not 2 <= repeats <= 50:
+        raise AnalyzeError("repeats must be between 2 and 50")
+    base = url.rstrip("/").removesuffix("/metrics").removesuffix("/v1")
+    model = model or _model(base, timeout)
+    rng = random.Random(seed)
+    batches = [b for b in BATCHES if b <= max_batch] or [1]
+
+    def prompt(pattern: bool) -> list[int]:
+        run = [rng.randrange(*TOKEN_IDS) for _ in range(RUN)]
+        tail = run + run + run[:8] if pattern else [rng.randrange(*TOKEN_IDS) for _ in range(2 * RUN + 8)]
+        return run + tail
+
+    def timed(batch: int, drafting: int, max_tokens: int) -> float:
+        """Wall ms of `batch` concurrent requests, the first `drafting` of them with a prompt to draft on. Those
+        ask for (K + 1)× the tokens, K ≤ 8, so that where every draft is kept they take as many passes as the
+        plain ones: the batch keeps its mix until the end."""
+        long = 1 + (max_tokens - 1) * 9
+        bodies = [
+            {
+                "model": model,
+                "prompt": prompt(i < drafting),
+                "max_tokens": long if i < drafting else max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "min_tokens": long if i < drafting else max_tokens,
+            }
+            for i in range(batch)
+        ]
+        errors: list[Exception] = []
+
+        def one(body: dict) -> None:
+            try:
+                made = (_post(base + "/v1/completions", body, timeout).get("usage") or {}).get("completion_tokens")
+                if made != body["max_tokens"]:
+                    raise AnalyzeError(
+                        f"asked for {body['max_tokens']} tokens, the server made {made}: it cannot be probed this way"
+                    )
+            except AnalyzeError as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(body,)) for body in bodies]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return (time.perf_counter() - start) * 1000.0
+
+    keys = ("requests", "tokens", "accepted", "drafts", "draft_tokens", "decode_s")
+
+    def round_of(batch: int, drafting: int, total: dict) -> None:
+        """One round of a case: `batch` concurrent requests, `drafting` of them with a prompt to draft on,
+        bracketed by scrapes; the counters' deltas and the wall time added to `total`."""
+        before = snapshot(scrape(base))
+        total["walls"].append(timed(batch, drafting, TOKENS))
+        after = snapshot(scrape(base))
+        for key in keys:
+            total[key] += after[key] - before[key]
+
+    def reading(batch: int, drafting: int, total: dict) -> dict:
+        """A case's rounds read: {"ms" per decode pass, "share" of the requests' passes that drafted, "clock"}."""
+        # every request's first token comes from its prefill; each decode pass adds one plus what it accepted
+        passes = total["tokens"] - total["requests"] - total["accepted"]
+        counted = total["requests"] == repeats * batch and passes > 0
+        if counted and total["decode_s"] > 0:
+            # the server's own clock: the seconds each request decoded, over the passes it took, in steady state
+            ms, clock = 1000.0 * total["decode_s"] / passes, "the server's decode time per pass"
+        else:
+            ones = [timed(batch, drafting, 1) for _ in range(repeats)]
+            per_request = passes / (repeats * batch) if counted else TOKENS - 1
+            ms = (statistics.median(total["walls"]) - statistics.median(ones)) / per_request
+            clock = "wall-time differences"
+        if ms <= 0:
+            raise AnalyzeError(
+                "the timings could not separate a pass from the requests' overhead (the host is too busy or the "
+                "server too far): enter the pass costs by hand"
+            )
+        share = total["drafts"] / passes if counted else (drafting / batch)
+        return {"ms": ms, "share": min(1.0, share), "clock": clock}
+
+    timed(1, 1, TOKENS)  # warm-up: the first requests of a fresh server pay for compilation
+    timed(max(batches), 0, 2)
+    cases = [
+        (batch, name, drafting)
+        for batch in batches
+        for name, drafting in (("decode", 0), ("mixed", batch // 2), ("verify", batch))
+        if name != "mixed" or batch >= 2
+    ]
+    totals = {case: {"walls": [], **dict.fromkeys(keys, 0.0)} for case in cases}
+    for _ in range(repeats):  # rounds interleaved across cases: a slow spell of the host lands on all of them
+        for case in cases:
+            round_of(case[0], case[2], totals[case])
+    costs: dict[str, dict[int, float]] = {
+        "decode_ms": {},
+        "mixed_ms": {},
+        "verify_ms": {},
+        "mixed_share": {},
+        "verify_share": {},
+    }
+    drafts = draft_tokens = 0.0
+    clocks = set()
+    for batch, name, drafting in cases:
+        result = reading(batch, drafting, totals[batch, name, drafting])
+        costs[f"{name}_ms"][batch] = result["ms"]
+        clocks.add(result["clock"])
+        if name == "decode" and result["share"] > 0.3:
+            raise AnalyzeError(
+                f"the server drafted on {result['share']:.0%} of the passes of random prompts: the probe cannot "
+                "time a plain pass on it; enter the pass costs by hand"
+            )
+        if name != "decode":
+            costs[f"{name}_share"][batch] = result["share"]
+            drafts += totals[batch, name, drafting]["drafts"]
+            draft_tokens += totals[batch, name, drafting]["draft_tokens"]
+    if min(costs["verify_share"].values()) < MIN_SHARE:
+        raise AnalyzeError(
+            f"the server drafted on {min(costs['verify_share'].values()):.0%} of the passes meant to draft: its "
+            "drafter does not follow a repeated run of tokens; enter the pass costs by hand"
+        )
+    return {
+        **costs,
+        "k": round(draft_tokens / drafts),
+        "tokens_per_request": TOKENS,
+        "repeats": repeats,
+        "model": model,
+        "source": "timed through the server's OpenAI API (" + " and ".join(sorted(clocks)) + ")",
+    }

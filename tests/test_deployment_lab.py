@@ -1,0 +1,85 @@
+""" "Your deployment" (app/labs/deployment.py): the windows recorded on the real vLLM CPU server read as the
+analyzer reads them, bad files and bad costs get messages, and a public Space fetches no visitor's URL.
+(The probe and the scrape against the real vLLM server: tests/test_vllm_backend.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app import config
+from app.labs import deployment
+from engine.tools.analyze import AnalyzeError, analyze
+from engine.tools.pass_costs import parse_pass_costs
+
+
+@pytest.mark.parametrize("label", list(deployment.RECORDED))
+def test_a_recorded_window_shows_rate_and_length_side_by_side_and_a_recommendation(label):
+    window, costs_text, message = deployment.load_saved(deployment.RECORDED[label])
+    assert window and not message and costs_text.startswith("1:")
+    status, acceptance, speedup = deployment.analyze_window(window, costs_text)
+    expected = analyze(window["before"], window["after"], window["interval_s"], window["pass_costs"])
+    assert f"| {expected['acceptance_rate']:.3f} | {expected['mean_acceptance_length']:.2f} tokens per pass |" in status
+    assert expected["recommendation"] in status and "expected" in status.lower()
+    assert f"{expected['window_speedup']:.2f}x" in status  # the window's own, from the server's decode time
+    assert "Acceptance rate" in acceptance.layout.title.text
+    heat = speedup.data[0]
+    assert heat.type == "heatmap" and len(heat.y) == 8
+    assert [int(b) for b in heat.x] == sorted(int(b) for b in window["pass_costs"]["decode_ms"])
+    assert "expected, not measured" in speedup.layout.title.subtitle.text
+
+
+def test_typed_costs_replace_the_probed_ones_and_bad_ones_get_a_message():
+    window, _, _ = deployment.load_saved(next(iter(deployment.RECORDED.values())))
+    dear = deployment.analyze_window(window, "1:60/900")[0]  # 8 drafts cost 14 plain passes: never pays
+    assert "turn speculation off" in dear
+    # costs typed far from this server's (30 ms where its passes took 60 to 90): the window says the model misses
+    off = deployment.analyze_window(window, "1:30/36")[0]
+    assert "The cost model misses this window's passes by" in off and "race the server" in off
+    for bad, words in [
+        ("1:60", "BATCH:PLAIN_MS/SPECULATIVE_MS"),
+        ("1:6/7/8/9", "PLAIN/HALF/ALL"),
+        ("4:60/80", "at batch 1"),
+        ("1:-5/3", "positive"),
+    ]:
+        status = deployment.analyze_window(window, bad)[0]
+        assert status.startswith("**Cannot analyse this window:**") and words in status, status
+    typed = parse_pass_costs("1:60/81, 4:77/110/128")
+    assert typed["verify_ms"] == {1: 81.0, 4: 128.0} and typed["mixed_ms"] == {4: 110.0}
+
+
+def test_bad_files_get_messages_and_nothing_is_kept(tmp_path):
+    cases = {"junk.json": "{not json", "list.json": "[1, 2]", "text.json": json.dumps({"before": 1, "after": 2})}
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        window, costs, message = deployment.load_saved(str(path))
+        assert window is None and costs == "" and message.startswith("**Not a saved window:**"), message
+    html = tmp_path / "page.json"
+    html.write_text(json.dumps({"before": "<html>no</html>", "after": "<html>no</html>"}))
+    window, _, _ = deployment.load_saved(str(html))
+    status = deployment.analyze_window(window, "")[0]
+    assert "not a Prometheus sample" in status
+    assert deployment.analyze_window(None, "")[0] == deployment.WAITING
+
+
+def test_a_public_space_fetches_no_url_a_visitor_types(monkeypatch):
+    monkeypatch.setenv("SPACE_ID", "someone/speclens")
+    monkeypatch.delenv("SPECLENS_ALLOW_SCRAPE", raising=False)
+    assert not config.scrape_allowed()
+    window, message = deployment.scrape_window("http://169.254.169.254/latest/meta-data", 5)
+    assert window is None and "does not fetch addresses" in message and "--save" in message
+    costs, _, message = deployment.probe("http://10.0.0.1:8000", None)
+    assert "does not fetch addresses" in message
+    monkeypatch.setenv("SPECLENS_ALLOW_SCRAPE", "1")
+    assert config.scrape_allowed()
+    monkeypatch.delenv("SPACE_ID")
+    monkeypatch.delenv("SPECLENS_ALLOW_SCRAPE")
+    assert config.scrape_allowed()  # a local app fetches what its user types
+    window, message = deployment.scrape_window("ftp://example", 5)
+    assert window is None and "not an http(s) URL" in message
+    window, message = deployment.scrape_window("http://127.0.0.1:9/", 5000)
+    assert window is None and "between 1 and" in message
+    with pytest.raises(AnalyzeError):
+        parse_pass_costs("")

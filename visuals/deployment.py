@@ -1,0 +1,107 @@
+"""Figures of "Your deployment": a server's window of traffic, as engine/tools/analyze.py read it.
+
+Pure functions of the analysis dict (plain JSON: numbers, lists, dicts keyed by K and by batch size, as
+ints or, once through JSON, as strings). They draw what the analyzer decided and compute nothing new.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from .style import PALETTE, SERIES, apply_layout, message_figure
+
+__all__ = ["acceptance_window_figure", "expected_speedup_figure"]
+
+
+def _keyed(table: dict) -> dict[int, object]:
+    """{int key: value} of a dict keyed by ints or by their strings (after a JSON round trip)."""
+    return {int(k): v for k, v in table.items()}
+
+
+def acceptance_window_figure(result: dict) -> go.Figure:
+    """Acceptance by draft position in the window (bars, measured) beside the fitted α^i (line), with the
+    draft acceptance rate and the mean acceptance length side by side in the title."""
+    rates = result.get("acceptance_by_position") or []
+    title = (
+        f"Acceptance rate {result['acceptance_rate']:.2f} · mean acceptance length "
+        f"{result['mean_acceptance_length']:.2f} tokens per drafting pass"
+    )
+    if not rates:
+        return message_figure(title, "This server exports no per-position counters: only the rate and the length.")
+    positions = list(range(1, len(rates) + 1))
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            x=positions,
+            y=rates,
+            name="measured: share of drafting passes that kept position i",
+            marker={"color": PALETTE["accepted"]},
+            text=[f"{r:.2f}" for r in rates],
+            textposition="outside",
+            hovertemplate="position %{x}: %{y:.3f} of drafting passes kept it (measured)<extra></extra>",
+        )
+    )
+    alpha = result.get("alpha_fit")
+    if alpha:
+        fig.add_trace(
+            go.Scatter(
+                x=positions,
+                y=[alpha**i for i in positions],
+                mode="lines+markers",
+                name=f"α^i with α = {alpha:.2f} (fitted)",
+                line={"color": SERIES["theory"], "width": 3, "dash": "dash"},
+                hovertemplate="α^%{x} = %{y:.3f} (fit)<extra></extra>",
+            )
+        )
+    fig.update_xaxes(title_text="draft position i", tickvals=positions)
+    fig.update_yaxes(title_text="share of drafting passes", range=[0, 1.1])
+    subtitle = (
+        f"{result['drafts']:.0f} drafting passes, {result['draft_tokens']:.0f} draft tokens, "
+        f"{result['accepted']:.0f} accepted in the window (the server's counters)"
+    )
+    return apply_layout(fig, title, subtitle)
+
+
+def expected_speedup_figure(result: dict) -> go.Figure:
+    """Expected speedup by K (rows) and batch size (columns), from the window's α and the server's pass costs:
+    green where it pays, red where it costs, each cell labelled; the recommended K per batch boxed by its
+    label. An estimate from measured inputs, titled as one."""
+    table = result.get("speedup_by_batch")
+    if not table:
+        return message_figure(
+            "Expected speedup by K and batch size",
+            "Give the server's pass costs (probe them or type them) to weigh tokens per pass against what a "
+            "wider pass costs.",
+        )
+    by_batch = {b: _keyed(row) for b, row in _keyed(table).items()}
+    batches = sorted(by_batch)
+    ks = sorted(by_batch[batches[0]])
+    best = _keyed(result.get("best_k_by_batch") or {})
+    z = [[by_batch[b][k] for b in batches] for k in ks]
+    text = [[f"{'▶ ' if best.get(b) == k else ''}{by_batch[b][k]:.2f}×" for b in batches] for k in ks]
+    low, high = min(min(row) for row in z), max(max(row) for row in z)
+    span = max(high - 1.0, 1.0 - low, 0.05)
+    fig = go.Figure(
+        go.Heatmap(
+            x=[str(b) for b in batches],
+            y=[str(k) for k in ks],
+            z=z,
+            text=text,
+            texttemplate="%{text}",
+            zmin=1.0 - span,
+            zmax=1.0 + span,
+            colorscale=[[0.0, PALETTE["rejected"]], [0.5, "#FFFFFF"], [1.0, PALETTE["accepted"]]],
+            colorbar={"title": {"text": "× vs off"}},
+            hovertemplate="K = %{y}, batch %{x}: %{z:.2f}× expected<extra></extra>",
+        )
+    )
+    fig.update_xaxes(title_text="concurrent requests (batch size)", type="category")
+    fig.update_yaxes(title_text="draft tokens K", type="category")
+    alpha = result.get("alpha_fit") or 0.0
+    costs = result.get("pass_costs") or {}
+    subtitle = (
+        f"expected, not measured: tokens per pass at α = {alpha:.2f} with {result['drafting_share']:.0%} of passes "
+        f"drafting, against what the pass costs (plain and at K = {costs.get('k')}: {costs.get('source') or 'given'}) "
+        "· ▶ = the best K at that load"
+    )
+    return apply_layout(fig, "Expected speedup by K and batch size", subtitle, height=460, legend_bottom=False)
