@@ -152,6 +152,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="time the pass costs through the server's OpenAI API (same = the source URL)",
     )
     an.add_argument("--max-batch", type=int, default=16, help="largest batch the probe times (default 16)")
+    an.add_argument(
+        "--probe-baseline",
+        default=None,
+        metavar="URL",
+        help="the same model served without speculation: its plain passes are what speculation is weighed against",
+    )
     an.add_argument("--model", default=None, help="only this model_name's counters")
     an.add_argument("--save", default=None, metavar="FILE", help="also save the two scrapes (for offline use)")
     an.add_argument("--json", action="store_true", help="print the analysis as JSON")
@@ -281,7 +287,7 @@ def _analyze(args) -> int:
         elif args.probe:
             url = args.source if args.probe == "same" else args.probe
             print(f"timing plain and speculative passes of {url} up to batch {args.max_batch}…", file=sys.stderr)
-            costs = probe_pass_costs(url, model=args.model, max_batch=args.max_batch)
+            costs = probe_pass_costs(url, model=args.model, max_batch=args.max_batch, baseline_url=args.probe_baseline)
         if args.save:
             with open(args.save, "w", encoding="utf-8") as fh:
                 json.dump({**window, "pass_costs": costs}, fh)
@@ -311,7 +317,10 @@ def _analyze(args) -> int:
         print(f"acceptance by position: {shares}; fitted α = {result['alpha_fit']:.3f} (α^i)")
     if result.get("speedup_by_batch"):
         costs = result["pass_costs"]
-        print(f"pass costs ({costs['source'] or 'given'}), ms plain / speculative at K = {costs['k']}:")
+        print(
+            f"pass costs ({costs['source'] or 'given'}; speculation weighed against {costs['against']}), "
+            f"ms plain / speculative at K = {costs['k']}:"
+        )
         print(
             "  "
             + ", ".join(

@@ -2,12 +2,13 @@
 
     .venv/bin/python scripts/record_deployment_windows.py [--k 8] [--tokens 160] [--out assets/scrapes]
 
-Starts vLLM (.venv-vllm) with its n-gram drafter at K, times its plain and speculative passes at batch
-sizes up to its max_num_seqs through the OpenAI API (engine/tools/pass_costs.py), then for each workload (code-edit, chat) scrapes /metrics, sends that
+Starts vLLM (.venv-vllm) with its n-gram drafter at K and the same model without speculation, times their
+plain and speculative passes at batch sizes up to max_num_seqs through the OpenAI API
+(engine/tools/pass_costs.py), then for each workload (code-edit, chat) scrapes /metrics, sends that
 workload's prompts of assets/workloads.json one after another (greedy), and scrapes again. Each window is
 saved as assets/scrapes/vllm-ngram-<workload>.json with the probed pass costs, and analysed
-(engine/tools/analyze.py): the analysis is printed, one JSON line per workload. The server is stopped by
-its process group at the end.
+(engine/tools/analyze.py): the analysis is printed, one JSON line per workload. The servers are stopped by
+their process groups at the end.
 """
 
 from __future__ import annotations
@@ -44,9 +45,16 @@ def main() -> int:
     workloads = json.loads((ROOT / "assets" / "workloads.json").read_text())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with VllmServer(speculative=ngram_config(args.k)) as server:
-        print(f"vLLM ready in {server.start_s:.0f} s at {server.url}", file=sys.stderr)
-        probe = probe_pass_costs(server.url, max_batch=server.max_num_seqs, repeats=args.repeats)
+    server, plain = VllmServer(speculative=ngram_config(args.k)), VllmServer(speculative=None)
+    try:
+        for each in (server, plain):
+            each.launch()
+        for each in (server, plain):
+            each.wait()
+        print(f"vLLM ready at {server.url} (n-gram K = {args.k}) and {plain.url} (none)", file=sys.stderr)
+        probe = probe_pass_costs(
+            server.url, max_batch=server.max_num_seqs, repeats=args.repeats, baseline_url=plain.url
+        )
         print(f"pass costs: {json.dumps(probe)}", file=sys.stderr)
         backend = server.backend()
         for name in ("code-edit", "chat"):
@@ -84,6 +92,9 @@ def main() -> int:
                     {"workload": name, **{k: result[k] for k in keys}, "recommendation": result["recommendation"]}
                 )
             )
+    finally:
+        for each in (server, plain):
+            each.stop()
     return 0
 
 

@@ -52,7 +52,7 @@ def main() -> int:
         for server in servers.values():
             server.wait()
         urls = {name: server.url for name, server in servers.items()}
-        costs = probe_pass_costs(urls["speculative"], max_batch=max(sizes), repeats=3)
+        costs = probe_pass_costs(urls["speculative"], max_batch=max(sizes), repeats=3, baseline_url=urls["baseline"])
         print(json.dumps({"pass_costs": costs}), flush=True)
         for name in ("code-edit", "chat"):
             for b in sizes:

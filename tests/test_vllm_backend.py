@@ -385,13 +385,16 @@ def test_the_probe_times_plain_and_speculative_passes_and_the_lab_reads_the_serv
     from engine.tools.analyze import AnalyzeError
     from engine.tools.pass_costs import probe_pass_costs
 
-    costs = probe_pass_costs(ngram_server.url, max_batch=4, repeats=3)
+    costs = probe_pass_costs(ngram_server.url, max_batch=4, repeats=3, baseline_url=baseline_server.url)
     print(f"\n[probe vLLM] {json.dumps(costs)}")
-    assert sorted(costs["decode_ms"]) == [1, 2, 4] == sorted(costs["verify_ms"]) and sorted(costs["mixed_ms"]) == [2, 4]
-    assert costs["k"] == K and min(costs["verify_share"].values()) >= 0.2
-    assert all(costs["mixed_share"][b] < costs["verify_share"][b] for b in (2, 4))
+    assert sorted(costs["decode_ms"]) == sorted(costs["verify_ms"])
+    kept = sorted(costs["decode_ms"])  # a batch whose cases drafted alike is left out, and listed
+    assert costs["k"] in range(K // 2, K + 1) and sorted(kept + costs["left_out"]) == [1, 2, 4] and kept
+    assert all(costs["verify_share"][b] - costs["decode_share"][b] >= 0.1 for b in kept)
+    assert sorted(costs["baseline_decode_ms"]) == kept  # the server without speculation, timed alike
     assert "the server's decode time per pass" in costs["source"]
-    assert costs["verify_ms"][4] > costs["decode_ms"][4]  # verifying 4 × 9 tokens costs more than 4 × 1
+    times = [ms for name in ("decode_ms", "mixed_ms", "verify_ms", "baseline_decode_ms") for ms in costs[name].values()]
+    assert all(0 < ms < 10_000 for ms in times), costs
     window, message = deployment.scrape_window(ngram_server.url, 1)
     assert window is not None and not message
     status = deployment.analyze_window(window, deployment._pass_text(costs))[0]

@@ -101,7 +101,7 @@ def expected_speedup_figure(result: dict) -> go.Figure:
     costs = result.get("pass_costs") or {}
     subtitle = (
         f"expected, not measured: tokens per pass at α = {alpha:.2f} with {result['drafting_share']:.0%} of passes "
-        f"drafting, against what the pass costs (plain and at K = {costs.get('k')}: {costs.get('source') or 'given'}) "
-        "· ▶ = the best K at that load"
+        f"drafting, against {costs.get('against', 'plain passes')} (pass costs at K = {costs.get('k')}: "
+        f"{costs.get('source') or 'given'}) · decode passes only · ▶ = the best K at that load"
     )
     return apply_layout(fig, "Expected speedup by K and batch size", subtitle, height=460, legend_bottom=False)

@@ -87,12 +87,15 @@ def _declared_prefixes(text: str) -> set[str]:
     return {m.group(1) for m in (SPEC.match(name) for name in names) if m}
 
 
-def snapshot(text: str, model: str | None = None) -> dict:
+def snapshot(text: str, model: str | None = None, require_speculation: bool = True) -> dict:
     """The speculation counters of one scrape, summed over engines and label sets (of one model_name when
     `model` is given): {"prefix", "drafts", "draft_tokens", "accepted", "per_position" {i: count},
     "requests", "tokens"}. AnalyzeError when the server exports no speculation counters."""
     samples = parse_prometheus(text)
     prefixes = {m.group(1) for m in (SPEC.match(name) for name, _, _ in samples) if m} | _declared_prefixes(text)
+    if not prefixes and not require_speculation:  # a server without speculation: its own counters only
+        prefixes = {m.group(1) for m in (re.match(r"^([a-zA-Z_]+):request_success", n) for n, _, _ in samples) if m}
+        prefixes = prefixes or {"vllm"}
     if not prefixes:
         raise AnalyzeError(
             "this server exports no speculative decoding counters (no *:spec_decode_num_drafts): is speculation "
@@ -108,7 +111,10 @@ def snapshot(text: str, model: str | None = None) -> dict:
             if model is not None and labels.get("model_name") not in (None, model):
                 continue
             if by:
-                key = int(labels.get(by, -1))
+                label = labels.get(by, "-1")
+                if not re.fullmatch(r"-?\d{1,4}", label):
+                    raise AnalyzeError(f"{name} has {by}={label!r}, not a small whole number")
+                key = int(label)
                 out[key] = out.get(key, 0.0) + value
             else:
                 out += value
@@ -160,7 +166,16 @@ def _recommend(result: dict, alpha: float) -> str:
     batches = sorted(by_batch)
     best = result["best_k_by_batch"]
     low = batches[0]
-    stops = next((b for b in batches if not best[b]), None)
+    # where it stops paying for good: no K pays at that batch nor at any larger one probed
+    stops = next((b for i, b in enumerate(batches) if not any(best[c] for c in batches[i:])), None)
+    # a batch without gain between batches with gain is the probe's noise, and is said to be
+    gaps = [b for b in batches if not best[b] and (stops is None or b < stops)]
+    noise = (
+        f" (the probe found no gain at batch {', '.join(map(str, gaps))} but did at larger ones: its noise; probe "
+        "again before deciding there)"
+        if gaps
+        else ""
+    )
     if not best[low]:
         top = max(by_batch[low], key=by_batch[low].__getitem__)
         return (
@@ -175,11 +190,11 @@ def _recommend(result: dict, alpha: float) -> str:
     if stops is None and len(batches) == 1:
         return head + " (no larger batch was probed)"
     if stops is None:
-        return head + f"; it still pays at batch {batches[-1]}, the largest probed (K = {best[batches[-1]]})"
+        return head + f"; it still pays at batch {batches[-1]}, the largest probed (K = {best[batches[-1]]})" + noise
     last = batches[batches.index(stops) - 1]
     return (
         head + f"; turn it off from about {stops} concurrent requests, where a speculative pass costs more than the "
-        f"tokens it adds (at {last} it still pays with K = {best[last]})"
+        f"tokens it adds (at {last} it still pays with K = {best[last]})" + noise
     )
 
 
@@ -207,80 +222,92 @@ def _window_passes(delta: dict, interval_s: float | None) -> dict:
     return out
 
 
-def _path_and_token_costs(
-    b: int, decode: float, mixed: float | None, s_mixed: float, verify: float, s_verify: float, k_probe: int
-) -> tuple[float, float]:
-    """(fixed ms of the speculative path, ms per drafted token) of a pass of `b` requests, from the plain pass,
-    the one where a share s_mixed of the requests' passes drafted (when probed) and the one where s_verify
-    did, K_probe drafts each (in both, some request of the batch drafts on every pass):
+def _fit_pass_costs(b: int, points: list[tuple[float, float]], k_probe: int) -> tuple[float, float]:
+    """(ms of a pass where nothing is drafted, ms per drafted token) at batch `b`: the least-squares line of
+    ms per pass against the share of the requests' passes that drafted, through the probe's cases (plain,
+    half and all drafting, each at the share it really drafted), K_probe draft tokens per drafting pass:
 
-        mixed = decode + path + b·s_mixed·K·token        verify = decode + path + b·s_verify·K·token
+        ms = plain + share · b · K_probe · token
 
-    Without the mixed point, at b = 1, or with shares too close to separate, all of the difference is taken
-    per drafted token (path = 0)."""
-    if mixed is None or b < 2 or s_verify - s_mixed < 0.1:
-        return 0.0, max(0.0, verify - decode) / (b * s_verify * k_probe)
-    token = max(0.0, verify - mixed) / (b * k_probe * (s_verify - s_mixed))
-    return max(0.0, verify - decode - b * s_verify * k_probe * token), token
+    A single point, or shares that coincide, cannot give a slope: AnalyzeError."""
+    n = len(points)
+    mean_s = sum(p[0] for p in points) / n
+    mean_ms = sum(p[1] for p in points) / n
+    var = sum((p[0] - mean_s) ** 2 for p in points)
+    if n < 2 or var < 1e-6:
+        raise AnalyzeError(f"pass costs at batch {b} need passes at two different drafting shares")
+    slope = sum((p[0] - mean_s) * (p[1] - mean_ms) for p in points) / var
+    plain = mean_ms - slope * mean_s
+    return plain, max(0.0, slope) / (b * k_probe)
 
 
 def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
     """Expected speedup by batch size and K from the server's pass costs (engine/tools/pass_costs.py).
 
-    At batch B a plain step costs decode(B). A pass where requests draft costs more in two ways: a fixed cost
-    of the speculative path, paid once any request of the batch drafts (probability 1 − (1 − d)^B at drafting
-    share d), and a cost per drafted token (B·d·K of them, linear in K). Both come from the probe's plain,
-    half-drafting and all-drafting cases at its K (_path_and_token_costs):
+    At batch B, from the probe's cases (_fit_pass_costs): a pass where nothing is drafted costs plain(B), and
+    every drafted token token(B) more (B·d·K of them at drafting share d, linear in K):
 
-        pass(B, K) = decode(B) + (1 − (1 − d)^B) · path(B) + B · d · K · token(B)
-        speedup(K, B) = tokens per pass(K) · decode(B) ÷ pass(B, K)
+        pass(B, K) = plain(B) + B · d · K · token(B)
+        speedup(K, B) = tokens per pass(K) · reference(B) ÷ pass(B, K)
+
+    reference(B) is a pass of a server without speculation where one was probed, else plain(B).
 
     Checked against the window: the model's ms per pass at the window's own K and load beside the ms per
     pass the server measured (its decode time ÷ its passes), and the window's speedup from its own numbers.
     """
     d = result["drafting_share"]
     try:
-        decode = {int(b): float(ms) for b, ms in costs["decode_ms"].items()}
-        verify = {int(b): float(ms) for b, ms in costs["verify_ms"].items()}
-        mixed = {int(b): float(ms) for b, ms in (costs.get("mixed_ms") or {}).items()}
-        s_mixed = {int(b): float(v) for b, v in (costs.get("mixed_share") or {}).items()}
-        s_verify = {int(b): float(v) for b, v in (costs.get("verify_share") or {}).items()}
-    except (KeyError, TypeError, ValueError, AttributeError):
+        tables = {
+            name: {int(b): float(v) for b, v in (costs.get(name) or {}).items()}
+            for name in (
+                "decode_ms",
+                "mixed_ms",
+                "verify_ms",
+                "decode_share",
+                "mixed_share",
+                "verify_share",
+                "baseline_decode_ms",
+            )
+        }
+    except (TypeError, ValueError, AttributeError):
         raise AnalyzeError(
             "pass costs need plain and speculative ms by batch size ('decode_ms', 'verify_ms')"
         ) from None
+    decode, verify, plain = tables["decode_ms"], tables["verify_ms"], tables["baseline_decode_ms"]
     batches = sorted(b for b in decode if b in verify and b >= 1)
-    values = [*decode.values(), *verify.values(), *mixed.values(), *s_mixed.values(), *s_verify.values()]
+    values = [v for table in tables.values() for v in table.values()]
     if not all(math.isfinite(v) for v in values) or any(b > 4096 for b in decode):
         raise AnalyzeError("pass costs must be finite numbers, for batch sizes up to 4096")
-    if not batches or any(decode[b] <= 0 or verify[b] <= 0 for b in batches):
+    if not batches or any(v <= 0 for v in [*decode.values(), *verify.values()]):
         raise AnalyzeError("pass costs need positive plain and speculative times for at least one batch size")
     k_probe = max(1, int(costs.get("k") or result["k"] or 1))
-    # typed costs carry no shares: half of the batch's requests and all of them, as the words say
-    parts = {
-        b: _path_and_token_costs(
-            b,
-            decode[b],
-            mixed.get(b),
-            s_mixed.get(b, (b // 2) / b),
-            verify[b],
-            max(s_verify.get(b, 1.0), 0.05),
-            k_probe,
-        )
-        for b in batches
-    }
+    # typed costs carry no shares: none, half and all of the batch's requests drafting, as the words say
+    default_share = {"decode": lambda b: 0.0, "mixed": lambda b: (b // 2) / b, "verify": lambda b: 1.0}
+    parts = {}
+    for b in batches:
+        points = [
+            (tables[f"{name}_share"].get(b, default_share[name](b)), tables[f"{name}_ms"][b])
+            for name in ("decode", "mixed", "verify")
+            if b in tables[f"{name}_ms"]
+        ]
+        parts[b] = _fit_pass_costs(b, points, k_probe)
 
     def pass_ms(b: int, k: int) -> float:
-        path, token = parts[b]
-        return decode[b] + (1 - (1 - d) ** b) * path + b * d * k * token
+        base, token = parts[b]
+        return base + b * d * k * token
 
+    # What speculation is weighed against: a server without it where one was probed, else this server's own
+    # passes without drafts (on vLLM's CPU build those cost more than a plain server's: measured 165 against
+    # 113 ms a pass at batch 16, so without the other server the speedups lean high, and the words say so).
+    reference = {b: plain[b] if plain.get(b, 0) > 0 else parts[b][0] for b in batches}
+    against = "a server without speculation" if all(plain.get(b, 0) > 0 for b in batches) else "its own plain passes"
     result["pass_costs"] = {
-        "decode_ms": decode,
-        "mixed_ms": mixed,
-        "verify_ms": verify,
+        "against": against,
+        "reference_ms": reference,
+        **{name: table for name, table in tables.items() if table},
         "k": k_probe,
         "source": costs.get("source"),
-        "path_ms": {b: parts[b][0] for b in batches},
+        "plain_ms": {b: parts[b][0] for b in batches},
         "token_ms": {b: parts[b][1] for b in batches},
     }
     if result["window_pass_ms"] and result["k"]:
@@ -290,9 +317,9 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
             "model_ms": pass_ms(load, result["k"]),
             "measured_ms": result["window_pass_ms"],
         }
-        result["window_speedup"] = result["tokens_per_pass"] * decode[load] / result["window_pass_ms"]
+        result["window_speedup"] = result["tokens_per_pass"] * reference[load] / result["window_pass_ms"]
     result["speedup_by_batch"] = {
-        b: {k: result["expected_tokens_per_pass"][k] * decode[b] / pass_ms(b, k) for k in ks} for b in batches
+        b: {k: result["expected_tokens_per_pass"][k] * reference[b] / pass_ms(b, k) for k in ks} for b in batches
     }
     result["speedup"] = result["speedup_by_batch"][batches[0]]
     result["best_k_by_batch"] = {
@@ -350,6 +377,11 @@ def analyze(
     if pass_costs:
         _weigh(result, pass_costs, ks)
         result["recommendation"] = _recommend(result, alpha or 0.0)
+        if result["pass_costs"]["against"] != "a server without speculation":
+            result["recommendation"] += (
+                " (weighed against this server's own plain passes, which on vLLM cost more than a server without "
+                "speculation: time one too to weigh it fairly)"
+            )
     else:
         result["recommendation"] = (
             f"α = {alpha:.2f}: without the server's pass costs only tokens per pass can be compared "

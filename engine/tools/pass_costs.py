@@ -9,9 +9,12 @@ cases per B:
 * all drafting: every prompt is a random run of tokens repeated (S S S S[:8]); the model continues it by
   copying, so the drafter proposes its K tokens on (nearly) every pass and the pass verifies them; the
   share that did draft is counted and used as measured;
-* half drafting: half of each (B ≥ 2). Real traffic mixes them, and a batch where any request drafts may
-  take the server's speculative path as a whole: with three points engine/tools/analyze.py separates that
-  fixed cost from the cost per drafted token.
+* half drafting: half of each (B ≥ 2), as real traffic mixes them.
+
+The model continues random prompts too, and sometimes by copying a piece of them, so even the plain case
+drafts on some passes (38% at one batch size, measured), and the drafting cases on only 50–100%: each case
+is kept with the share of its passes that drafted, and engine/tools/analyze.py fits ms per pass against
+that share, batch size by batch size.
 
 Each request asks for TOKENS tokens (the drafting ones (K + 1)× as many, so that the batch keeps its mix to
 the end) and ignores end of sequence. Around each case the probe scrapes the server's counters: passes =
@@ -45,7 +48,7 @@ BATCHES = (1, 2, 4, 8, 16)  # batch sizes probed (capped by the caller's max_bat
 TOKEN_IDS = (100, 10_000)  # random prompt ids drawn here: ordinary tokens in any vocabulary of ≥ 10k
 RUN = 24  # tokens in the repeated run of the speculative probe's prompt (S S S S[:8]: three copies make the
 # model copy reliably; with two copies of 16 only 41% of its passes drafted, measured)
-MIN_SHARE = 0.2  # below this share of drafting passes the speculative cases measure too little drafting
+MIN_SHARE = 0.1  # a batch whose drafting case drafted on less than this share more than its plain case is left out
 TOKENS = 9  # tokens asked of each probe request: 8 decode passes (fewer where drafts are accepted)
 
 
@@ -102,14 +105,21 @@ def _model(base: str, timeout: float) -> str:
 
 
 def probe_pass_costs(
-    url: str, model: str | None = None, max_batch: int = 16, repeats: int = 5, timeout: float = 120.0, seed: int = 0
+    url: str,
+    model: str | None = None,
+    max_batch: int = 16,
+    repeats: int = 5,
+    timeout: float = 120.0,
+    seed: int = 0,
+    baseline_url: str | None = None,
 ) -> dict:
     """Time plain and speculative decode passes of the server at `url` (base URL, with or without /v1) at
     each batch size in BATCHES up to `max_batch`, as the module says.
 
-    Returns {"decode_ms", "mixed_ms" (B ≥ 2), "verify_ms": {B: ms per decode pass}, "mixed_share",
-    "verify_share": {B: share of the requests' passes that drafted}, "k": draft tokens per drafting pass as the
-    server's counters saw them, "tokens_per_request", "repeats", "model", "source"};
+    Returns {"decode_ms", "mixed_ms" (B ≥ 2), "verify_ms": {B: ms per decode pass}, "decode_share",
+    "mixed_share", "verify_share": {B: share of the requests' passes that drafted}, "baseline_decode_ms" {B: ms
+    per pass of the server at `baseline_url`, when given}, "k": draft tokens per drafting pass as the server's
+    counters saw them, "tokens_per_request", "repeats", "model", "source"};
     AnalyzeError when the server cannot be reached, does not generate the tokens asked for, does not draft on
     the probe's prompts, or the timings cannot separate a pass from the overhead."""
     from engine.tools.analyze import scrape, snapshot
@@ -128,7 +138,7 @@ def probe_pass_costs(
         tail = run + run + run[:8] if pattern else [rng.randrange(*TOKEN_IDS) for _ in range(2 * RUN + 8)]
         return run + tail
 
-    def timed(batch: int, drafting: int, max_tokens: int) -> float:
+    def timed(batch: int, drafting: int, max_tokens: int, server: str | None = None) -> float:
         """Wall ms of `batch` concurrent requests, the first `drafting` of them with a prompt to draft on. Those
         ask for (K + 1)× the tokens, K ≤ 8, so that where every draft is kept they take as many passes as the
         plain ones: the batch keeps its mix until the end."""
@@ -148,7 +158,9 @@ def probe_pass_costs(
 
         def one(body: dict) -> None:
             try:
-                made = (_post(base + "/v1/completions", body, timeout).get("usage") or {}).get("completion_tokens")
+                made = (_post((server or base) + "/v1/completions", body, timeout).get("usage") or {}).get(
+                    "completion_tokens"
+                )
                 if made != body["max_tokens"]:
                     raise AnalyzeError(
                         f"asked for {body['max_tokens']} tokens, the server made {made}: it cannot be probed this way"
@@ -168,16 +180,17 @@ def probe_pass_costs(
 
     keys = ("requests", "tokens", "accepted", "drafts", "draft_tokens", "decode_s")
 
-    def round_of(batch: int, drafting: int, total: dict) -> None:
+    def round_of(batch: int, drafting: int, total: dict, server: str) -> None:
         """One round of a case: `batch` concurrent requests, `drafting` of them with a prompt to draft on,
         bracketed by scrapes; the counters' deltas and the wall time added to `total`."""
-        before = snapshot(scrape(base))
-        total["walls"].append(timed(batch, drafting, TOKENS))
-        after = snapshot(scrape(base))
+        speculating = server == base
+        before = snapshot(scrape(server), require_speculation=speculating)
+        total["walls"].append(timed(batch, drafting, TOKENS, server))
+        after = snapshot(scrape(server), require_speculation=speculating)
         for key in keys:
             total[key] += after[key] - before[key]
 
-    def reading(batch: int, drafting: int, total: dict) -> dict:
+    def reading(batch: int, drafting: int, total: dict, server: str) -> dict:
         """A case's rounds read: {"ms" per decode pass, "share" of the requests' passes that drafted, "clock"}."""
         # every request's first token comes from its prefill; each decode pass adds one plus what it accepted
         passes = total["tokens"] - total["requests"] - total["accepted"]
@@ -186,7 +199,7 @@ def probe_pass_costs(
             # the server's own clock: the seconds each request decoded, over the passes it took, in steady state
             ms, clock = 1000.0 * total["decode_s"] / passes, "the server's decode time per pass"
         else:
-            ones = [timed(batch, drafting, 1) for _ in range(repeats)]
+            ones = [timed(batch, drafting, 1, server) for _ in range(repeats)]
             per_request = passes / (repeats * batch) if counted else TOKENS - 1
             ms = (statistics.median(total["walls"]) - statistics.median(ones)) / per_request
             clock = "wall-time differences"
@@ -198,47 +211,59 @@ def probe_pass_costs(
         share = total["drafts"] / passes if counted else (drafting / batch)
         return {"ms": ms, "share": min(1.0, share), "clock": clock}
 
+    other = None
+    if baseline_url:
+        if not baseline_url.startswith(("http://", "https://")):
+            raise AnalyzeError(f"not an http(s) URL: {baseline_url!r}")
+        other = baseline_url.rstrip("/").removesuffix("/metrics").removesuffix("/v1")
+    servers = {"decode": base, "mixed": base, "verify": base, "baseline_decode": other}
     timed(1, 1, TOKENS)  # warm-up: the first requests of a fresh server pay for compilation
     timed(max(batches), 0, 2)
+    if other:
+        timed(max(batches), 0, 2, other)
     cases = [
         (batch, name, drafting)
         for batch in batches
-        for name, drafting in (("decode", 0), ("mixed", batch // 2), ("verify", batch))
-        if name != "mixed" or batch >= 2
+        for name, drafting in (("decode", 0), ("mixed", batch // 2), ("verify", batch), ("baseline_decode", 0))
+        if (name != "mixed" or batch >= 2) and servers[name]
     ]
     totals = {case: {"walls": [], **dict.fromkeys(keys, 0.0)} for case in cases}
     for _ in range(repeats):  # rounds interleaved across cases: a slow spell of the host lands on all of them
         for case in cases:
-            round_of(case[0], case[2], totals[case])
+            round_of(case[0], case[2], totals[case], servers[case[1]])
     costs: dict[str, dict[int, float]] = {
         "decode_ms": {},
         "mixed_ms": {},
         "verify_ms": {},
+        "decode_share": {},
         "mixed_share": {},
         "verify_share": {},
+        "baseline_decode_ms": {},
     }
     drafts = draft_tokens = 0.0
     clocks = set()
     for batch, name, drafting in cases:
-        result = reading(batch, drafting, totals[batch, name, drafting])
+        result = reading(batch, drafting, totals[batch, name, drafting], servers[name])
         costs[f"{name}_ms"][batch] = result["ms"]
         clocks.add(result["clock"])
-        if name == "decode" and result["share"] > 0.3:
-            raise AnalyzeError(
-                f"the server drafted on {result['share']:.0%} of the passes of random prompts: the probe cannot "
-                "time a plain pass on it; enter the pass costs by hand"
-            )
-        if name != "decode":
+        if name in ("decode", "mixed", "verify"):
             costs[f"{name}_share"][batch] = result["share"]
             drafts += totals[batch, name, drafting]["drafts"]
             draft_tokens += totals[batch, name, drafting]["draft_tokens"]
-    if min(costs["verify_share"].values()) < MIN_SHARE:
+    # A batch size whose drafting and plain cases drafted on nearly the same share of passes cannot show what
+    # drafting costs there: it is left out (and listed), not guessed.
+    unclear = [b for b in batches if costs["verify_share"][b] - costs["decode_share"][b] < MIN_SHARE]
+    for b in unclear:
+        for table in costs.values():
+            table.pop(b, None)
+    if len(unclear) == len(batches):
         raise AnalyzeError(
-            f"the server drafted on {min(costs['verify_share'].values()):.0%} of the passes meant to draft: its "
-            "drafter does not follow a repeated run of tokens; enter the pass costs by hand"
+            "at every batch size the passes meant to draft and the plain ones drafted on nearly the same share: "
+            "the probe cannot tell what drafting costs on this server; enter the pass costs by hand"
         )
     return {
         **costs,
+        "left_out": unclear,
         "k": round(draft_tokens / drafts),
         "tokens_per_request": TOKENS,
         "repeats": repeats,
