@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -23,16 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine.host import cpu_name  # noqa: E402
 from engine.tools.analyze import analyze, scrape  # noqa: E402
 from engine.tools.pass_costs import probe_pass_costs  # noqa: E402
 from engine.vllm.server import VllmServer, ngram_config  # noqa: E402
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main() -> int:
@@ -71,7 +64,7 @@ def main() -> int:
                 "before": before,
                 "after": after,
                 "pass_costs": probe,
-                "cpu": _cpu(),
+                "cpu": cpu_name(),
                 "recorded": time.strftime("%Y-%m-%d"),
             }
             (out / f"vllm-ngram-{name}.json").write_text(json.dumps(window, indent=1))

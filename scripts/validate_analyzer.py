@@ -22,17 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine.host import cpu_name  # noqa: E402
 from engine.tools.analyze import AnalyzeError, analyze, scrape  # noqa: E402
 from engine.tools.pass_costs import probe_pass_costs  # noqa: E402
 from engine.vllm.batch import measure_batches  # noqa: E402
 from engine.vllm.server import VllmServer, ngram_config  # noqa: E402
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def main() -> int:
@@ -87,7 +81,7 @@ def main() -> int:
             server.stop()
     out = {
         "what": "the analyzer's expected speedup (a window of this traffic + probed pass costs) against real batches",
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
         "pass_costs": costs,
         "recorded": time.strftime("%Y-%m-%d"),
         "settings": {"sizes": sizes, "repeats": args.repeats, "max_new_tokens": args.tokens, "temperature": 0.0},
