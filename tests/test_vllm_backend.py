@@ -385,11 +385,11 @@ def test_the_probe_times_plain_and_speculative_passes_and_the_lab_reads_the_serv
     from engine.tools.analyze import AnalyzeError
     from engine.tools.pass_costs import probe_pass_costs
 
-    costs = probe_pass_costs(ngram_server.url, max_batch=4, repeats=3, baseline_url=baseline_server.url)
+    costs = probe_pass_costs(ngram_server.url, max_batch=2, repeats=3, baseline_url=baseline_server.url)
     print(f"\n[probe vLLM] {json.dumps(costs)}")
     assert sorted(costs["decode_ms"]) == sorted(costs["verify_ms"])
     kept = sorted(costs["decode_ms"])  # a batch whose cases drafted alike is left out, and listed
-    assert costs["k"] in range(K // 2, K + 1) and sorted(kept + costs["left_out"]) == [1, 2, 4] and kept
+    assert costs["k"] in range(K // 2, K + 1) and sorted(kept + costs["left_out"]) == [1, 2] and kept
     assert all(costs["verify_share"][b] - costs["decode_share"][b] >= 0.1 for b in kept)
     assert sorted(costs["baseline_decode_ms"]) == kept  # the server without speculation, timed alike
     assert "the server's decode time per pass" in costs["source"]

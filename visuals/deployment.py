@@ -22,10 +22,7 @@ def acceptance_window_figure(result: dict) -> go.Figure:
     """Acceptance by draft position in the window (bars, measured) beside the fitted α^i (line), with the
     draft acceptance rate and the mean acceptance length side by side in the title."""
     rates = result.get("acceptance_by_position") or []
-    title = (
-        f"Acceptance rate {result['acceptance_rate']:.2f} · mean acceptance length "
-        f"{result['mean_acceptance_length']:.2f} tokens per drafting pass"
-    )
+    title = f"Acceptance rate {result['acceptance_rate']:.2f} · length {result['mean_acceptance_length']:.2f}"
     if not rates:
         return message_figure(title, "This server exports no per-position counters: only the rate and the length.")
     positions = list(range(1, len(rates) + 1))
@@ -56,8 +53,9 @@ def acceptance_window_figure(result: dict) -> go.Figure:
     fig.update_xaxes(title_text="draft position i", tickvals=positions)
     fig.update_yaxes(title_text="share of drafting passes", range=[0, 1.1])
     subtitle = (
-        f"{result['drafts']:.0f} drafting passes, {result['draft_tokens']:.0f} draft tokens, "
-        f"{result['accepted']:.0f} accepted in the window (the server's counters)"
+        f"mean acceptance length: tokens per drafting pass · {result['drafts']:.0f} drafting passes, "
+        f"{result['draft_tokens']:.0f} draft tokens, {result['accepted']:.0f} accepted in the window (the server's "
+        "counters)"
     )
     return apply_layout(fig, title, subtitle)
 
