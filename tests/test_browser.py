@@ -282,7 +282,10 @@ def test_the_workshop_runs_in_order(app_url, browser):
     _load_step(page, 8)
     page.locator("#bl-run").click(timeout=30_000)
     status = _wait_text(page, "#bl-status", "Pass times measured on this machine", 300_000)
-    assert re.search(r"(speculation (stops paying at batch size \d+|pays at every|does not pay)|no batch size measured where it clearly stops paying)", status), status
+    assert re.search(
+        r"(speculation (stops paying at batch size \d+|pays at every|does not pay)|no batch size measured where it clearly stops paying)",
+        status,
+    ), status
     _open_tab(page, "Parity lab")
     page.locator("#pl-run").click(timeout=30_000)
     status = _wait_text(page, "#pl-status", "identical", 300_000)
