@@ -26,8 +26,8 @@ ROW_KEYS = {
 
 
 @pytest.mark.slow
-def test_quick_bench_reports_every_system_and_workload(real_engine):
-    report = run_bench(real_engine, quick=True, progress=False)
+def test_quick_bench_reports_every_system_and_workload(served_engine):
+    report = run_bench(served_engine, quick=True, progress=False)
     report = json.loads(json.dumps(report))  # plain JSON all the way down
     workloads = set(json.loads((ROOT / "assets" / "workloads.json").read_text()))
     assert {"chat", "code-edit", "summarize"} <= workloads

@@ -244,10 +244,10 @@ def test_eagle_on_the_real_model_accepts_and_is_cheap(real_engine):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", [dict(k=2), dict(k=2, topk=2)], ids=["chain", "tree"])
-def test_eagle_sampling_is_exact_on_the_real_model(real_engine, shape):
-    exact = _pair_test(real_engine, "eagle", shape, "exact", n=600)
+def test_eagle_sampling_is_exact_on_the_real_model(served_engine, shape):
+    exact = _pair_test(served_engine, "eagle", shape, "exact", n=600)
     assert exact["pvalue"] is not None and exact["pvalue"] > TEST_LEVEL, exact
-    broken = _pair_test(real_engine, "eagle", shape, "drop_q", n=600)
+    broken = _pair_test(served_engine, "eagle", shape, "drop_q", n=600)
     assert broken["pvalue"] < TEST_LEVEL, broken
 
 

@@ -111,7 +111,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
-def test_the_no_gain_example_is_never_called_faster_on_a_busy_machine(real_engine):
+def test_the_no_gain_example_is_never_called_faster_on_a_busy_machine(served_engine):
     """The 'Open chat with n-gram: nothing to copy, no gain' example raced while another process keeps both
     cores busy (as other visitors of a Space do): noise must not become a 'faster' verdict."""
     from engine.tools.race import race
@@ -123,7 +123,7 @@ def test_the_no_gain_example_is_never_called_faster_on_a_busy_machine(real_engin
     busy = subprocess.Popen([sys.executable, "-c", _BUSY.format(seconds=240)], start_new_session=True)
     try:
         time.sleep(0.5)
-        result = race(real_engine, example["prompt"], example["drafter"], pairs=MIN_PAIRS, **settings)
+        result = race(served_engine, example["prompt"], example["drafter"], pairs=MIN_PAIRS, **settings)
     finally:
         os.killpg(busy.pid, signal.SIGKILL)
         busy.wait(timeout=30)

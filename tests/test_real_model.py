@@ -137,16 +137,16 @@ def test_bfloat16_parity_is_bitwise_without_strict_mode_on_our_cpu_kernels():
 
 
 @pytest.mark.parametrize("chain_verifier", ["walk", "batch"])
-def test_speculative_sampling_matches_target_distribution_on_real_model(real_engine, chain_verifier, monkeypatch):
+def test_speculative_sampling_matches_target_distribution_on_real_model(served_engine, chain_verifier, monkeypatch):
     """First two generated tokens: speculative samples (int8 drafter, K=2) against the
-    exact p computed from the target's logits, chi-square. "batch" verifies each chain in
+    exact p computed from the target's logits, chi-square, on the engine the app serves. "batch" verifies each chain in
     one call of batched_verifier.verify_batch (what the GPU path runs, here its torch reference)."""
-    monkeypatch.setattr(real_engine, "chain_verifier", chain_verifier)
+    monkeypatch.setattr(served_engine, "chain_verifier", chain_verifier)
     prompt = "Name a colour."
     settings = dict(temperature=1.0, top_k=4, k=2, seed=123)
     n = 300
-    samples = real_engine.sample_next_tokens(prompt, "int8", n_samples=n, n_tokens=2, **settings)
-    p1 = real_engine.next_token_distribution(prompt, temperature=1.0, top_k=4)
+    samples = served_engine.sample_next_tokens(prompt, "int8", n_samples=n, n_tokens=2, **settings)
+    p1 = served_engine.next_token_distribution(prompt, temperature=1.0, top_k=4)
     first = Counter(s[0] for s in samples)
     support = torch.nonzero(p1).flatten().tolist()
     assert set(first) <= set(support)
@@ -156,7 +156,7 @@ def test_speculative_sampling_matches_target_distribution_on_real_model(real_eng
     # Second token marginal: sum over x1 of p(x1) p(x2 | x1), exact from 4 forwards.
     marginal: dict[int, float] = {}
     for x1 in support:
-        p2 = real_engine.next_token_distribution(prompt, [x1], temperature=1.0, top_k=4)
+        p2 = served_engine.next_token_distribution(prompt, [x1], temperature=1.0, top_k=4)
         for t in torch.nonzero(p2).flatten().tolist():
             marginal[t] = marginal.get(t, 0.0) + float(p1[x1]) * float(p2[t])
     second = Counter(s[1] for s in samples)
