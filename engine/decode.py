@@ -48,6 +48,7 @@ from engine.kernels import cpu_kernels
 from engine.metrics import summarize_steps
 from engine.model.loading import LoadedModel, check_same_vocab, load_model
 from engine.model.pass_timing import pass_costs_ms
+from engine.model.static_pass import StaticPasses, capture_available
 from engine.model.transformer import KVCache, Transformer
 from engine.sampling import SamplingParams, probs_from_logits
 from engine.settings import GenerationSettings
@@ -63,6 +64,7 @@ __all__ = ["DecodeState", "GenerationSettings", "OutOfMemory", "SpeculativeEngin
 # CHAIN_LOGITS_FIRST rows and keeps the rest as last-layer rows; the walk projects them, all in one
 # product, only if it gets that far (row-invariant kernels: the same bits as an eager pass).
 CHAIN_LOGITS_FIRST = 5
+STATIC_MAX_WIDTH = 16  # the widest fixed-shape pass (a K = 15 chain or 15 tree nodes): one graph per width
 
 
 class OutOfMemory(RuntimeError):
@@ -82,6 +84,7 @@ class DecodeState:
     cache: KVCache
     strict: bool = False  # pad every pass to `width` rows (shape-invariant passes)
     adaptive: AdaptiveDepth | None = None  # this run's K policy; None = every pass drafts `shape`
+    static: StaticPasses | None = None  # the fixed-shape (graph-captured on CUDA) passes this run holds
 
     @property
     def width(self) -> int:
@@ -173,6 +176,13 @@ class SpeculativeEngine:
         # acceptance.verify_children; "batch" or "walk" force one. Both are exact; they draw their
         # uniforms in a different order, so one seed gives different (equally exact) samples.
         self.chain_verifier = "auto"
+        # How strict (fixed-shape) target passes run (engine/model/static_pass.py): "auto" = recorded once
+        # per width as CUDA graphs and replayed, when the target runs on CUDA (every pass is then strict);
+        # "static" = the same fixed-shape function without capture (what the CPU tests compare with the
+        # eager pass); "off" = the eager pass always.
+        self.pass_graphs = "auto"
+        self._static: StaticPasses | None = None
+        self._static_lock = threading.Lock()
         # The quickest mean baseline pass this engine has measured (ms): the host's quiet speed, against
         # which a comparison tells a busy machine (metrics.busy_machine).
         self.quickest_pass_ms: float | None = None
@@ -377,9 +387,21 @@ class SpeculativeEngine:
         its last token (the pending one)."""
         width = shape.max_tokens + 1
         capacity = len(prompt_ids) + extra + width + 1
-        cache = self.target.model.new_cache(capacity + (width if strict else 0))
-        drafter.ensure_capacity(capacity + width + 1)
-        drafter.reset(prompt_ids)
+        static = self._static_passes(capacity + width, width, strict)
+        if static is not None:
+            strict, cache = True, static.cache
+        else:
+            cache = self.target.model.new_cache(capacity + (width if strict else 0))
+        try:
+            drafter.ensure_capacity(capacity + width + 1)
+            drafter.reset(prompt_ids)
+            return self._prefilled_state(prompt_ids, drafter, shape, params, seed, strict, adaptive, cache, static)
+        except BaseException:
+            if static is not None:
+                static.release()
+            raise
+
+    def _prefilled_state(self, prompt_ids, drafter, shape, params, seed, strict, adaptive, cache, static):
         gen = torch.Generator().manual_seed(seed)
         t0 = time.perf_counter()
         if len(prompt_ids) > 1:
@@ -388,8 +410,37 @@ class SpeculativeEngine:
                 drafter.take_features(out.hidden, 0)
             else:
                 self.target.model.prefill(prompt_ids[:-1], cache)
-        state = DecodeState(list(prompt_ids), drafter, shape, params, gen, cache, strict, adaptive)
+        state = DecodeState(list(prompt_ids), drafter, shape, params, gen, cache, strict, adaptive, static)
         return state, time.perf_counter() - t0
+
+    @staticmethod
+    def _pass_path(state: DecodeState) -> str:
+        """How the run's target passes ran: "cuda-graph" (recorded once per width, replayed), "static" (the
+        fixed-shape path without capture) or "eager"."""
+        if state.static is None:
+            return "eager"
+        return "cuda-graph" if state.static.capture else "static"
+
+    def _static_passes(self, needed: int, width: int, strict: bool) -> StaticPasses | None:
+        """The engine's fixed-shape pass runner, held for one run, or None (the eager path): used for every
+        run where CUDA graphs record it ("auto" on CUDA), for strict runs under "static"; None as well when
+        another run holds it or the run needs more slots or a wider pass than it has."""
+        mode = self.pass_graphs
+        if mode not in ("auto", "static", "off"):
+            raise ValueError(f"pass_graphs must be auto, static or off; got {mode!r}")
+        model = self.target.model
+        graphs = mode == "auto" and capture_available(model.device)
+        if not (graphs or (mode == "static" and strict)):
+            return None
+        with self._static_lock:
+            if self._static is None or self._static.capture != graphs:
+                # Every slot a run of the model's context window can use, plus the widest pass twice.
+                slots = self.target.context_window + 2 * STATIC_MAX_WIDTH + 2
+                self._static = StaticPasses(model, slots, STATIC_MAX_WIDTH, capture=graphs)
+            runner = self._static
+        if width > runner.max_width or runner.acquire(needed) is None:
+            return None
+        return runner
 
     def _start_info(self, drafter: Drafter, settings, params, shape, seed: int, max_new: int) -> dict:
         model = self.target.model
@@ -434,6 +485,7 @@ class SpeculativeEngine:
         if pass_ms is not None:  # what the K policy weighs, recorded: a trace replays it on its own
             info["adaptive"] = {"pass_ms": pass_ms, "level_nodes": self.level_nodes(drafter, shape)}
         yield events.start_event(info, prompt, prompt_ids, self.token_text)
+        state = None
         try:
             adaptive = settings.adaptive_depth(shape, pass_ms, self.level_nodes(drafter, shape))
             state, prefill_s = self._new_state(
@@ -479,9 +531,12 @@ class SpeculativeEngine:
             if not drafter.drafts and metrics.get("mean_verify_ms"):
                 quickest = self.quickest_pass_ms
                 self.quickest_pass_ms = min(quickest or math.inf, metrics["mean_verify_ms"])
+            metrics["pass_path"] = self._pass_path(state)
             text = self.tokenizer.decode(generated, skip_special_tokens=True)
             yield events.finish_event(stop_reason, text, generated, metrics)
         finally:
+            if state is not None and state.static is not None:
+                state.static.release()
             drafter.close()
 
     def measured_costs(self) -> dict[str, dict]:
@@ -578,6 +633,10 @@ class SpeculativeEngine:
         # (only where the lm_head runs on our row-invariant kernel: torch's BLAS may round a row
         # differently in products of another height)
         lazy = tree.is_chain and mask is None and to_host and model.lm_head_on_kernel and n + 1 > CHAIN_LOGITS_FIRST
+        if state.static is not None:  # the same strict pass, in fixed buffers (replayed as a CUDA graph there)
+            layers = state.drafter.feature_layers if features else None
+            out = state.static.run(tokens, positions, mask, layers, features=features, to_host=to_host)
+            return out.logits[: 1 + n], out.hidden[: 1 + n] if features else None
         out = model.run_pass(
             torch.tensor(tokens),
             torch.tensor(positions),
@@ -663,6 +722,8 @@ class SpeculativeEngine:
                 if progress is not None:
                     progress(index + 1, n_samples)
         finally:
+            if state.static is not None:
+                state.static.release()
             drafter_obj.close()
         return samples
 

@@ -735,10 +735,23 @@ class Transformer:
         return captured
 
     def _layer(
-        self, li: int, layer, x, cos, sin, cache: KVCache, start: int, attend: int, mask, fused_rope, kernel_attention
+        self,
+        li: int,
+        layer,
+        x,
+        cos,
+        sin,
+        cache: KVCache,
+        start: int | None,
+        attend: int,
+        mask,
+        fused_rope,
+        kernel_attention,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One decoder layer on x [T, E]: attention (its K/V written to cache slots [start, start + T)) and the
-        SwiGLU MLP, each added to the residual stream; returns the layer's output [T, E]."""
+        """One decoder layer on x [T, E]: attention (its K/V written to cache slots [start, start + T), or to
+        the slots [T] given as a tensor: engine/model/static_pass.py) and the SwiGLU MLP, each added to the
+        residual stream; returns the layer's output [T, E]."""
         cfg = self.cfg
         t = x.shape[0]
         nq, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -750,8 +763,13 @@ class Transformer:
             # Queries and keys rotate together: one rotary call per layer.
             qk = self._apply_rope(qk.view(t, nq + nkv, hd).transpose(0, 1), cos, sin)  # [H + Hkv, T, D]
             q, k = qk[:nq].to(cache.k.dtype), qk[nq:]  # [H, T, D], [Hkv, T, D]
-            cache.k[li, :, start : start + t] = k
-            cache.v[li, :, start : start + t] = v.view(t, nkv, hd).transpose(0, 1)
+            v = v.view(t, nkv, hd).transpose(0, 1)  # [Hkv, T, D]
+            if slots is None:
+                cache.k[li, :, start : start + t] = k
+                cache.v[li, :, start : start + t] = v
+            else:  # the same values, at slots read from a device tensor (no host offset in the pass)
+                cache.k[li].index_copy_(1, slots, k.to(cache.k.dtype))
+                cache.v[li].index_copy_(1, slots, v.to(cache.v.dtype))
         if kernel_attention:
             attn = cpu_kernels.attend_few(q, cache.k[li], cache.v[li], attend, mask, check=False)  # [T, H D]
         else:

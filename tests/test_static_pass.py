@@ -1,0 +1,172 @@
+"""The graph-ready fixed-shape pass (engine/model/static_pass.py) against today's eager pass.
+
+On the CPU the fixed-shape function runs eagerly; it must give the eager strict pass's logits, features and
+KV cache bit for bit (torch's ops on both sides), and a whole decode through it the same tokens, sampled
+or greedy. On a CUDA GPU the same function is recorded as graphs and replayed: the replays must equal the
+uncaptured function bit for bit (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_transformer
+
+from engine.decode import SpeculativeEngine
+from engine.model.loading import LoadedModel
+from engine.model.static_pass import StaticPasses, capture_available
+
+PROMPT = "Write a Python function that returns the squares of a list of numbers."
+
+
+def _torch_ops_target(seed: int = 0):
+    """A tiny random float32 target on torch's ops only (our kernels' attention is not the static path's)."""
+    _, model = tiny_transformer(seed=seed)
+    model.use_torch_ops()
+    return model
+
+
+def _tree_mask(width: int, start: int, span: int, parents: list[int]) -> torch.Tensor:
+    """[width, span] bool, as the strict pass builds it: row 0 the pending token at slot start, row 1 + i a
+    draft node whose parent row is parents[i] (-1 = the pending token), padding rows on slot 0."""
+    mask = torch.zeros(width, span, dtype=torch.bool)
+    mask[: 1 + len(parents), : start + 1] = True
+    for i, parent in enumerate(parents):
+        mask[1 + i, start + 1 + i] = True
+        row = parent
+        while row >= 0:
+            mask[1 + i, start + 1 + row] = True
+            row = parents[row]
+    mask[1 + len(parents) :, 0] = True
+    return mask
+
+
+@pytest.mark.parametrize("width,parents", [(1, []), (3, [-1, 0]), (6, [-1, -1, 0, 1, 2]), (16, [-1, 0, 1, 0])])
+def test_static_pass_equals_the_eager_strict_pass_bit_for_bit(width, parents):
+    model = _torch_ops_target()
+    span = 96
+    runner = StaticPasses(model, span, max_width=16, capture=False)
+    eager = model.new_cache(span)
+    prompt = torch.randint(0, model.cfg.vocab_size, (23,), generator=torch.Generator().manual_seed(1)).tolist()
+    assert runner.acquire(span) is runner.cache
+    for cache in (eager, runner.cache):
+        model.prefill(prompt[:-1], cache)
+    start = eager.length
+    tokens = [prompt[-1]] + [(7 * i + 3) % model.cfg.vocab_size for i in range(len(parents))]
+    depth = [0]
+    for parent in parents:
+        depth.append(depth[parent + 1] + 1)
+    positions = [start + d for d in depth]
+    pad = width - len(tokens)
+    tokens, positions = tokens + [0] * pad, positions + [start] * pad
+    mask = _tree_mask(width, start, span, parents)
+    layers = (0, 1)  # both layers of the tiny target: a feature mix, as an EAGLE-3-style head reads
+    want = model.run_pass(
+        torch.tensor(tokens), torch.tensor(positions), eager, mask=mask, attend_len=span, features=True,
+        feature_layers=layers,
+    )  # fmt: skip
+    got = runner.run(tokens, positions, mask, layers, features=True)
+    assert torch.equal(got.logits, want.logits)
+    assert torch.equal(got.hidden, want.hidden)
+    assert runner.cache.length == eager.length == start + width
+    used = slice(0, start + width)
+    assert torch.equal(runner.cache.k[:, :, used], eager.k[:, :, used])
+    assert torch.equal(runner.cache.v[:, :, used], eager.v[:, :, used])
+    runner.release()
+
+
+def test_static_pass_refuses_what_it_cannot_run():
+    model = _torch_ops_target()
+    runner = StaticPasses(model, 32, max_width=4, capture=False)
+    runner.acquire(32)
+    ok = _tree_mask(2, 0, 32, [-1])
+    with pytest.raises(ValueError, match="1 to 4 rows"):
+        runner.run([1] * 5, [0] * 5, _tree_mask(5, 0, 32, [-1]))
+    with pytest.raises(ValueError, match=r"mask be \[2, 32\]"):
+        runner.run([1, 2], [0, 1], ok[:, :16])
+    with pytest.raises(ValueError, match="at least one slot"):
+        runner.run([1, 2], [0, 1], torch.zeros(2, 32, dtype=torch.bool))
+    with pytest.raises(ValueError, match="positions"):
+        runner.run([1, 2], [0, 40], ok)
+    runner.cache.length = 31
+    with pytest.raises(ValueError, match="capacity 32"):
+        runner.run([1, 2], [0, 1], ok)
+    assert runner.passes == 0
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        StaticPasses(model, 32, capture=True) if not capture_available(model.device) else pytest.skip("has CUDA")
+
+
+@pytest.fixture(scope="module")
+def torch_ops_engine(default_tokenizer):
+    return SpeculativeEngine(LoadedModel("tiny-torch-ops", _torch_ops_target(), default_tokenizer, torch.float32))
+
+
+@pytest.mark.parametrize(
+    "drafter,shape,temperature",
+    [("ngram", dict(k=4), 0.0), ("ngram", dict(k=3, topk=2, num_draft_tokens=5), 0.9), ("int8", dict(k=3), 0.8)],
+    ids=["greedy-chain", "sampled-tree", "sampled-int8"],
+)
+def test_a_decode_through_the_static_passes_gives_the_eager_tokens(torch_ops_engine, drafter, shape, temperature):
+    """The whole loop, strict: eager passes against the fixed-shape ones, same seed, same tokens (their
+    logits are the same bits); the finish metrics say which path ran."""
+    engine = torch_ops_engine
+    settings = dict(max_new_tokens=24, temperature=temperature, seed=5, strict=True, **shape)
+    engine.pass_graphs = "off"
+    eager = engine.run(PROMPT, drafter, **settings)
+    engine.pass_graphs = "static"
+    try:
+        static = engine.run(PROMPT, drafter, **settings)
+        again = engine.run(PROMPT, drafter, **settings)  # the runner was released and is reused
+    finally:
+        engine.pass_graphs = "auto"
+    assert eager["metrics"]["pass_path"] == "eager"
+    assert static["metrics"]["pass_path"] == again["metrics"]["pass_path"] == "static"
+    assert static["token_ids"] == eager["token_ids"] == again["token_ids"]
+    assert static["metrics"]["target_passes"] == eager["metrics"]["target_passes"]
+    if temperature == 0.0:  # greedy: the baseline's tokens too
+        assert static["token_ids"] == engine.run(PROMPT, "none", max_new_tokens=24)["token_ids"]
+
+
+def test_a_run_that_finds_the_static_passes_busy_takes_the_eager_path(torch_ops_engine):
+    engine = torch_ops_engine
+    engine.pass_graphs = "static"
+    try:
+        first = engine.run(PROMPT, "ngram", max_new_tokens=4, strict=True)  # builds the runner
+        assert first["metrics"]["pass_path"] == "static"
+        runner = engine._static
+        assert runner.acquire(8) is not None  # another run holds it
+        try:
+            busy = engine.run(PROMPT, "ngram", max_new_tokens=4, strict=True)
+        finally:
+            runner.release()
+        assert busy["metrics"]["pass_path"] == "eager" and busy["token_ids"] == first["token_ids"]
+        plain = engine.run(PROMPT, "ngram", max_new_tokens=4)  # not strict: "static" leaves it eager
+        assert plain["metrics"]["pass_path"] == "eager"
+        engine.pass_graphs = "sometimes"
+        with pytest.raises(ValueError, match="pass_graphs must be auto, static or off"):
+            engine.run(PROMPT, "ngram", max_new_tokens=4, strict=True)
+    finally:
+        engine.pass_graphs = "auto"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("width", [1, 5, 16])
+def test_cuda_graph_replays_equal_the_uncaptured_pass(width):
+    """Recorded once, replayed three times (the cache rolled back between): the same bits as the same
+    fixed-shape function run without capture on the same GPU."""
+    from engine.model.transformer import ModelConfig, Transformer
+
+    hf, _ = tiny_transformer(seed=0)
+    model = Transformer(ModelConfig.from_hf(hf.config), hf.state_dict(), torch.float32, device="cuda")
+    graphs = StaticPasses(model, 128, capture=True)
+    plain = StaticPasses(model, 128, capture=False)
+    mask = _tree_mask(width, 10, 128, list(range(-1, width - 2)))
+    tokens, positions = list(range(3, 3 + width)), [10 + i for i in range(width)]
+    for runner in (graphs, plain):
+        runner.acquire(128)
+        model.prefill(list(range(20, 30)), runner.cache)
+    for _ in range(3):
+        for runner in (graphs, plain):
+            runner.cache.length = 10
+        got, want = graphs.run(tokens, positions, mask), plain.run(tokens, positions, mask)
+        assert torch.equal(got.logits, want.logits)
+    assert graphs.captured == 1 and graphs.passes == 3
