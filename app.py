@@ -1,6 +1,11 @@
 """Entry point: `python app.py` serves SpecLens (also what a Hugging Face Space runs); settings in app/config.py."""
 
-from app import build_demo
+try:  # a ZeroGPU Space: `spaces` before anything that could initialise CUDA (app/zerogpu.py)
+    import spaces  # noqa: F401
+except ImportError:
+    pass
+
+from app import build_demo  # noqa: E402
 from app.config import MAX_CONCURRENT_RUNS, PRELOAD, SERVER_NAME, SERVER_PORT
 
 if __name__ == "__main__":

@@ -88,6 +88,11 @@ def scrape_allowed() -> bool:
     return _flag_env("SPECLENS_ALLOW_SCRAPE", "0" if os.environ.get("SPACE_ID") else "1")
 
 
+def zero_gpu() -> bool:
+    """Is this a ZeroGPU Space? The platform sets SPACES_ZERO_GPU there (app/zerogpu.py sends runs to the GPU)."""
+    return os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
+
+
 def allowed_models() -> set[str]:
     raw = os.environ.get("SPECLENS_MODEL_ALLOWLIST", "")
     if raw.strip():

@@ -29,7 +29,7 @@ import gradio as gr
 
 from engine.decode import OutOfMemory
 
-from . import config
+from . import config, zerogpu
 from .config import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, check_model_allowed
 from .inputs import as_int
 from .model_registry import REGISTRY, prepare_drafter
@@ -182,8 +182,13 @@ class Generation:
 
 
 def start_generation(engine, prompt, drafter: str, settings) -> Generation:
-    """Start a run: the prompt, drafter and settings are checked now, before anything runs."""
+    """Start a run: the prompt, drafter and settings are checked now, before anything runs. On a ZeroGPU
+    Space the run then goes to the GPU worker (app/zerogpu.py); the checks stay here, on the CPU engine."""
     try:
-        return Generation(engine.generate(prompt, drafter, settings))
+        events = engine.generate(prompt, drafter, settings)
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
+    if zerogpu.active():
+        events.close()  # checked, never started
+        events = zerogpu.gpu_events(engine.target.name, prompt, drafter, settings, engine.allow_remote_code)
+    return Generation(events)

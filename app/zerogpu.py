@@ -1,0 +1,78 @@
+"""Runs on a Hugging Face ZeroGPU Space: the GPU exists only inside a call decorated with ``@spaces.GPU``.
+
+On ZeroGPU hardware the platform sets SPACES_ZERO_GPU and installs the ``spaces`` package. There, CUDA
+is not available when the app starts, only inside a decorated call, which runs in a GPU worker process:
+its arguments and what it returns cross that boundary by pickling (a CUDA tensor returned from the call
+hangs it), and nothing warmed up at module level carries over to a request. So:
+
+- the app process never touches CUDA: the registry's engines load on the CPU as everywhere else and
+  check every run's prompt, drafter and settings before anything runs (``engine_access.start_generation``);
+- the run itself goes through ``gpu_events``, decorated with ``@spaces.GPU(duration=gpu_seconds)``:
+  inside, the target loads on the GPU (once per worker process, ``_gpu_engine``) and the engine's events
+  are yielded back as they come. They are plain JSON already, so nothing of the GPU leaves the call;
+- the duration asked for follows the requested tokens (``gpu_seconds``): ZeroGPU schedules shorter
+  calls first and counts them against the visitor's daily quota.
+
+Elsewhere (no ``spaces`` package, or a Space on other hardware) ``active()`` is False and nothing changes:
+``spaces.GPU`` itself returns the function undecorated off ZeroGPU.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+
+from . import config
+
+try:  # must come before anything initialises CUDA (app.py imports this module first)
+    import spaces
+except ImportError:  # not on a Space: the CPU path
+    spaces = None
+
+__all__ = ["GPU_LOAD_S", "GPU_SECONDS_PER_TOKEN", "MAX_GPU_S", "active", "gpu_events", "gpu_seconds"]
+
+# What one call is allowed, from the H200 check (docs/bench/2026-11-30-gpu-check-h200.md): the eager target
+# pass took 12-14 ms there. A call loads the target from the safetensors cache and records the pass graphs
+# (GPU_LOAD_S), then needs at most one pass per requested token; 50 ms a token is ~4x that pass, for a
+# slower slice and the drafter's own passes.
+GPU_LOAD_S = 20
+GPU_SECONDS_PER_TOKEN = 0.05
+MAX_GPU_S = 120
+
+
+def active() -> bool:
+    """Whether runs go to the GPU worker: the ``spaces`` package is present and the Space runs on ZeroGPU."""
+    return spaces is not None and config.zero_gpu()
+
+
+def gpu_seconds(target: str, prompt, drafter: str, settings, allow_remote_code: bool = False) -> int:
+    """The GPU time one run asks ZeroGPU for (the decorator calls it with the run's own arguments)."""
+    tokens = max(1, int(getattr(settings, "max_new_tokens", 1) or 1))
+    return min(MAX_GPU_S, GPU_LOAD_S + math.ceil(tokens * GPU_SECONDS_PER_TOKEN))
+
+
+_ENGINES: dict[str, object] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _gpu_engine(target: str, allow_remote_code: bool):
+    """The target on this worker's device (CUDA on ZeroGPU), loaded once per worker process."""
+    from engine import SpeculativeEngine
+
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(target)
+        if engine is None:
+            engine = SpeculativeEngine.load(target, "auto", device="auto", allow_remote_code=allow_remote_code)
+            _ENGINES[target] = engine
+    return engine
+
+
+def _run_on_gpu(target: str, prompt, drafter: str, settings, allow_remote_code: bool = False) -> Iterator[dict]:
+    """One run on the GPU worker, its events yielded back (plain JSON: nothing of CUDA leaves the call)."""
+    engine = _gpu_engine(target, allow_remote_code)
+    yield from engine.generate(prompt, drafter, settings)
+
+
+# Off ZeroGPU spaces.GPU returns the function itself, so this is the same generator either way.
+gpu_events = spaces.GPU(duration=gpu_seconds)(_run_on_gpu) if spaces is not None else _run_on_gpu
