@@ -23,6 +23,7 @@ import torch
 from engine import config, paths
 from engine.decode import GenerationSettings, SpeculativeEngine
 from engine.host import cpu_flags, cpu_name
+from engine.model.static_pass import StaticPasses, capture_available
 
 __all__ = ["SYSTEMS", "run_bench", "machine_info"]
 
@@ -37,6 +38,8 @@ SYSTEMS = [
     "engine-int8-adaptive",
     "engine-eagle-adaptive",
     "engine-torch-float32",
+    "engine-baseline-eager",
+    "engine-ngram-eager",
     "hf-generate",
     "hf-prompt-lookup",
     "hf-assisted",
@@ -76,6 +79,10 @@ ENGINE_SYSTEMS = {
 # rows it is compared with (before, a separate process with SPECLENS_CPU_KERNEL=0, minutes apart
 # on a machine whose speed drifts). Its greedy outputs may differ from the bf16 rows' (other weights).
 TORCH_FLOAT32 = "engine-torch-float32"
+# On a CUDA target every engine row replays its passes as CUDA graphs (engine/model/static_pass.py); these
+# rows run the same systems with eager passes (engine.pass_graphs = "off"), in the same run, so the graphs'
+# gain is read as a ratio. On the CPU every row is eager already: they are left out with a note.
+EAGER_ROWS = {"engine-baseline-eager": "engine-baseline", "engine-ngram-eager": "engine-ngram"}
 NAME_WIDTH = max(len(name) for name in SYSTEMS)
 
 
@@ -138,7 +145,47 @@ def machine_info(engine: SpeculativeEngine) -> dict:
         "copy_bandwidth_gbs": round(bandwidth, 2),
         "read_bandwidth_gbs": read_bw,
         "roofline_passes_per_s": round(bandwidth * 1e9 / weight_bytes, 2),
+        # Host-side launches per one-token target pass, eager and replayed (CUDA only): what graphs remove.
+        "launches_per_pass": launches_per_pass(engine) if device.type == "cuda" else None,
     }
+
+
+def launches_per_pass(engine: SpeculativeEngine) -> dict:
+    """{"eager": n, "cuda-graph": m}: CUDA launch calls the host makes for one one-token strict pass over a
+    128-token prefix (kernel launches and graph launches, counted by torch's profiler), each path warmed up."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = engine.target.model
+    runner = StaticPasses(model, 256, 1)
+    cache = runner.acquire(256)
+    model.prefill(list(range(100, 228)), cache)
+    base = cache.length
+    mask = torch.zeros(1, 256, dtype=torch.bool)
+    mask[0, : base + 1] = True
+    eager = model.new_cache(256)
+    model.prefill(list(range(100, 228)), eager)
+
+    def graph_pass():
+        cache.length = base
+        runner.run([7], [base], mask)
+
+    def eager_pass():
+        eager.length = base
+        model.run_pass(torch.tensor([7]), torch.tensor([base]), eager, mask=mask, attend_len=256)
+
+    counts = {}
+    try:
+        for label, fn in (("eager", eager_pass), ("cuda-graph", graph_pass)):
+            fn()
+            fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            counts[label] = sum(1 for e in prof.events() if "LaunchKernel" in e.name or "GraphLaunch" in e.name)
+    finally:
+        runner.release()
+    return counts
 
 
 def hf_dtype(engine: SpeculativeEngine) -> tuple[torch.dtype, str]:
@@ -400,6 +447,10 @@ def _bench_setup(engine, quick, repeats, max_new_tokens, systems, workloads_subs
             notes.append(f"{name}: not run in --quick (starting vLLM takes minutes; name it in --systems)")
     machine = machine_info(engine)
     _drop_unavailable_drafters(engine, systems, notes)
+    if not capture_available(engine.target.model.device):
+        for name in [s for s in systems if s in EAGER_ROWS]:
+            systems.remove(name)
+            notes.append(f"{name}: CUDA only (without CUDA graphs every row's passes are eager)")
     hf = _HF(engine) if any(s.startswith("hf-") for s in systems) else None
     if hf is not None:
         machine["hf_dtype"] = str(hf.dtype).removeprefix("torch.")
@@ -499,6 +550,7 @@ def _aggregate(samples: dict, machine: dict, plain) -> list[dict]:
             if sum(r["drafted"] for r in runs)
             else None,
             "new_tokens": tokens,
+            "pass_path": runs[0].get("pass_path"),  # our engine's: eager, static or cuda-graph
         }
         drafted = sum(r["drafted"] for r in runs)
         if all(r.get("verify_s") is not None for r in runs):
@@ -596,6 +648,7 @@ def _timed(start_run) -> dict:
         "new_tokens": m["new_tokens"],
         "wall_s": wall,
         "passes": m["target_passes"],
+        "pass_path": m.get("pass_path"),
         "accepted": m["accepted"],
         "drafted": m["drafted"],
         "draft_s": m.get("draft_s"),
@@ -607,6 +660,12 @@ def _run_system(name, engine, hf, llm, ids, max_new, payload="reduced", vllm=Non
     if name == TORCH_FLOAT32:
         settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0)
         return _timed(lambda: plain.generate(ids, "none", settings))
+    if name in EAGER_ROWS:
+        previous, engine.pass_graphs = engine.pass_graphs, "off"
+        try:
+            return _run_system(EAGER_ROWS[name], engine, hf, llm, ids, max_new, payload, vllm, plain, history)
+        finally:
+            engine.pass_graphs = previous
     if name in ENGINE_SYSTEMS:
         drafter, kw = ENGINE_SYSTEMS[name]
         settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0, **kw)
