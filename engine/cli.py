@@ -106,7 +106,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-events-check", action="store_true", help="skip the event-stream cost measurement")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    th = sub.add_parser("train-head", help="train the EAGLE drafting head for a target on this CPU (resumable)")
+    th = sub.add_parser(
+        "train-head", help="train the EAGLE drafting head for a target, on the CPU or a GPU (resumable)"
+    )
     th.add_argument("--target", default="default", help="the target the head drafts for")
     th.add_argument("--out", default=None, help="head folder (default assets/heads/<target>)")
     th.add_argument("--work", default=None, help="folder for the resumable intermediate files")
@@ -121,6 +123,19 @@ def _build_parser() -> argparse.ArgumentParser:
         "layer alone (EAGLE-1); default: a low / middle / high mix as in EAGLE-3 (1,14,29 for the default model)",
     )
     th.add_argument("--seed", type=int, default=0)
+    th.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda", "auto"],
+        help="where every stage runs; cuda also sizes the recipe for one GPU run (16000 prompts, 6000 written by "
+        "the target, 8 epochs) unless the options above say otherwise",
+    )
+    th.add_argument(
+        "--written", type=int, default=None, help="how many of the prompts the target writes itself (default 0)"
+    )
+    th.add_argument(
+        "--force", action="store_true", help="replace the head in --out even if it drafts better on held-out prompts"
+    )
     th.add_argument("--quick", action="store_true", help="tiny random target, a few prompts: seconds (tests)")
 
     lc = sub.add_parser(
@@ -398,15 +413,33 @@ def _parity(args, engine) -> int:
 def _train_head(args) -> int:
     import subprocess
 
-    from engine.training.train_head import TrainConfig, train_head
+    from engine.training.train_head import TrainConfig, sized_for_device, train_head
 
-    cfg = TrainConfig(target=args.target, out=args.out, work=args.work, seed=args.seed, quick=args.quick)
-    for name, low, high in (("prompts", 8, 100_000), ("epochs", 1, 50), ("vocab", 256, 262_144), ("unroll", 1, 8)):
+    cfg = TrainConfig(
+        target=args.target,
+        out=args.out,
+        work=args.work,
+        seed=args.seed,
+        quick=args.quick,
+        device=args.device,
+        force=args.force,
+    )
+    given = set()
+    limits = (
+        ("prompts", 8, 100_000),
+        ("epochs", 1, 50),
+        ("vocab", 256, 262_144),
+        ("unroll", 1, 8),
+        ("written", 0, 100_000),
+    )
+    for name, low, high in limits:
         value = getattr(args, name)
         if value is not None:
             if not low <= value <= high:
                 raise ValueError(f"--{name} must be between {low} and {high}")
             setattr(cfg, name, value)
+            given.add(name)
+    sized_for_device(cfg, given)
     if args.feature_layers == "last":
         cfg.feature_layers = ()
     elif args.feature_layers:
@@ -420,8 +453,10 @@ def _train_head(args) -> int:
     cfg.command = "python -m engine " + " ".join(sys.argv[1:] if sys.argv[1:2] == ["train-head"] else ["train-head"])
     result = train_head(cfg)
     held = result["held_out"]
+    decision = result.get("decision")
+    where = "head written to" if not decision or decision["replaced"] else "new head kept aside; the head in"
     print(
-        f"head written to {result['folder']} ({result['total_minutes']:.1f} min); held-out greedy K=4: "
+        f"{where} {result['folder']} ({result['total_minutes']:.1f} min); held-out greedy K=4: "
         f"{held['tokens_per_pass']} tokens per pass, acceptance by depth {held['acceptance_by_depth']}"
     )
     # The curves' HTML is drawn by visuals (plotly), in its own process: the engine never imports it.

@@ -145,9 +145,12 @@ def test_train_head_quick_writes_a_head_the_engine_drafts_with(tmp_path, tiny_en
 
     # Another seed in the same work folder draws other prompts: every answer row is for its own
     # prompt (none reused from the first run's prompt at that index), the features are recomputed.
+    # Three of its prompts are written by the target itself; the head already in `out` is replaced only
+    # if the new one drafts more tokens per pass on the held-out prompts.
     work = tmp_path / "w"
     first_digest = (work / "features.sha256").read_text()
-    again = ["train-head", "--quick", "--seed", "1", "--out", str(out), "--work", str(work)]
+    first_head = (out / "eagle-head.safetensors").read_bytes()
+    again = ["train-head", "--quick", "--seed", "1", "--written", "3", "--out", str(out), "--work", str(work)]
     proc = subprocess.run(
         [sys.executable, "-m", "engine", *again],
         capture_output=True,
@@ -163,6 +166,15 @@ def test_train_head_quick_writes_a_head_the_engine_drafts_with(tmp_path, tiny_en
     for i, row in rows.items():
         assert row["prompt_ids"] == tiny_engine.encode_prompt(prompts[i]["prompt"]), i
     assert (work / "features.sha256").read_text() != first_digest
+    written = [p for p in prompts if p["kind"] == "written"]
+    assert 0 < len(written) <= 3 and all(12 <= len(p["prompt"]) <= 300 for p in written), written
+    decision = json.loads((work / "decision.json").read_text())
+    assert decision["new"]["prompts"] == decision["current"]["prompts"] >= 10
+    replaced = decision["replaced"]
+    assert replaced == (decision["new"]["tokens_per_pass"] > decision["current"]["tokens_per_pass"])
+    kept = (out / "eagle-head.safetensors").read_bytes()
+    assert (kept == (work / "candidate" / "eagle-head.safetensors").read_bytes()) == replaced
+    assert (kept == first_head) == (not replaced)
 
     # The default head reads a mix of the target's layers (EAGLE-3 style; both of the tiny
     # target's two), `--feature-layers last` the last layer alone (EAGLE-1): each file says which,

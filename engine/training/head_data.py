@@ -23,7 +23,7 @@ import textwrap
 
 from engine import paths
 
-__all__ = ["build_prompts", "held_out_texts"]
+__all__ = ["build_prompts", "clean_written_prompt", "held_out_texts", "write_requests"]
 
 ASSETS = paths.ASSETS
 
@@ -67,6 +67,16 @@ CHAT_TEMPLATES = [
     "Summarize the history of {t} in a few sentences.",
     "What should a beginner know about {t}?",
     "Create a short quiz with three questions about {t}.",
+]
+
+# What the target is asked to write, over the topic list (the GPU recipe: the target writes many of its own
+# training instructions, so they read like what a user of this model types, beyond these templates' phrasing).
+WRITE_REQUESTS = [
+    "Write one question that someone might ask an AI assistant about {t}. Reply with the question only.",
+    "Write one short task that a user could give an AI assistant about {t}. Reply with the task only.",
+    "Write one request for advice about {t}, as a user would type it. Reply with the request only.",
+    "Write one creative writing request that involves {t}. Reply with the request only.",
+    "Write one question a student could ask about {t} and {u}. Reply with the question only.",
 ]
 
 CODE_TEMPLATES = [
@@ -158,6 +168,30 @@ def _paragraphs(rng: random.Random) -> list[str]:
     found = sorted(set(found))
     rng.shuffle(found)
     return found
+
+
+def write_requests(n: int, seed: int = 0) -> list[str]:
+    """n requests asking the target to write a user prompt (WRITE_REQUESTS over the topics), deterministic."""
+    rng = random.Random(seed + 7919)
+    topics = [t.strip() for t in TOPICS.split(";") if t.strip()]
+    out = []
+    for _ in range(n):
+        t, u = rng.sample(topics, 2)
+        out.append(rng.choice(WRITE_REQUESTS).format(t=t, u=u))
+    return out
+
+
+def clean_written_prompt(reply: str) -> str | None:
+    """The prompt in a reply of the target to a write request, or None when it is not one: its first
+    non-empty line, without quotes or a "Question:" label, 12 to 300 characters, not held out."""
+    line = next((part.strip() for part in reply.splitlines() if part.strip()), "")
+    for label in ("Question:", "Task:", "Request:", "User:"):
+        if line.lower().startswith(label.lower()):
+            line = line[len(label) :].strip()
+    line = line.strip("\"'“”*` ").strip()
+    if not 12 <= len(line) <= 300 or line.strip() in held_out_texts():
+        return None
+    return line
 
 
 def build_prompts(n: int, seed: int = 0, mix: tuple[float, float, float] = (0.55, 0.3, 0.15)) -> list[dict]:

@@ -1,4 +1,4 @@
-"""``python -m engine train-head``: train the EAGLE head (engine/drafters/eagle.py) on this CPU.
+"""``python -m engine train-head``: train the EAGLE head (engine/drafters/eagle.py), on the CPU or a GPU.
 
 The recipe, each stage resumable from its files in the work folder:
 
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from engine.drafters.eagle import FORMAT, HEAD_FILE, head_dir, head_state_names
 from engine.model.transformer import Transformer, check_feature_layers
-from engine.training.head_data import build_prompts
+from engine.training.head_data import build_prompts, clean_written_prompt, held_out_texts, write_requests
 
 __all__ = ["TrainConfig", "default_feature_layers", "greedy_acceptance", "train_head"]
 
@@ -79,7 +79,49 @@ class TrainConfig:
     # compute the mix drafts better: held-out top-1 0.35 / 0.21 / 0.17 by unroll step against
     # 0.26 / 0.17 / 0.13 for the last layer alone (250 steps; docs/bench/eagle_feature_layers.py).
     feature_layers: tuple[int, ...] | None = None
+    # Where every stage runs: "cpu", "cuda" (the recipe sized for one device run: sized_for_device), or "auto".
+    device: str = "cpu"
+    # How many of the training prompts the target writes itself (sampled, from the topic list and the
+    # instruction kinds of head_data.WRITE_REQUESTS): 0 = all from the templates and the sources.
+    written: int = 0
+    # Replace an existing head in `out` only if the new one drafts more tokens per pass on the held-out
+    # measure (head_data.held_out_texts, never trained on by any head); True = replace it anyway.
+    force: bool = False
     command: str = field(default="", repr=False)
+
+
+# The recipe for one GPU run (issue #31: minutes of an H200, where the CPU recipe spends ~72 min of
+# 2 cores on 1,200 prompts). Published heads reach ~2 tokens per pass at K = 4 from ~50-70K
+# conversations; this is what fits in a few minutes with the stages above: the target writes 6,000 of
+# the 16,000 prompts itself, answers them 256 at a time, and the head sees ~4M tokens 8 times.
+GPU_RECIPE = {
+    "prompts": 16000,
+    "written": 6000,
+    "held_out": 64,
+    "gen_batch": 256,
+    "batch_tokens": 24576,
+    "epochs": 8,
+    "lr": 3e-3,
+}
+
+
+def sized_for_device(cfg: TrainConfig, given: set[str]) -> TrainConfig:
+    """cfg with GPU_RECIPE's values where it runs on CUDA and the caller did not set them (`given`)."""
+    if resolve_training_device(cfg.device) == "cuda" and not cfg.quick:
+        for key, value in GPU_RECIPE.items():
+            if key not in given:
+                setattr(cfg, key, value)
+    return cfg
+
+
+def resolve_training_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda; got {device!r}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train-head --device cuda: no CUDA GPU is visible")
+    return device
 
 
 class _Progress:
@@ -118,14 +160,15 @@ def _target_checkpoint(cfg: TrainConfig, work: Path):
     from engine.model.loading import LoadedModel, default_tokenizer, load_model, tiny_random_target
     from engine.paths import model_cache
 
+    device = resolve_training_device(cfg.device)
     if cfg.quick:
         tokenizer = default_tokenizer()
         hf, ours = tiny_random_target(len(tokenizer), seed=cfg.seed)
         engine = SpeculativeEngine(LoadedModel("tiny-random", ours, tokenizer, torch.float32))
-        return hf, engine, "tiny-random"
-    loaded = load_model(cfg.target, "auto")
+        return hf.to(device), engine, "tiny-random"
+    loaded = load_model(cfg.target, "auto", device=device)
     folder = model_cache() if cfg.target == "default" else Path(loaded.source.get("cache", cfg.target))
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval().to(device)
     return hf, SpeculativeEngine(loaded), loaded.name
 
 
@@ -161,13 +204,14 @@ def _generate_answers(cfg: TrainConfig, hf, engine, prompts: list[dict], path: P
                 ids[row, width - len(encoded[i]) :] = torch.tensor(encoded[i])
                 mask[row, width - len(encoded[i]) :] = 1
             gen = hf.generate(
-                input_ids=ids,
-                attention_mask=mask,
+                input_ids=ids.to(hf.device),
+                attention_mask=mask.to(hf.device),
                 max_new_tokens=cfg.max_new_tokens,
                 do_sample=False,
                 eos_token_id=eos,
                 pad_token_id=pad,
             )[:, width:]
+            gen = gen.cpu()
             for row, i in enumerate(batch):
                 answer = gen[row].tolist()
                 cut = next((n + 1 for n, t in enumerate(answer) if t in engine.eos_ids), len(answer))
@@ -177,6 +221,52 @@ def _generate_answers(cfg: TrainConfig, hf, engine, prompts: list[dict], path: P
             out.flush()
             bar.update(len(done), f"batch of {len(batch)}")
     return [done[i] for i in range(len(prompts))]
+
+
+@torch.inference_mode()
+def _written_prompts(cfg: TrainConfig, hf, engine, n: int, exclude: set[str], path: Path) -> list[dict]:
+    """n training prompts written by the target itself (sampled replies to head_data.write_requests, each
+    cleaned by clean_written_prompt; duplicates and `exclude` dropped), appended to path as they come:
+    a resumed run keeps the ones written. Asks for at most 3n replies; returns what it got."""
+    kept = {row["prompt"] for row in _jsonl(path)}
+    requests = write_requests(3 * n, cfg.seed)
+    asked = _jsonl(path.with_suffix(".tried"))
+    tried = asked[-1]["tried"] if asked else 0
+    eos = sorted(engine.eos_ids)
+    bar = _Progress("written", n, "prompts")
+    bar.update(min(n, len(kept)))
+    with path.open("a") as out, path.with_suffix(".tried").open("a") as log:
+        while len(kept) < n and tried < len(requests):
+            batch = requests[tried : tried + cfg.gen_batch]
+            encoded = [engine.encode_prompt(r) for r in batch]
+            width = max(map(len, encoded))
+            ids = torch.full((len(batch), width), eos[0], dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, e in enumerate(encoded):
+                ids[row, width - len(e) :] = torch.tensor(e)
+                mask[row, width - len(e) :] = 1
+            torch.manual_seed(cfg.seed * 100_003 + tried)  # the same replies for a seed, on the same device
+            gen = hf.generate(
+                input_ids=ids.to(hf.device),
+                attention_mask=mask.to(hf.device),
+                max_new_tokens=48,
+                do_sample=True,
+                temperature=0.9,
+                top_p=0.95,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
+            )[:, width:].cpu()
+            for row in range(len(batch)):
+                prompt = clean_written_prompt(engine.tokenizer.decode(gen[row].tolist(), skip_special_tokens=True))
+                if prompt and prompt not in kept and prompt.strip() not in exclude and len(kept) < n:
+                    kept.add(prompt)
+                    out.write(json.dumps({"kind": "written", "prompt": prompt}) + "\n")
+            tried += len(batch)
+            log.write(json.dumps({"tried": tried}) + "\n")
+            out.flush()
+            log.flush()
+            bar.update(min(n, len(kept)), f"{tried} asked")
+    return _jsonl(path)[:n]
 
 
 def default_feature_layers(n_layers: int) -> tuple[int, ...]:
@@ -212,8 +302,8 @@ def _features(hf, sequences: list[list[int]], batch_tokens: int, layers: tuple[i
             for row, j in enumerate(group):  # right padding: positions 0..n-1 as at decoding
                 ids[row, : len(sequences[j])] = torch.tensor(sequences[j])
                 mask[row, : len(sequences[j])] = 1
-            hf(input_ids=ids, attention_mask=mask, use_cache=False)
-            rows = torch.cat([captured[i] for i in layers], dim=-1)  # [B, width, len(layers) E]
+            hf(input_ids=ids.to(hf.device), attention_mask=mask.to(hf.device), use_cache=False)
+            rows = torch.cat([captured[i] for i in layers], dim=-1).cpu()  # [B, width, len(layers) E]
             for row, j in enumerate(group):
                 out[j] = rows[row, : len(sequences[j])].to(torch.float16).clone()
             i += len(group)
@@ -264,12 +354,17 @@ class _Trainable:
         self.embed = sd["model.embed_tokens.weight"].detach().float()  # [V, E] frozen
         self.norm = sd["model.norm.weight"].detach().float()  # [E] frozen
         head = sd.get("lm_head.weight", self.embed)
-        self.head_rows = head.detach().float()[vocab_ids]  # [N, E] frozen
+        self.head_rows = head.detach().float()[vocab_ids.to(head.device)]  # [N, E] frozen
+        # Everything on the target's device (the GPU recipe trains there).
+        self.device = hf.device
+        for name in list(self.params):
+            self.params[name] = self.params[name].detach().to(self.device).requires_grad_(True)
+        self.embed, self.norm, self.head_rows = (t.to(self.device) for t in (self.embed, self.norm, self.head_rows))
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.double()[:, None] * self.inv_freq[None, :]
         angles = torch.cat([angles, angles], dim=-1).float()  # [T, D]
-        return angles.cos(), angles.sin()
+        return angles.cos().to(self.device), angles.sin().to(self.device)
 
     def qkv(self, x: torch.Tensor, cos, sin):
         """x [B, T, E] -> q [B, H, T, D], k, v [B, Hkv, T, D] (rotary applied)."""
@@ -342,7 +437,7 @@ def _losses(model: _Trainable, feats, tokens, valid, unroll: int, reg_weight: fl
         q_, k_, v_ = model.qkv(x, cos[: T - 1], sin[: T - 1])
         keys.append(k_)
         values.append(v_)
-        mask = _unroll_mask(T - 1, step)
+        mask = _unroll_mask(T - 1, step).to(feats.device)
         attn = F.scaled_dot_product_attention(
             q_,
             torch.cat(keys, dim=2),
@@ -421,7 +516,7 @@ def _train(cfg: TrainConfig, model: _Trainable, sequences, features, prompt_leng
     if cfg.feature_layers:  # (absent for the last layer alone: checkpoints saved before the option stay valid)
         recipe["feature_layers"] = list(cfg.feature_layers)
     if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
+        saved = torch.load(ckpt, weights_only=False, map_location=model.device)
         if saved.get("recipe") == recipe:
             for name, value in saved["params"].items():
                 model.params[name].data.copy_(value)
@@ -435,7 +530,8 @@ def _train(cfg: TrainConfig, model: _Trainable, sequences, features, prompt_leng
     warmup = max(1, min(100, total_steps // 20))
     from engine.host import cpu_has_native_bf16
 
-    autocast = cfg.autocast and not cfg.quick and cpu_has_native_bf16()
+    on_gpu = model.device.type == "cuda"
+    autocast = cfg.autocast and not cfg.quick and (on_gpu or cpu_has_native_bf16())
     bar = _Progress("train", total_steps, "batches")
     step = 0
     for epoch, batches in enumerate(plan):
@@ -446,8 +542,9 @@ def _train(cfg: TrainConfig, model: _Trainable, sequences, features, prompt_leng
             lr = cfg.lr * min(1.0, step / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps)))
             for group in opt.param_groups:
                 group["lr"] = lr
-            feats, tokens, valid, weight = _collate(idx, sequences, features, prompt_lengths, cfg.prompt_weight)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            batch = _collate(idx, sequences, features, prompt_lengths, cfg.prompt_weight)
+            feats, tokens, valid, weight = (t.to(model.device, non_blocking=True) for t in batch)
+            with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=autocast):
                 loss, stats = _losses(model, feats, tokens, valid, cfg.unroll, cfg.reg_weight, weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -512,13 +609,13 @@ and predicts the token after it over a reduced vocabulary of {meta["vocab"]} tok
 norm and lm_head rows are the target's (not stored here); this file holds {meta["parameters"]:,} trained
 parameters ({parts}).
 
-## Recipe (reproducible, offline, on the CPU)
+## Recipe (reproducible, offline, on {"a CUDA GPU" if cfg.device != "cpu" and "CUDA" in t["host"] else "the CPU"})
 ```
 {cfg.command or "python -m engine train-head"}
 ```
 - seed {cfg.seed}; {t["prompts"]} training prompts from engine/training/head_data.py (instruction templates over
   many topics, Python standard-library functions with edit/explain tasks, standard-library docstrings to
-  summarise); benchmark workloads and app examples held out.
+  summarise){f"; {t['written_by_target']} of them written by the target itself (sampled replies to head_data.WRITE_REQUESTS over the topic list)" if t.get("written_by_target") else ""}; benchmark workloads and app examples held out.
 - answers: the target's own greedy continuations (up to {cfg.max_new_tokens} tokens), {t["tokens"]:,} tokens in all;
 - losses: feature regression (SmoothL1 on RMS-normalised features) + cross-entropy to the target's
   distribution over the reduced vocabulary; training-time test unrolling over {cfg.unroll} steps (weights 0.8^s), bf16 autocast: {cfg.autocast};
@@ -561,15 +658,24 @@ def train_head(cfg: TrainConfig) -> dict:
         cfg.feature_layers = ()  # the last layer alone: no mix
     if cfg.feature_layers:
         cfg.feature_layers = check_feature_layers(cfg.feature_layers, layers)
-    out = Path(cfg.out) if cfg.out else head_dir(name)
-    all_prompts = build_prompts(cfg.prompts + cfg.held_out, cfg.seed)
-    train_prompts, held_prompts = all_prompts[: cfg.prompts], all_prompts[cfg.prompts :]
-    (work / "prompts.json").write_text(json.dumps(all_prompts, indent=0))
-    # Answers in bfloat16 where the CPU computes it natively: 255 against 390 ms per step of 48
+    final = Path(cfg.out) if cfg.out else head_dir(name)
+    # An existing head is replaced only by a better one (install_if_better): the new one is written aside.
+    out = work / "candidate" if (final / HEAD_FILE).exists() and not cfg.force else final
+    on_gpu = hf.device.type == "cuda"
+    if not 0 <= cfg.written <= cfg.prompts:
+        raise ValueError(f"--written must be between 0 and --prompts ({cfg.prompts}), got {cfg.written}")
+    built = cfg.prompts - cfg.written
+    all_prompts = build_prompts(built + cfg.held_out, cfg.seed)
+    train_prompts, held_prompts = all_prompts[:built], all_prompts[built:]
+    # Answers in bfloat16 on a GPU, and where the CPU computes it natively: 255 against 390 ms per step of 48
     # sequences in float32 (2-core AVX512-BF16 EPYC); our engine's own default passes are bf16 too.
     gen_model = hf
-    if not cfg.quick and cpu_has_native_bf16():
+    if not cfg.quick and (on_gpu or cpu_has_native_bf16()):
         gen_model = copy.deepcopy(hf).to(torch.bfloat16)
+    if cfg.written:
+        exclude = {p["prompt"].strip() for p in all_prompts} | held_out_texts()
+        train_prompts += _written_prompts(cfg, gen_model, engine, cfg.written, exclude, work / "written.jsonl")
+    (work / "prompts.json").write_text(json.dumps(train_prompts + held_prompts, indent=0))
     answers = _generate_answers(cfg, gen_model, engine, train_prompts, work / "answers.jsonl")
     del gen_model
     sequences = [r["prompt_ids"] + r["answer_ids"] for r in answers]
@@ -593,19 +699,24 @@ def train_head(cfg: TrainConfig) -> dict:
     train_minutes = (time.perf_counter() - t_train) / 60
     out.mkdir(parents=True, exist_ok=True)
     state = {
-        k: v.detach().contiguous().to(torch.bfloat16 if not cfg.quick else torch.float32)
+        k: v.detach().cpu().contiguous().to(torch.bfloat16 if not cfg.quick else torch.float32)
         for k, v in model.params.items()
     }
     trained = sum(v.numel() for v in state.values())
     state["vocab_ids"] = vocab_ids
-    host = host_info(torch.device("cpu"), cpu_kernels.variant())
+    if on_gpu:
+        where = f"{torch.cuda.get_device_name(hf.device)} (CUDA, torch {torch.__version__})"
+    else:
+        host = host_info(torch.device("cpu"), cpu_kernels.variant())
+        where = f"{host.get('cpu', 'CPU')} ({host.get('kernel', '')}), {torch.get_num_threads()} threads"
     training = {
         "prompts": len(train_prompts),
+        "written_by_target": sum(p["kind"] == "written" for p in train_prompts),
         "tokens": sum(len(s) for s in sequences),
         "steps": len(curves["step"]),
         "minutes": train_minutes,
         "total_minutes": (time.perf_counter() - t_start) / 60,
-        "host": f"{host.get('cpu', 'CPU')} ({host.get('kernel', '')}), {torch.get_num_threads()} threads",
+        "host": where,
         "config": {k: v for k, v in asdict(cfg).items() if k != "command"},
     }
     meta = {
@@ -624,4 +735,37 @@ def train_head(cfg: TrainConfig) -> dict:
     card_meta = {"target": name, "vocab": len(vocab_ids), "parameters": trained, "training": training}
     (out / "README.md").write_text(_model_card(cfg, card_meta, held, "training-curves.json"))
     (out / "held-out.json").write_text(json.dumps(held, indent=2))
-    return {"folder": str(out), "held_out": held, **training}
+    decision = None
+    if out != final:
+        decision = install_if_better(engine, out, final, cfg.eval_tokens)
+        (work / "decision.json").write_text(json.dumps(decision, indent=2))
+    return {"folder": str(final), "held_out": held, "decision": decision, **training}
+
+
+HEAD_FILES = (HEAD_FILE, "README.md", "training-curves.json", "held-out.json")
+
+
+def install_if_better(engine, candidate: Path, final: Path, max_new: int) -> dict:
+    """Measure the head in `final` and the one in `candidate` on the same held-out prompts
+    (head_data.held_out_texts: the benchmark workloads and app examples, which no head trains on), greedy
+    K = 4 chains; copy the candidate's files over `final` only if it drafts more tokens per pass. The
+    engine keeps the head that is in `final` afterwards."""
+    import shutil
+
+    prompts = sorted(held_out_texts())
+    current = _held_out_acceptance(engine, final, prompts, max_new)
+    new = _held_out_acceptance(engine, candidate, prompts, max_new)
+    replaced = new["tokens_per_pass"] > current["tokens_per_pass"]
+    if replaced:
+        for name in HEAD_FILES:
+            if (candidate / name).exists():
+                shutil.copy2(candidate / name, final / name)
+    else:
+        _held_out_acceptance(engine, final, prompts[:1], 1)  # the engine back on the kept head
+    verdict = "replaced" if replaced else "kept: the current head drafts at least as many tokens per pass"
+    print(
+        f"train-head: held-out tokens per pass, current {current['tokens_per_pass']} against new "
+        f"{new['tokens_per_pass']}: {verdict} ({final})",
+        file=sys.stderr,
+    )
+    return {"measure": "held_out_texts, greedy K=4", "current": current, "new": new, "replaced": replaced}
