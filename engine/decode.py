@@ -182,6 +182,7 @@ class SpeculativeEngine:
         # eager pass); "off" = the eager pass always.
         self.pass_graphs = "auto"
         self._static: StaticPasses | None = None
+        self._drafter_static: dict[int, StaticPasses] = {}  # id(drafter weights) -> their runner
         self._static_lock = threading.Lock()
         # The quickest mean baseline pass this engine has measured (ms): the host's quiet speed, against
         # which a comparison tells a busy machine (metrics.busy_machine).
@@ -392,6 +393,8 @@ class SpeculativeEngine:
             strict, cache = True, static.cache
         else:
             cache = self.target.model.new_cache(capacity + (width if strict else 0))
+        if static is not None and drafter.pass_model is not None:
+            drafter.static = self._drafter_static_passes(drafter.pass_model, static.capture)
         try:
             drafter.ensure_capacity(capacity + width + 1)
             drafter.reset(prompt_ids)
@@ -420,6 +423,17 @@ class SpeculativeEngine:
         if state.static is None:
             return "eager"
         return "cuda-graph" if state.static.capture else "static"
+
+    def _drafter_static_passes(self, model: Transformer, capture: bool) -> StaticPasses:
+        """The fixed-shape runner of a drafter's weights (int8 copy, draft model, EAGLE head), one per weights;
+        the drafter holds it for its run (ModelDrafter.ensure_capacity) or drafts eagerly when it is busy."""
+        with self._static_lock:
+            runner = self._drafter_static.get(id(model))
+            if runner is None or runner.model is not model or runner.capture != capture:
+                slots = self.target.context_window + 2 * STATIC_MAX_WIDTH + 2
+                runner = StaticPasses(model, slots, STATIC_MAX_WIDTH, capture=capture)
+                self._drafter_static[id(model)] = runner
+            return runner
 
     def _static_passes(self, needed: int, width: int, strict: bool) -> StaticPasses | None:
         """The engine's fixed-shape pass runner, held for one run, or None (the eager path): used for every

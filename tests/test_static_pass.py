@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_transformer
+from test_eagle import random_head
 
 from engine.decode import SpeculativeEngine
 from engine.model.loading import LoadedModel
@@ -97,17 +98,27 @@ def test_static_pass_refuses_what_it_cannot_run():
 
 @pytest.fixture(scope="module")
 def torch_ops_engine(default_tokenizer):
-    return SpeculativeEngine(LoadedModel("tiny-torch-ops", _torch_ops_target(), default_tokenizer, torch.float32))
+    engine = SpeculativeEngine(LoadedModel("tiny-torch-ops", _torch_ops_target(), default_tokenizer, torch.float32))
+    engine.use_eagle_head(random_head(engine))
+    return engine
 
 
 @pytest.mark.parametrize(
     "drafter,shape,temperature",
-    [("ngram", dict(k=4), 0.0), ("ngram", dict(k=3, topk=2, num_draft_tokens=5), 0.9), ("int8", dict(k=3), 0.8)],
-    ids=["greedy-chain", "sampled-tree", "sampled-int8"],
+    [
+        ("ngram", dict(k=4), 0.0),
+        ("ngram", dict(k=3, topk=2, num_draft_tokens=5), 0.9),
+        ("int8", dict(k=3), 0.8),
+        ("int8", dict(k=3, topk=2, num_draft_tokens=5), 0.0),
+        ("eagle", dict(k=3), 0.8),
+        ("eagle", dict(k=2, topk=2, num_draft_tokens=4), 0.0),
+    ],
+    ids=["greedy-chain", "sampled-tree", "sampled-int8", "greedy-int8-tree", "sampled-eagle", "greedy-eagle-tree"],
 )
 def test_a_decode_through_the_static_passes_gives_the_eager_tokens(torch_ops_engine, drafter, shape, temperature):
-    """The whole loop, strict: eager passes against the fixed-shape ones, same seed, same tokens (their
-    logits are the same bits); the finish metrics say which path ran."""
+    """The whole loop, strict: eager passes against the fixed-shape ones, same seed, same tokens (the
+    target's logits are the same bits); the finish metrics say which path ran. A model drafter's own passes
+    (int8, the EAGLE head) run on its fixed-shape runner too."""
     engine = torch_ops_engine
     settings = dict(max_new_tokens=24, temperature=temperature, seed=5, strict=True, **shape)
     engine.pass_graphs = "off"
@@ -124,6 +135,10 @@ def test_a_decode_through_the_static_passes_gives_the_eager_tokens(torch_ops_eng
     assert static["metrics"]["target_passes"] == eager["metrics"]["target_passes"]
     if temperature == 0.0:  # greedy: the baseline's tokens too
         assert static["token_ids"] == engine.run(PROMPT, "none", max_new_tokens=24)["token_ids"]
+    runners = {id(r.model): r for r in engine._drafter_static.values()}
+    if drafter != "ngram":
+        runner = runners[id(engine.drafter(drafter).pass_model)]
+        assert runner.passes > 0 and not runner._lock.locked()  # used, and released at the run's end
 
 
 def test_a_run_that_finds_the_static_passes_busy_takes_the_eager_path(torch_ops_engine):

@@ -156,6 +156,12 @@ class Drafter:
     # last layer last (Transformer.forward's feature_layers). None: the last layer alone.
     feature_layers: tuple[int, ...] | None = None
 
+    # A drafter that runs passes of a model of its own (int8 copy, draft model, EAGLE head) names it, and
+    # takes the engine's fixed-shape runner of that model for the run (`static`: the decode loop hands it
+    # over where the target's passes are graph-captured). None: it runs no model pass (n-gram, suffix).
+    pass_model = None
+    static = None
+
     def take_features(self, hidden: torch.Tensor, first_position: int) -> None:
         """hidden: [m, E] pre-norm last-layer rows of committed positions
         first_position .. first_position + m - 1 ([m, layers E] with feature_layers)."""

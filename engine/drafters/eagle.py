@@ -236,23 +236,14 @@ class EagleDrafter(ModelDrafter):
             raise RuntimeError(f"the eagle head needs target features up to {stop}, has {self.known}")
         tokens = torch.tensor(context[start + 1 : stop + 1], dtype=torch.long)
         x_in = self.head.fused(self.features[start:stop], tokens)
-        out = self.model.run_pass(
-            tokens,
-            torch.arange(start, stop),
-            cache,
-            x_in=x_in,
-            logits_rows=torch.tensor([stop - start - 1]),
-            features=True,
-        )
+        out = self._pass(tokens, torch.arange(start, stop), x_in=x_in, features=True, last_only=True)
         self._y = {-1: out.hidden[-1]}
-        return out.logits[0], cache.length
+        return out.logits[-1], cache.length
 
     def _expand(self, tree: DraftTree, frontier: list[int], positions: torch.Tensor, mask) -> torch.Tensor:
         tokens = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long)
         parents_y = torch.stack([self._y[tree.parents[i]] for i in frontier])  # [F, E]
-        out = self.model.run_pass(
-            tokens, positions, self.cache, mask=mask, x_in=self.head.fused(parents_y, tokens), features=True
-        )
+        out = self._pass(tokens, positions, mask, x_in=self.head.fused(parents_y, tokens), features=True)
         for row, node in enumerate(frontier):
             self._y[node] = out.hidden[row]
         return out.logits

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from engine.drafters.base import Drafter, DraftTree
-from engine.model.transformer import KVCache, Transformer
+from engine.model.static_pass import StaticPasses
+from engine.model.transformer import KVCache, PassOutput, Transformer
 from engine.sampling import SamplingParams, probs_from_logits, sample_without_replacement
 
 __all__ = ["ModelDrafter", "int8_weights"]
@@ -27,18 +28,48 @@ class ModelDrafter(Drafter):
     """A small causal LM (or the int8 copy of the target) drafting with its own KV cache."""
 
     def __init__(self, model: Transformer, name: str):
-        self.model = model
+        self.model = self.pass_model = model
         self.name = name
         self.cache: KVCache | None = None
         self._capacity = 0
+        # The fixed-shape passes (engine/model/static_pass.py) of this drafter's weights, handed over by
+        # the engine for one run where the target's passes are graph-captured (or "static"): the drafter's
+        # passes of up to its width then run there too, over its static cache.
+        self.static: StaticPasses | None = None
+        self._holds_static = False
 
     def reset(self, prompt_ids: list[int]) -> None:
         if self.cache is not None:
             self.cache.length = 0
 
     def ensure_capacity(self, capacity: int) -> None:
+        if self.static is not None and not self._holds_static:
+            self._holds_static = self.static.acquire(capacity) is not None
+            if self._holds_static:
+                self.cache = self.static.cache
+                return
+            self.static = None  # held by another run, or too small: this run's passes stay eager
         if self.cache is None or self.cache.capacity < capacity:
             self.cache = self.model.new_cache(capacity)
+
+    def _pass(self, tokens, positions, mask=None, x_in=None, features=False, last_only=False) -> PassOutput:
+        """One drafter pass of T tokens at cache.length: the fixed-shape runner where this run holds one and
+        T fits it (mask [T, A] or None for causal, padded to the runner's span), else the eager pass.
+        last_only: the logits of the last row alone are wanted (the eager pass projects only that one)."""
+        t = tokens.shape[0]
+        if self._holds_static and t <= self.static.max_width:
+            start, span = self.cache.length, self.static.capacity
+            full = torch.zeros(t, span, dtype=torch.bool)
+            if mask is None:
+                full[:, :start] = True
+                full[:, start : start + t] = torch.tril(torch.ones(t, t, dtype=torch.bool))
+            else:
+                full[:, : mask.shape[1]] = mask.cpu()
+            return self.static.run(tokens.tolist(), positions.tolist(), full, features=features, x_in=x_in)
+        rows = torch.tensor([t - 1]) if last_only else None
+        return self.model.run_pass(
+            tokens, positions, self.cache, mask=mask, logits_rows=rows, x_in=x_in, features=features
+        )
 
     def rewind(self, length: int) -> None:
         if self.cache is not None:
@@ -57,14 +88,14 @@ class ModelDrafter(Drafter):
         new = context[base:]
         tokens = torch.tensor(new, dtype=torch.long)
         positions = torch.arange(base, base + len(new))
-        logits = self.model.forward(tokens, positions, cache, logits_rows=torch.tensor([len(new) - 1]))
-        return logits[0], cache.length
+        logits = self._pass(tokens, positions, last_only=True).logits
+        return logits[-1], cache.length
 
     def _expand(self, tree: DraftTree, frontier: list[int], positions: torch.Tensor, mask) -> torch.Tensor:
         """Feed the frontier nodes ([F] tokens at `positions`, tree `mask` or None for a
         chain) in one pass; returns their logits [F, V]."""
         feed = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long)
-        return self.model.forward(feed, positions, self.cache, mask=mask)
+        return self._pass(feed, positions, mask).logits
 
     def propose(self, context, shape, params, gen) -> DraftTree:
         if self.cache is None:
@@ -146,6 +177,9 @@ class ModelDrafter(Drafter):
         cache.keep(committed, offsets)
 
     def close(self) -> None:
+        if self._holds_static:
+            self.static.release()
+            self._holds_static = False
         self.cache = None
 
 

@@ -16,6 +16,8 @@ as the runner:
     positions [W] int64       rotary positions (tree nodes: prefix length + depth)
     slots     [W] int64       the cache slot each row's K/V is written to: start + row
     mask      [W, S] bool     which cache slots each row attends to (padding rows: slot 0)
+    x_in      [W, E]          input rows in place of the token embeddings (the EAGLE head's fused
+                              feature + embedding rows), when a pass is given them
     cache     k, v [L, Hkv, S, D]  one static KV cache, owned by the runner (S = its capacity)
   outputs:
     logits    [W, V] float32  on the device (the host copy is taken after the replay)
@@ -92,6 +94,7 @@ class StaticPasses:
         self.positions = torch.zeros(w, dtype=torch.long, device=device)  # [W]
         self.slots = torch.zeros(w, dtype=torch.long, device=device)  # [W]
         self.mask = torch.zeros(w, s, dtype=torch.bool, device=device)  # [W, S]
+        self.x_in = torch.zeros(w, self.model.cfg.hidden_size, dtype=self.model.act_dtype, device=device)  # [W, E]
         # The rotary table once, for every position a pass over this cache can have, held here: the model
         # may later grow its own table, and a recorded graph must keep reading live tensors.
         self.model._rope(torch.tensor([s - 1]), s - 1)
@@ -119,13 +122,15 @@ class StaticPasses:
         feature_layers: tuple[int, ...] | None = None,
         features: bool = False,
         to_host: bool = True,
+        x_in: torch.Tensor | None = None,
     ) -> PassOutput:
         """One strict pass of W = len(tokens) rows at slots [cache.length, cache.length + W) of the static
         cache: the logits [W, V] float32 (on the host, or on the device with to_host=False), and the
         feature rows [W, F E] on the device when asked; copies, which the next pass does not overwrite.
 
         tokens, positions: W ints (padding included); mask: [W, S] bool on the host, every row with at
-        least one allowed slot (checked here, on the host, before anything runs)."""
+        least one allowed slot (checked here, on the host, before anything runs); x_in: [W, E] rows in place
+        of the tokens' embeddings (the EAGLE head), or None."""
         cache, w = self.cache, len(tokens)
         start = cache.length
         if not 1 <= w <= self.max_width:
@@ -138,13 +143,17 @@ class StaticPasses:
             raise ValueError("every row of the mask must allow at least one slot")
         if max(positions) >= self.capacity or min(positions) < 0:
             raise ValueError(f"positions must lie in [0, {self.capacity})")
+        if x_in is not None and tuple(x_in.shape) != (w, self.x_in.shape[1]):
+            raise ValueError(f"x_in must be [{w}, {self.x_in.shape[1]}], got {list(x_in.shape)}")
         layers = check_feature_layers(feature_layers, len(self.model.layers)) if features and feature_layers else ()
         # Host -> static buffers (one small copy each; the graph reads these addresses).
         self.tokens[:w].copy_(torch.tensor(tokens), non_blocking=True)
         self.positions[:w].copy_(torch.tensor(positions), non_blocking=True)
         self.slots[:w].copy_(torch.arange(start, start + w), non_blocking=True)
         self.mask[:w].copy_(mask, non_blocking=True)
-        key = (w, layers, features)
+        if x_in is not None:
+            self.x_in[:w].copy_(x_in)
+        key = (w, layers, features, x_in is not None)
         if self.capture:
             recorded = self._graphs.get(key) or self._record(key)
             recorded.graph.replay()
@@ -158,12 +167,13 @@ class StaticPasses:
         return PassOutput(logits, out.hidden.clone() if out.hidden is not None else None)
 
     @torch.inference_mode()
-    def _compute(self, w: int, layers: tuple[int, ...], features: bool) -> PassOutput:
-        """The pass on the first w rows of the buffers: Transformer._layer per layer, torch's ops only."""
+    def _compute(self, w: int, layers: tuple[int, ...], features: bool, rows_given: bool) -> PassOutput:
+        """The pass on the first w rows of the buffers: Transformer._layer per layer, torch's ops only
+        (rows_given: the x_in buffer in place of the token embeddings)."""
         model, cache = self.model, self.cache
         tokens, positions, slots, mask = self.tokens[:w], self.positions[:w], self.slots[:w], self.mask[:w]
         cos, sin = self._cos[positions], self._sin[positions]  # [W, D]
-        x = model.embed[tokens].to(model.act_dtype)  # [W, E]
+        x = self.x_in[:w] if rows_given else model.embed[tokens].to(model.act_dtype)  # [W, E]
         keep = set(layers[:-1]) if layers else set()
         captured = {}
         for li, layer in enumerate(model.layers):
