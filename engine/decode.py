@@ -181,8 +181,7 @@ class SpeculativeEngine:
         # "static" = the same fixed-shape function without capture (what the CPU tests compare with the
         # eager pass); "off" = the eager pass always.
         self.pass_graphs = "auto"
-        self._static: StaticPasses | None = None
-        self._drafter_static: dict[int, StaticPasses] = {}  # id(drafter weights) -> their runner
+        self._runners: dict[int, StaticPasses] = {}  # id(weights: the target's, a drafter's) -> their runner
         self._static_lock = threading.Lock()
         # The quickest mean baseline pass this engine has measured (ms): the host's quiet speed, against
         # which a comparison tells a busy machine (metrics.busy_machine).
@@ -394,7 +393,7 @@ class SpeculativeEngine:
         else:
             cache = self.target.model.new_cache(capacity + (width if strict else 0))
         if static is not None and drafter.pass_model is not None:
-            drafter.static = self._drafter_static_passes(drafter.pass_model, static.capture)
+            drafter.static = self._runner(drafter.pass_model, static.capture)
         try:
             drafter.ensure_capacity(capacity + width + 1)
             drafter.reset(prompt_ids)
@@ -424,15 +423,16 @@ class SpeculativeEngine:
             return "eager"
         return "cuda-graph" if state.static.capture else "static"
 
-    def _drafter_static_passes(self, model: Transformer, capture: bool) -> StaticPasses:
-        """The fixed-shape runner of a drafter's weights (int8 copy, draft model, EAGLE head), one per weights;
-        the drafter holds it for its run (ModelDrafter.ensure_capacity) or drafts eagerly when it is busy."""
+    def _runner(self, model: Transformer, capture: bool) -> StaticPasses:
+        """The fixed-shape runner of one set of weights (the target's, or a drafter's: int8 copy, draft model,
+        EAGLE head), built once: every slot a run of the context window can use, plus the widest pass twice.
+        A run holds it (``acquire``) or runs eagerly while another does."""
         with self._static_lock:
-            runner = self._drafter_static.get(id(model))
+            runner = self._runners.get(id(model))
             if runner is None or runner.model is not model or runner.capture != capture:
                 slots = self.target.context_window + 2 * STATIC_MAX_WIDTH + 2
                 runner = StaticPasses(model, slots, STATIC_MAX_WIDTH, capture=capture)
-                self._drafter_static[id(model)] = runner
+                self._runners[id(model)] = runner
             return runner
 
     def _static_passes(self, needed: int, width: int, strict: bool) -> StaticPasses | None:
@@ -446,12 +446,7 @@ class SpeculativeEngine:
         graphs = mode == "auto" and capture_available(model.device)
         if not (graphs or (mode == "static" and strict)):
             return None
-        with self._static_lock:
-            if self._static is None or self._static.capture != graphs:
-                # Every slot a run of the model's context window can use, plus the widest pass twice.
-                slots = self.target.context_window + 2 * STATIC_MAX_WIDTH + 2
-                self._static = StaticPasses(model, slots, STATIC_MAX_WIDTH, capture=graphs)
-            runner = self._static
+        runner = self._runner(model, graphs)
         if width > runner.max_width or runner.acquire(needed) is None:
             return None
         return runner
@@ -718,10 +713,11 @@ class SpeculativeEngine:
             self._adaptive_pass_ms(settings, shape, strict=False, drafter=drafter_obj),
             self.level_nodes(drafter_obj, shape),
         )
-        state, _ = self._new_state(prompt_ids, drafter_obj, shape, params, seed, extra, False, adaptive)
-        base = state.cache.length
         samples: list[tuple[int, ...]] = []
+        state = None
         try:
+            state, _ = self._new_state(prompt_ids, drafter_obj, shape, params, seed, extra, False, adaptive)
+            base = state.cache.length
             for index in range(n_samples):
                 state.context = list(prompt_ids)
                 state.cache.length = base  # roll back to the prompt: no recomputation of it
@@ -736,7 +732,7 @@ class SpeculativeEngine:
                 if progress is not None:
                     progress(index + 1, n_samples)
         finally:
-            if state.static is not None:
+            if state is not None and state.static is not None:
                 state.static.release()
             drafter_obj.close()
         return samples

@@ -135,9 +135,8 @@ def test_a_decode_through_the_static_passes_gives_the_eager_tokens(torch_ops_eng
     assert static["metrics"]["target_passes"] == eager["metrics"]["target_passes"]
     if temperature == 0.0:  # greedy: the baseline's tokens too
         assert static["token_ids"] == engine.run(PROMPT, "none", max_new_tokens=24)["token_ids"]
-    runners = {id(r.model): r for r in engine._drafter_static.values()}
     if drafter != "ngram":
-        runner = runners[id(engine.drafter(drafter).pass_model)]
+        runner = engine._runners[id(engine.drafter(drafter).pass_model)]
         assert runner.passes > 0 and not runner._lock.locked()  # used, and released at the run's end
 
 
@@ -147,7 +146,7 @@ def test_a_run_that_finds_the_static_passes_busy_takes_the_eager_path(torch_ops_
     try:
         first = engine.run(PROMPT, "ngram", max_new_tokens=4, strict=True)  # builds the runner
         assert first["metrics"]["pass_path"] == "static"
-        runner = engine._static
+        runner = engine._runners[id(engine.target.model)]
         assert runner.acquire(8) is not None  # another run holds it
         try:
             busy = engine.run(PROMPT, "ngram", max_new_tokens=4, strict=True)

@@ -183,13 +183,14 @@ def write_requests(n: int, seed: int = 0) -> list[str]:
 
 def clean_written_prompt(reply: str) -> str | None:
     """The prompt in a reply of the target to a write request, or None when it is not one: its first
-    non-empty line, without quotes or a "Question:" label, 12 to 300 characters, not held out."""
+    non-empty line, without quotes or a "Question:" label, 12 to 300 characters. (Held-out prompts are
+    the caller's to exclude: train_head passes them once, not read again per reply.)"""
     line = next((part.strip() for part in reply.splitlines() if part.strip()), "")
     for label in ("Question:", "Task:", "Request:", "User:"):
         if line.lower().startswith(label.lower()):
             line = line[len(label) :].strip()
     line = line.strip("\"'“”*` ").strip()
-    if not 12 <= len(line) <= 300 or line.strip() in held_out_texts():
+    if not 12 <= len(line) <= 300:
         return None
     return line
 
