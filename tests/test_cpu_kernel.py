@@ -14,7 +14,9 @@
     (disabled, a compiler that fails, a CPU without a variant, ARM64) falls back
     to torch and says why; SPECLENS_CPU_KERNEL forces a variant; dtype=auto
     picks bf16 where a kernel runs.
-(a)-(d) run once per variant (``variant`` fixture: avx512bf16, avx512, avx2),
+(f) A pass run on another thread, or on two threads at once (two visitors), gives
+    the main thread's bits: the kernels hand out their own work (csrc/task_pool.h).
+(a)-(d) and (f) run once per variant (``variant`` fixture: avx512bf16, avx512, avx2),
 each selected with cpu_kernels.using; a variant this CPU lacks is skipped with
 the reason, so an AVX512-BF16 host tests all three. (e) runs everywhere.
 """
@@ -340,6 +342,48 @@ def test_layer_stack_equals_the_per_layer_path(variant, weights):
     first = model._layer_stack()
     model.layers[0].o = model.layers[1].o  # a swapped matrix: the stack is rebuilt, never stale
     assert model._layer_stack() is not first
+
+
+def test_passes_on_other_threads_and_at_once_give_the_main_threads_bits(variant):
+    """Gradio runs each request on a worker thread, and two visitors' passes run at once: every pass (a
+    prefill, then few-token passes with the layer stack in one call) equals the main thread's bit for bit."""
+    import threading
+
+    from conftest import tiny_hf_model
+
+    from engine.model.transformer import ModelConfig, Transformer
+
+    hf = tiny_hf_model("llama", 512, 0)
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
+    assert model._layer_stack() is not None
+
+    def passes(seed: int) -> list[torch.Tensor]:
+        cache = model.new_cache(96)
+        out = [model.prefill(list(range(3 + seed, 40 + seed)), cache).clone()]
+        for step in range(12):
+            new = torch.tensor([5 + step + seed, 9, 11])
+            out.append(model.run_pass(new, torch.arange(cache.length, cache.length + 3), cache).logits.clone())
+        return out
+
+    expected = {seed: passes(seed) for seed in (0, 1)}
+    assert not torch.equal(expected[0][-1], expected[1][-1])  # two different runs: a mix-up would show
+    results: dict = {}
+
+    def worker(seed: int, key: str) -> None:
+        results[key] = passes(seed)
+
+    alone = threading.Thread(target=worker, args=(0, "alone"))
+    alone.start()
+    alone.join()
+    both = [threading.Thread(target=worker, args=(seed, f"both-{seed}")) for seed in (0, 1)]
+    for thread in both:
+        thread.start()
+    for thread in both:
+        thread.join()
+    for key, seed in (("alone", 0), ("both-0", 0), ("both-1", 1)):
+        assert len(results[key]) == len(expected[seed])
+        for got, want in zip(results[key], expected[seed]):
+            assert torch.equal(got, want), key
 
 
 def test_feature_layers_are_the_layers_outputs_bit_for_bit(variant):

@@ -44,15 +44,19 @@
  * gives it. (Variants differ from each other in the last bits -- avx512bf16 rounds
  * x to bf16, the widening variants keep it float32 -- but each is row-invariant.)
  *
- * Threads: the 16-output blocks are split evenly across OpenMP threads. The
- * library links libgomp by its soname, so in a process that imported torch it
- * runs on torch's already-loaded OpenMP runtime (torch.set_num_threads applies).
+ * Threads: the 16-output blocks are cut into contiguous ranges, a few per thread,
+ * run by the kernels' own workers (task_pool.h: why not OpenMP's parallel regions,
+ * measured). The thread count is omp_get_max_threads() of the caller, on torch's
+ * already-loaded libgomp, so torch.set_num_threads applies.
  */
 #include <omp.h>
+#include <sched.h>
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "task_pool.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include "isa_avx512.h"
@@ -276,6 +280,21 @@ typedef acc_f32 acc_q4;
 #define DEFINE_TILES(KIND, NBT)                                                                                 \
     DEFINE_TILE(KIND, NBT, 1) DEFINE_TILE(KIND, NBT, 2) DEFINE_TILE(KIND, NBT, 3) DEFINE_TILE(KIND, NBT, 4)
 
+/* A product's operands, for the tasks of task_pool.h; each task is a range of output blocks. */
+typedef struct {
+    const void *x;
+    const float *sx;
+    const void *wp;
+    const float *scale;
+    const uint16_t *b;
+    void *y;
+    int y_f32;
+    int64_t rows, in, out;
+} gemm_job;
+/* Ranges per thread: a late worker's range is taken by the caller, and a handful of ranges keeps each a long
+ * contiguous stream of weights. */
+#define GEMM_TASKS_PER_THREAD 2
+
 /* Every tile of output blocks [ob, ob + nb) (nb == NBT, or a shorter tail: 1-block
  * tiles) for every row of x, and the threaded driver over all output blocks. */
 #define DEFINE_DRIVER(KIND, NBT, TT) DEFINE_DRIVER_(KIND, NBT, TT)
@@ -303,21 +322,26 @@ typedef acc_f32 acc_q4;
             }                                                                                                   \
         }                                                                                                       \
     }                                                                                                           \
-    static void run_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b, \
+    static void blocks_##KIND(void *job, int64_t begin, int64_t end) {                                          \
+        const gemm_job *j = job;                                                                                \
+        const void *x = j->x, *wp = j->wp;                                                                      \
+        const float *sx = j->sx, *scale = j->scale;                                                             \
+        const uint16_t *b = j->b;                                                                               \
+        void *y = j->y;                                                                                         \
+        const int y_f32 = j->y_f32;                                                                             \
+        const int64_t rows = j->rows, in = j->in, out = j->out;                                                 \
+        /* One row (plain decoding, drafting) streams one block at a time: measured                             \
+         * faster, most for int8 (7.5-10 ms -> 5.1-5.6 ms per sweep, one thread). The                           \
+         * tile shape never changes a sum's order, only which sums run together. */                             \
+        const int64_t nb = rows == 1 ? 1 : NBT;                                                                 \
+        int64_t ob = begin;                                                                                     \
+        for (; ob + nb <= end; ob += nb) tiles_##KIND(TILE_ARGS, rows, ob, nb);                                 \
+        if (ob < end) tiles_##KIND(TILE_ARGS, rows, ob, end - ob);                                              \
+    }                                                                                                           \
+    static void run_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b,\
                            void *y, int y_f32, int64_t rows, int64_t in, int64_t out) {                         \
-        const int64_t blocks = out / LANES;                                                                     \
-        _Pragma("omp parallel") {                                                                               \
-            /* An even, contiguous share of the output blocks per thread. */                                    \
-            int64_t nthreads = omp_get_num_threads(), me = omp_get_thread_num();                                \
-            int64_t begin = blocks * me / nthreads, end = blocks * (me + 1) / nthreads;                         \
-            /* One row (plain decoding, drafting) streams one block at a time: measured    \
-             * faster, most for int8 (7.5-10 ms -> 5.1-5.6 ms per sweep, one thread). The    \
-             * tile shape never changes a sum's order, only which sums run together. */      \
-            const int64_t nb = rows == 1 ? 1 : NBT;                                                             \
-            int64_t ob = begin;                                                                                 \
-            for (; ob + nb <= end; ob += nb) tiles_##KIND(TILE_ARGS, rows, ob, nb);                             \
-            if (ob < end) tiles_##KIND(TILE_ARGS, rows, ob, end - ob);                                          \
-        }                                                                                                       \
+        gemm_job job = {x, sx, wp, scale, b, y, y_f32, rows, in, out};                                          \
+        pool_for(out / LANES, GEMM_TASKS_PER_THREAD, blocks_##KIND, &job);                                      \
     }
 
 #if T_TILE_bf16 < 1 || T_TILE_bf16 > 4 || T_TILE_i8 < 1 || T_TILE_i8 > 4 || T_TILE_q4 < 1 || T_TILE_q4 > 4
@@ -684,48 +708,47 @@ static void attend_chunk(const float *q, const float *k, const float *v, const u
     }
 }
 
-void attend_few(const float *q, const float *k, const float *v, const uint8_t *mask, float *out, int64_t H,
-                int64_t Hkv, int64_t S, int64_t A, int64_t T, int64_t D, float scale) {
-    const int64_t group = H / Hkv, per_head = group * T;
-    if (D == 64 && T >= 2) {
-        /* Under a mask, each row's leading run of allowed slots (its ranks that are slots). */
-        int64_t lead[mask ? T : 1];
-        for (int64_t t = 0; mask && t < T; t++) {
-            int64_t run = 0;
-            while (run < A && mask[t * A + run]) run++;
-            lead[t] = run;
-        }
-        /* Chunks of at most ATTN_CHUNK queries per key/value head, sized evenly; one
-         * workspace per thread. Dynamic: a prompt's later tokens attend more keys. */
-        const int64_t chunks = (per_head + ATTN_CHUNK - 1) / ATTN_CHUNK;
-#pragma omp parallel
-        {
-            float *work = malloc(sizeof(float) * ATTN_CHUNK * (A + 8 + 64 * ATTN_CHAINS) +
-                                 (mask ? sizeof(int32_t) * ATTN_CHUNK * A : 0));
-            if (!work) abort();
-            int32_t *lists = mask ? (int32_t *)(work + ATTN_CHUNK * (A + 8 + 64 * ATTN_CHAINS)) : NULL;
-#pragma omp for schedule(dynamic)
-            for (int64_t u = 0; u < Hkv * chunks; u++) {
-                const int64_t g = u / chunks, c = u % chunks;
-                const int64_t qbeg = c * per_head / chunks, qend = (c + 1) * per_head / chunks;
-                attend_chunk(q, k, v, mask, lead, out, H, Hkv, S, A, T, scale, g, qbeg, qend, work, lists);
-            }
-            free(work);
-        }
-        return;
+/* attend_few's operands, for the tasks of task_pool.h. */
+typedef struct {
+    const float *q, *k, *v;
+    const uint8_t *mask;
+    const int64_t *lead;
+    float *out;
+    int64_t H, Hkv, S, A, T, D, chunks, per_head;
+    float scale;
+} attn_job;
+
+/* Units [begin, end) of the chunked path: unit u = chunk u % chunks of key/value head u / chunks. */
+static void attn_chunks(void *job, int64_t begin, int64_t end) {
+    const attn_job *j = job;
+    float *work = malloc(sizeof(float) * ATTN_CHUNK * (j->A + 8 + 64 * ATTN_CHAINS) +
+                         (j->mask ? sizeof(int32_t) * ATTN_CHUNK * j->A : 0));
+    if (!work) abort();
+    int32_t *lists = j->mask ? (int32_t *)(work + ATTN_CHUNK * (j->A + 8 + 64 * ATTN_CHAINS)) : NULL;
+    for (int64_t u = begin; u < end; u++) {
+        const int64_t g = u / j->chunks, c = u % j->chunks;
+        const int64_t qbeg = c * j->per_head / j->chunks, qend = (c + 1) * j->per_head / j->chunks;
+        attend_chunk(j->q, j->k, j->v, j->mask, j->lead, j->out, j->H, j->Hkv, j->S, j->A, j->T, j->scale, g, qbeg,
+                     qend, work, lists);
     }
-    /* One query per task: (head, token) pairs in parallel, the same three steps. */
-#pragma omp parallel for schedule(static)
-    for (int64_t ht = 0; ht < H * T; ht++) {
+    free(work);
+}
+
+/* Queries [begin, end) of the one-query path: query ht = token ht % T of head ht / T. */
+static void attn_rows(void *job, int64_t begin, int64_t end) {
+    const attn_job *j = job;
+    const int64_t H = j->H, T = j->T, D = j->D, A = j->A, S = j->S, group = H / j->Hkv;
+    const uint8_t *mask = j->mask;
+    for (int64_t ht = begin; ht < end; ht++) {
         const int64_t h = ht / T, t = ht % T;
         int32_t store[mask ? A : 1];
         const int32_t *listed;
         const int64_t len = attn_list(mask, A, T, t, store, &listed);
-        const float *qh = q + (h * T + t) * D, *kh = k + (h / group) * S * D, *vh = v + (h / group) * S * D;
+        const float *qh = j->q + (h * T + t) * D, *kh = j->k + (h / group) * S * D, *vh = j->v + (h / group) * S * D;
         float scores[len + 8];
-        attn_scores(qh, kh, listed, 0, len, D, scale, scores);
+        attn_scores(qh, kh, listed, 0, len, D, j->scale, scores);
         const float inv = attn_softmax(scores, len);
-        float *oh = out + (t * H + h) * D;
+        float *oh = j->out + (t * H + h) * D;
         if (D == 64) {
             float acc[64 * ATTN_CHAINS];
             memset(acc, 0, sizeof(acc));
@@ -735,6 +758,29 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
             attn_values_any(scores, inv, vh, listed, len, D, oh);
         }
     }
+}
+
+void attend_few(const float *q, const float *k, const float *v, const uint8_t *mask, float *out, int64_t H,
+                int64_t Hkv, int64_t S, int64_t A, int64_t T, int64_t D, float scale) {
+    const int64_t per_head = (H / Hkv) * T;
+    attn_job job = {q, k, v, mask, NULL, out, H, Hkv, S, A, T, D, 0, per_head, scale};
+    if (D == 64 && T >= 2) {
+        /* Under a mask, each row's leading run of allowed slots (its ranks that are slots). */
+        int64_t lead[mask ? T : 1];
+        for (int64_t t = 0; mask && t < T; t++) {
+            int64_t run = 0;
+            while (run < A && mask[t * A + run]) run++;
+            lead[t] = run;
+        }
+        /* Chunks of at most ATTN_CHUNK queries per key/value head, sized evenly; one
+         * workspace per task. Many small tasks: a prompt's later tokens attend more keys. */
+        job.lead = lead;
+        job.chunks = (per_head + ATTN_CHUNK - 1) / ATTN_CHUNK;
+        pool_for(Hkv * job.chunks, 8, attn_chunks, &job);
+        return;
+    }
+    /* One query per step: (head, token) pairs in parallel, the same three steps. */
+    pool_for(H * T, 2, attn_rows, &job);
 }
 
 /* ---- rotary embedding + KV-cache write, fused ------------------------------------
@@ -827,9 +873,28 @@ static void add_rows(float *x, const float *y, int64_t n) {
  *   k, v   the cache, [L, Hkv, S, D] float32; the new keys/values go to slots [start, start + T)
  *   A, mask as attend_few (mask [T, A] or NULL for causal), scale = 1 / sqrt(D)
  * Per layer: x += o(attn(rope(qkv(rms(x))))); x += down(swiglu(gate_up(rms(x)))). */
-void decode_layers(float *x, int64_t T, const layer_desc *layers, int64_t n_layers, float eps, const float *cos,
-                   const float *sin, float *k, float *v, int64_t start, int64_t H, int64_t Hkv, int64_t S, int64_t D,
-                   int64_t A, const uint8_t *mask, float scale) {
+typedef struct {
+    float *x;
+    int64_t T;
+    const layer_desc *layers;
+    int64_t n_layers;
+    float eps;
+    const float *cos, *sin;
+    float *k, *v;
+    int64_t start, H, Hkv, S, D, A;
+    const uint8_t *mask;
+    float scale;
+} layers_job;
+
+static void layers_body(void *arg) {
+    const layers_job *j = arg;
+    float *x = j->x, *k = j->k, *v = j->v;
+    const layer_desc *layers = j->layers;
+    const float *cos = j->cos, *sin = j->sin;
+    const uint8_t *mask = j->mask;
+    const float eps = j->eps, scale = j->scale;
+    const int64_t T = j->T, n_layers = j->n_layers, start = j->start, H = j->H, Hkv = j->Hkv, S = j->S, D = j->D,
+                  A = j->A;
     const int64_t E = layers[0].qkv.in, QKV = layers[0].qkv.out, I = layers[0].down.in, HD = H * D;
     float *buf = malloc(sizeof(float) * T * (QKV + 2 * HD + E + 2 * I + I));
     if (!buf) abort();
@@ -850,4 +915,12 @@ void decode_layers(float *x, int64_t T, const layer_desc *layers, int64_t n_laye
         add_rows(x, tmp, T * E);
     }
     free(buf);
+}
+
+/* Every layer of a pass in one parallel region (task_pool.h): its products and attention are jobs of that team. */
+void decode_layers(float *x, int64_t T, const layer_desc *layers, int64_t n_layers, float eps, const float *cos,
+                   const float *sin, float *k, float *v, int64_t start, int64_t H, int64_t Hkv, int64_t S, int64_t D,
+                   int64_t A, const uint8_t *mask, float scale) {
+    layers_job job = {x, T, layers, n_layers, eps, cos, sin, k, v, start, H, Hkv, S, D, A, mask, scale};
+    team_run(layers_body, &job);
 }
