@@ -44,10 +44,10 @@
  * gives it. (Variants differ from each other in the last bits -- avx512bf16 rounds
  * x to bf16, the widening variants keep it float32 -- but each is row-invariant.)
  *
- * Threads: the 16-output blocks are cut into contiguous ranges, a few per thread,
- * run by the kernels' own workers (task_pool.h: why not OpenMP's parallel regions,
- * measured). The thread count is omp_get_max_threads() of the caller, on torch's
- * already-loaded libgomp, so torch.set_num_threads applies.
+ * Threads: a pass runs in one OpenMP region (task_pool.h: why not one per product,
+ * measured), and the 16-output blocks of each product are cut into contiguous ranges,
+ * a few per thread, claimed by the team's threads. The team is libgomp's, torch's
+ * already-loaded runtime (linked by its soname), so torch.set_num_threads applies.
  */
 #include <omp.h>
 #include <sched.h>
@@ -291,7 +291,7 @@ typedef struct {
     int y_f32;
     int64_t rows, in, out;
 } gemm_job;
-/* Ranges per thread: a late worker's range is taken by the caller, and a handful of ranges keeps each a long
+/* Ranges per thread: a late helper's range is taken by the caller, and a handful of ranges keeps each a long
  * contiguous stream of weights. */
 #define GEMM_TASKS_PER_THREAD 2
 
