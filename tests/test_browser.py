@@ -245,11 +245,24 @@ def test_the_workshop_runs_in_order(app_url, browser):
     page.wait_for_selector("#st-pq .main-svg", timeout=30_000)
     page.screenshot(path=str(SHOTS / "workshop-step-3.png"), full_page=True)
 
-    # 4. The Lossless lab with its defaults: the exact rule is consistent with p, the shortcut is not.
+    # 4. The Lossless lab opens with its defaults (N = 300: the verdicts those give, the exact rule consistent
+    # with p and the shortcut lossy, are test_labs.py's, on the same handler and settings); here the run is
+    # started from the page at the slider's floor, and its verdicts come back on screen.
     _load_step(page, 4)
+    from app.config import LAB_SAMPLES_FLOOR
+    from app.labs.lossless import LOSSLESS_DEFAULTS
+
+    page.wait_for_function(
+        "(n) => document.querySelector('#ll-n input[type=number]')?.value === String(n)",
+        arg=LOSSLESS_DEFAULTS["n"],
+        timeout=30_000,
+    )
+    _set_slider(page, "ll-n", LAB_SAMPLES_FLOOR)
     page.locator("#ll-run").click(timeout=30_000)
     status = _wait_text(page, "#ll-status", "Done in", 600_000)
-    assert "consistent with p" in status and "lossy" in status, status
+    assert f"({3 * LAB_SAMPLES_FLOOR} real samples" in status, status
+    assert "Speculative sampling (int8, exact rule): consistent with p" in status, status
+    assert re.search(r"Broken verifier \(int8, ignores q\): (differs from p|not detected)", status), status
 
     # 5. The creative chat: n-gram finds nothing to copy, about one token per pass.
     _run_step(page, 5, "Open chat with n-gram")

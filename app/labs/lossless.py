@@ -379,7 +379,7 @@ def _controls() -> dict:
 
 def _results() -> dict:
     status = status_box(
-        "*Press **Sample** to draw real samples (with the defaults, 31 s measured on a quiet 2-core CPU; minutes when other work holds the cores).*",
+        "*Press **Sample** to draw real samples (with the defaults, 36 s measured on a quiet 2-core CPU; minutes when other work holds the cores).*",
         "ll-status",
     )
     title = "Next-token histograms against the target's exact p"

@@ -21,9 +21,10 @@ from .step_through import STEP_KEYS, load_step_source
 __all__ = ["STEPS", "layout", "load_step", "step_values", "wire"]
 
 # Step 4's duration with the Lossless lab's defaults (3 samplers × 300 real passes of the default model,
-# bfloat16), measured 2026-12-01: 31 s on a quiet 2-core Xeon with AMX-BF16; 448 s on a teacher's 2-core
-# machine whose cores other work held.
-LOSSLESS_TIME = "31 s measured on a quiet 2-core CPU, up to 7 ½ minutes when other work holds the cores"
+# bfloat16), measured 2026-12-02 on a handler thread as the app runs it: 36 s on a quiet 2-core Xeon with
+# AMX-BF16 (62 s before the kernels stopped opening a parallel region per product: csrc/task_pool.h);
+# 448 s on a teacher's 2-core machine whose cores other work held (2026-12-01).
+LOSSLESS_TIME = "36 s measured on a quiet 2-core CPU, up to 7 ½ minutes when other work holds the cores"
 
 STEPS = [
     {
