@@ -338,7 +338,7 @@ def _controls() -> dict:
         min(d["n"], MAX_LAB_SAMPLES),
         step=SAMPLES_STEP,
         label="Samples N (per sampler)",
-        info="Each sample is one real target pass; 300 per sampler took 10 s on a quiet 2-core CPU (measured).",
+        info="Each sample is one real target pass; 300 per sampler took 10-13 s on a quiet 2-core CPU (measured).",
         elem_id="ll-n",
     )
     c["drafter"] = gr.Radio(
