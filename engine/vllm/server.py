@@ -241,9 +241,9 @@ class VllmServer:
             PYTHONUNBUFFERED="1",
         )
         env.pop("PYTHONPATH", None)  # our engine's modules are not vLLM's
-        # The instruction-set caps of our AVX2 proxy (engine/config.py ISA_CAPS) are for our engine's torch:
-        # vLLM's CPU build returned an empty completion (token 0 at once) under ATEN_CPU_CAPABILITY=avx2.
-        for cap in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        # The instruction-set caps of our AVX2 proxy are for our engine's torch and kernels: vLLM's CPU build
+        # returned an empty completion (token 0 at once) under ATEN_CPU_CAPABILITY=avx2.
+        for cap in config.ISA_CAPS:
             env.pop(cap, None)
         # vLLM asks for tcmalloc and Intel's OpenMP on CPUs (speculation is much slower with GNU's).
         iomp = vllm_python().parent.parent / "lib" / "libiomp5.so"

@@ -50,7 +50,6 @@
  * already-loaded runtime (linked by its soname), so torch.set_num_threads applies.
  */
 #include <omp.h>
-#include <sched.h>
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>

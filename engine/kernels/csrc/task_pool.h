@@ -32,6 +32,11 @@
  * rewritten only after all its tasks have finished, so a successful claim always
  * pairs a task with its own job's function.
  */
+#include <omp.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define POOL_PAUSE() _mm_pause()
