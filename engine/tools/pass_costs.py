@@ -104,6 +104,178 @@ def _model(base: str, timeout: float) -> str:
         raise AnalyzeError(f"{base}/v1/models lists no model: is it an OpenAI-compatible server?") from None
 
 
+COUNTERS = ("requests", "tokens", "accepted", "drafts", "draft_tokens", "decode_s")  # counters summed per case
+CASES = ("decode", "mixed", "verify", "baseline_decode")  # plain, half drafting, all drafting, plain elsewhere
+PROBED = ("decode", "mixed", "verify")  # the cases sent to the probed server (not to the one without speculation)
+
+
+def _server_base(url: str) -> str:
+    """The server's base URL: `url` without a trailing /metrics or /v1."""
+    return url.rstrip("/").removesuffix("/metrics").removesuffix("/v1")
+
+
+class _Probe:
+    """The requests of one probe: random prompts (from `seed`), B of them sent at once to a server, the
+    rounds of a case bracketed by scrapes of the server's counters, and a case's rounds read as ms per pass."""
+
+    def __init__(self, base: str, model: str, repeats: int, timeout: float, seed: int):
+        self.base, self.model, self.repeats, self.timeout = base, model, repeats, timeout
+        self.rng = random.Random(seed)
+
+    def prompt(self, pattern: bool) -> list[int]:
+        """Random token ids: a run then two copies and a bit of it (pattern), or nothing to copy."""
+        run = [self.rng.randrange(*TOKEN_IDS) for _ in range(RUN)]
+        tail = run + run + run[:8] if pattern else [self.rng.randrange(*TOKEN_IDS) for _ in range(2 * RUN + 8)]
+        return run + tail
+
+    def bodies(self, batch: int, drafting: int, max_tokens: int) -> list[dict]:
+        """`batch` completion requests, the first `drafting` of them with a prompt to draft on. Those ask for
+        (K + 1)× the tokens, K ≤ 8, so that where every draft is kept they take as many passes as the plain
+        ones: the batch keeps its mix until the end."""
+        long = 1 + (max_tokens - 1) * 9
+        return [
+            {
+                "model": self.model,
+                "prompt": self.prompt(i < drafting),
+                "max_tokens": long if i < drafting else max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "min_tokens": long if i < drafting else max_tokens,
+            }
+            for i in range(batch)
+        ]
+
+    def send(self, body: dict, server: str, errors: list[Exception]) -> None:
+        """One request; an AnalyzeError (unreachable, or not the tokens asked for) goes to `errors`."""
+        try:
+            made = (_post(server + "/v1/completions", body, self.timeout).get("usage") or {}).get("completion_tokens")
+            if made != body["max_tokens"]:
+                raise AnalyzeError(
+                    f"asked for {body['max_tokens']} tokens, the server made {made}: it cannot be probed this way"
+                )
+        except AnalyzeError as exc:
+            errors.append(exc)
+
+    def timed(self, batch: int, drafting: int, max_tokens: int, server: str | None = None) -> float:
+        """Wall ms of `batch` concurrent requests (self.bodies) to `server` (default: the probed one)."""
+        errors: list[Exception] = []
+        threads = [
+            threading.Thread(target=self.send, args=(body, server or self.base, errors))
+            for body in self.bodies(batch, drafting, max_tokens)
+        ]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return (time.perf_counter() - start) * 1000.0
+
+    def warm_up(self, largest: int, other: str | None) -> None:
+        """The first requests of a fresh server pay for compilation: a few, untimed."""
+        self.timed(1, 1, TOKENS)
+        self.timed(largest, 0, 2)
+        if other:
+            self.timed(largest, 0, 2, other)
+
+    def round_of(self, batch: int, drafting: int, total: dict, server: str) -> None:
+        """One round of a case: `batch` concurrent requests, `drafting` of them with a prompt to draft on,
+        bracketed by scrapes; the counters' deltas and the wall time added to `total`."""
+        from engine.tools.analyze import scrape, snapshot
+
+        speculating = server == self.base
+        before = snapshot(scrape(server), require_speculation=speculating)
+        total["walls"].append(self.timed(batch, drafting, TOKENS, server))
+        after = snapshot(scrape(server), require_speculation=speculating)
+        for key in COUNTERS:
+            total[key] += after[key] - before[key]
+
+    def reading(self, batch: int, drafting: int, total: dict, server: str) -> dict:
+        """A case's rounds read: {"ms" per decode pass, "share" of the requests' passes that drafted, "clock"}."""
+        # every request's first token comes from its prefill; each decode pass adds one plus what it accepted
+        passes = total["tokens"] - total["requests"] - total["accepted"]
+        counted = total["requests"] == self.repeats * batch and passes > 0
+        if counted and total["decode_s"] > 0:
+            # the server's own clock: the seconds each request decoded, over the passes it took, in steady state
+            ms, clock = 1000.0 * total["decode_s"] / passes, "the server's decode time per pass"
+        else:
+            ones = [self.timed(batch, drafting, 1, server) for _ in range(self.repeats)]
+            per_request = passes / (self.repeats * batch) if counted else TOKENS - 1
+            ms = (statistics.median(total["walls"]) - statistics.median(ones)) / per_request
+            clock = "wall-time differences"
+        if ms <= 0:
+            raise AnalyzeError(
+                "the timings could not separate a pass from the requests' overhead (the host is too busy or the "
+                "server too far): enter the pass costs by hand"
+            )
+        share = total["drafts"] / passes if counted else (drafting / batch)
+        return {"ms": ms, "share": min(1.0, share), "clock": clock}
+
+
+def _cases(batches: list[int], servers: dict[str, str | None]) -> list[tuple[int, str, int]]:
+    """(batch, case name, requests drafting) of every case probed: half drafting from B = 2, the server
+    without speculation only where one is given."""
+    return [
+        (batch, name, {"mixed": batch // 2, "verify": batch}.get(name, 0))
+        for batch in batches
+        for name in CASES
+        if (name != "mixed" or batch >= 2) and servers[name]
+    ]
+
+
+def _run_rounds(probe: _Probe, cases: list, servers: dict[str, str | None]) -> dict:
+    """{case: its summed counters and wall times}, the rounds interleaved across cases: a slow spell of the
+    host lands on all of them."""
+    totals = {case: {"walls": [], **dict.fromkeys(COUNTERS, 0.0)} for case in cases}
+    for _ in range(probe.repeats):
+        for case in cases:
+            probe.round_of(case[0], case[2], totals[case], servers[case[1]])
+    return totals
+
+
+def _read_cases(probe: _Probe, cases: list, totals: dict, servers: dict[str, str | None]) -> tuple[dict, set]:
+    """(costs {"<case>_ms", "<case>_share" (speculative cases): {B: value}}, the clocks the readings used)."""
+    costs: dict[str, dict[int, float]] = {
+        "decode_ms": {},
+        "mixed_ms": {},
+        "verify_ms": {},
+        "decode_share": {},
+        "mixed_share": {},
+        "verify_share": {},
+        "baseline_decode_ms": {},
+    }
+    clocks = set()
+    for batch, name, drafting in cases:
+        result = probe.reading(batch, drafting, totals[batch, name, drafting], servers[name])
+        costs[f"{name}_ms"][batch] = result["ms"]
+        clocks.add(result["clock"])
+        if name in PROBED:
+            costs[f"{name}_share"][batch] = result["share"]
+    return costs, clocks
+
+
+def _server_k(cases: list, totals: dict) -> int:
+    """K as the server's counters saw it: draft tokens per draft over the probed server's cases."""
+    speculative = [totals[case] for case in cases if case[1] in PROBED]
+    return round(sum(t["draft_tokens"] for t in speculative) / sum(t["drafts"] for t in speculative))
+
+
+def _drop_unclear(costs: dict, batches: list[int]) -> list[int]:
+    """A batch size whose drafting and plain cases drafted on nearly the same share of passes cannot show what
+    drafting costs there: it is left out of `costs` (and returned), not guessed; AnalyzeError if all are."""
+    unclear = [b for b in batches if costs["verify_share"][b] - costs["decode_share"][b] < MIN_SHARE]
+    for b in unclear:
+        for table in costs.values():
+            table.pop(b, None)
+    if len(unclear) == len(batches):
+        raise AnalyzeError(
+            "at every batch size the passes meant to draft and the plain ones drafted on nearly the same share: "
+            "the probe cannot tell what drafting costs on this server; enter the pass costs by hand"
+        )
+    return unclear
+
+
 def probe_pass_costs(
     url: str,
     model: str | None = None,
@@ -122,151 +294,30 @@ def probe_pass_costs(
     counters saw them, "tokens_per_request", "repeats", "model", "source"};
     AnalyzeError when the server cannot be reached, does not generate the tokens asked for, does not draft on
     the probe's prompts, or the timings cannot separate a pass from the overhead."""
-    from engine.tools.analyze import scrape, snapshot
-
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise AnalyzeError(f"not an http(s) URL: {url!r}")
     if not 2 <= repeats <= 50:
         raise AnalyzeError("repeats must be between 2 and 50")
-    base = url.rstrip("/").removesuffix("/metrics").removesuffix("/v1")
-    model = model or _model(base, timeout)
-    rng = random.Random(seed)
+    base = _server_base(url)
+    probe = _Probe(base, model or _model(base, timeout), repeats, timeout, seed)
     batches = [b for b in BATCHES if b <= max_batch] or [1]
-
-    def prompt(pattern: bool) -> list[int]:
-        run = [rng.randrange(*TOKEN_IDS) for _ in range(RUN)]
-        tail = run + run + run[:8] if pattern else [rng.randrange(*TOKEN_IDS) for _ in range(2 * RUN + 8)]
-        return run + tail
-
-    def timed(batch: int, drafting: int, max_tokens: int, server: str | None = None) -> float:
-        """Wall ms of `batch` concurrent requests, the first `drafting` of them with a prompt to draft on. Those
-        ask for (K + 1)× the tokens, K ≤ 8, so that where every draft is kept they take as many passes as the
-        plain ones: the batch keeps its mix until the end."""
-        long = 1 + (max_tokens - 1) * 9
-        bodies = [
-            {
-                "model": model,
-                "prompt": prompt(i < drafting),
-                "max_tokens": long if i < drafting else max_tokens,
-                "temperature": 0.0,
-                "ignore_eos": True,
-                "min_tokens": long if i < drafting else max_tokens,
-            }
-            for i in range(batch)
-        ]
-        errors: list[Exception] = []
-
-        def one(body: dict) -> None:
-            try:
-                made = (_post((server or base) + "/v1/completions", body, timeout).get("usage") or {}).get(
-                    "completion_tokens"
-                )
-                if made != body["max_tokens"]:
-                    raise AnalyzeError(
-                        f"asked for {body['max_tokens']} tokens, the server made {made}: it cannot be probed this way"
-                    )
-            except AnalyzeError as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=one, args=(body,)) for body in bodies]
-        start = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
-        return (time.perf_counter() - start) * 1000.0
-
-    keys = ("requests", "tokens", "accepted", "drafts", "draft_tokens", "decode_s")
-
-    def round_of(batch: int, drafting: int, total: dict, server: str) -> None:
-        """One round of a case: `batch` concurrent requests, `drafting` of them with a prompt to draft on,
-        bracketed by scrapes; the counters' deltas and the wall time added to `total`."""
-        speculating = server == base
-        before = snapshot(scrape(server), require_speculation=speculating)
-        total["walls"].append(timed(batch, drafting, TOKENS, server))
-        after = snapshot(scrape(server), require_speculation=speculating)
-        for key in keys:
-            total[key] += after[key] - before[key]
-
-    def reading(batch: int, drafting: int, total: dict, server: str) -> dict:
-        """A case's rounds read: {"ms" per decode pass, "share" of the requests' passes that drafted, "clock"}."""
-        # every request's first token comes from its prefill; each decode pass adds one plus what it accepted
-        passes = total["tokens"] - total["requests"] - total["accepted"]
-        counted = total["requests"] == repeats * batch and passes > 0
-        if counted and total["decode_s"] > 0:
-            # the server's own clock: the seconds each request decoded, over the passes it took, in steady state
-            ms, clock = 1000.0 * total["decode_s"] / passes, "the server's decode time per pass"
-        else:
-            ones = [timed(batch, drafting, 1, server) for _ in range(repeats)]
-            per_request = passes / (repeats * batch) if counted else TOKENS - 1
-            ms = (statistics.median(total["walls"]) - statistics.median(ones)) / per_request
-            clock = "wall-time differences"
-        if ms <= 0:
-            raise AnalyzeError(
-                "the timings could not separate a pass from the requests' overhead (the host is too busy or the "
-                "server too far): enter the pass costs by hand"
-            )
-        share = total["drafts"] / passes if counted else (drafting / batch)
-        return {"ms": ms, "share": min(1.0, share), "clock": clock}
-
     other = None
     if baseline_url:
         if not baseline_url.startswith(("http://", "https://")):
             raise AnalyzeError(f"not an http(s) URL: {baseline_url!r}")
-        other = baseline_url.rstrip("/").removesuffix("/metrics").removesuffix("/v1")
+        other = _server_base(baseline_url)
     servers = {"decode": base, "mixed": base, "verify": base, "baseline_decode": other}
-    timed(1, 1, TOKENS)  # warm-up: the first requests of a fresh server pay for compilation
-    timed(max(batches), 0, 2)
-    if other:
-        timed(max(batches), 0, 2, other)
-    cases = [
-        (batch, name, drafting)
-        for batch in batches
-        for name, drafting in (("decode", 0), ("mixed", batch // 2), ("verify", batch), ("baseline_decode", 0))
-        if (name != "mixed" or batch >= 2) and servers[name]
-    ]
-    totals = {case: {"walls": [], **dict.fromkeys(keys, 0.0)} for case in cases}
-    for _ in range(repeats):  # rounds interleaved across cases: a slow spell of the host lands on all of them
-        for case in cases:
-            round_of(case[0], case[2], totals[case], servers[case[1]])
-    costs: dict[str, dict[int, float]] = {
-        "decode_ms": {},
-        "mixed_ms": {},
-        "verify_ms": {},
-        "decode_share": {},
-        "mixed_share": {},
-        "verify_share": {},
-        "baseline_decode_ms": {},
-    }
-    drafts = draft_tokens = 0.0
-    clocks = set()
-    for batch, name, drafting in cases:
-        result = reading(batch, drafting, totals[batch, name, drafting], servers[name])
-        costs[f"{name}_ms"][batch] = result["ms"]
-        clocks.add(result["clock"])
-        if name in ("decode", "mixed", "verify"):
-            costs[f"{name}_share"][batch] = result["share"]
-            drafts += totals[batch, name, drafting]["drafts"]
-            draft_tokens += totals[batch, name, drafting]["draft_tokens"]
-    # A batch size whose drafting and plain cases drafted on nearly the same share of passes cannot show what
-    # drafting costs there: it is left out (and listed), not guessed.
-    unclear = [b for b in batches if costs["verify_share"][b] - costs["decode_share"][b] < MIN_SHARE]
-    for b in unclear:
-        for table in costs.values():
-            table.pop(b, None)
-    if len(unclear) == len(batches):
-        raise AnalyzeError(
-            "at every batch size the passes meant to draft and the plain ones drafted on nearly the same share: "
-            "the probe cannot tell what drafting costs on this server; enter the pass costs by hand"
-        )
+    probe.warm_up(max(batches), other)
+    cases = _cases(batches, servers)
+    totals = _run_rounds(probe, cases, servers)
+    costs, clocks = _read_cases(probe, cases, totals, servers)
+    unclear = _drop_unclear(costs, batches)
     return {
         **costs,
         "left_out": unclear,
-        "k": round(draft_tokens / drafts),
+        "k": _server_k(cases, totals),
         "tokens_per_request": TOKENS,
         "repeats": repeats,
-        "model": model,
+        "model": probe.model,
         "source": "timed through the server's OpenAI API (" + " and ".join(sorted(clocks)) + ")",
     }

@@ -635,33 +635,31 @@ writes training-curves.html beside it).
 """
 
 
-def train_head(cfg: TrainConfig) -> dict:
-    from safetensors.torch import save_file
-
-    from engine.host import cpu_has_native_bf16, host_info
-    from engine.kernels import cpu_kernels
-    from engine.paths import cache_dir
-
+def _apply_quick(cfg: TrainConfig) -> None:
+    """torch's thread count as asked, and --quick's tiny sizes (the whole recipe in seconds)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.quick:
         cfg.prompts, cfg.held_out, cfg.max_new_tokens, cfg.gen_batch = 12, 2, 16, 6
         cfg.vocab, cfg.epochs, cfg.batch_tokens, cfg.eval_tokens = 512, 2, 512, 12
-    t_start = time.perf_counter()
-    work = Path(cfg.work) if cfg.work else cache_dir() / "train-head" / ("quick" if cfg.quick else cfg.target)
-    work.mkdir(parents=True, exist_ok=True)
-    hf, engine, name = _target_checkpoint(cfg, work)
-    layers = hf.config.num_hidden_layers
+
+
+def _resolve_feature_layers(cfg: TrainConfig, layers: int) -> None:
+    """cfg.feature_layers for a target of `layers` layers: the default mix where None, () for the last layer
+    alone, checked otherwise."""
     if cfg.feature_layers is None:
         cfg.feature_layers = default_feature_layers(layers)
     if len(cfg.feature_layers) == 1 and cfg.feature_layers[0] == layers - 1:
         cfg.feature_layers = ()  # the last layer alone: no mix
     if cfg.feature_layers:
         cfg.feature_layers = check_feature_layers(cfg.feature_layers, layers)
-    final = Path(cfg.out) if cfg.out else head_dir(name)
-    # An existing head is replaced only by a better one (install_if_better): the new one is written aside.
-    out = work / "candidate" if (final / HEAD_FILE).exists() and not cfg.force else final
-    on_gpu = hf.device.type == "cuda"
+
+
+def _prompts_and_answers(cfg: TrainConfig, hf, engine, work: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """(training prompts, held-out prompts, the target's answers to the training prompts): stages 1 and 2,
+    the prompts the target writes itself included."""
+    from engine.host import cpu_has_native_bf16
+
     if not 0 <= cfg.written <= cfg.prompts:
         raise ValueError(f"--written must be between 0 and --prompts ({cfg.prompts}), got {cfg.written}")
     built = cfg.prompts - cfg.written
@@ -670,26 +668,104 @@ def train_head(cfg: TrainConfig) -> dict:
     # Answers in bfloat16 on a GPU, and where the CPU computes it natively: 255 against 390 ms per step of 48
     # sequences in float32 (2-core AVX512-BF16 EPYC); our engine's own default passes are bf16 too.
     gen_model = hf
-    if not cfg.quick and (on_gpu or cpu_has_native_bf16()):
+    if not cfg.quick and (hf.device.type == "cuda" or cpu_has_native_bf16()):
         gen_model = copy.deepcopy(hf).to(torch.bfloat16)
     if cfg.written:
         exclude = {p["prompt"].strip() for p in all_prompts} | held_out_texts()
         train_prompts += _written_prompts(cfg, gen_model, engine, cfg.written, exclude, work / "written.jsonl")
     (work / "prompts.json").write_text(json.dumps(train_prompts + held_prompts, indent=0))
     answers = _generate_answers(cfg, gen_model, engine, train_prompts, work / "answers.jsonl")
-    del gen_model
-    sequences = [r["prompt_ids"] + r["answer_ids"] for r in answers]
+    return train_prompts, held_prompts, answers
+
+
+def _cached_features(cfg: TrainConfig, hf, sequences: list[list[int]], work: Path) -> list[torch.Tensor]:
+    """Stage 3, reused only for the sequences (and layers) it was computed from: their digest is saved beside
+    the features."""
     feat_path = work / "features.pt"
-    # The features are reused only for the sequences they were computed from (their digest is saved beside them).
     key = [sequences, list(cfg.feature_layers)] if cfg.feature_layers else sequences
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()
     digest_path = work / "features.sha256"
     if feat_path.exists() and digest_path.exists() and digest_path.read_text().strip() == digest:
-        features = torch.load(feat_path)
-    else:
-        features = _features(hf, sequences, cfg.batch_tokens, cfg.feature_layers)
-        torch.save(features, feat_path)
-        digest_path.write_text(digest + "\n")
+        return torch.load(feat_path)
+    features = _features(hf, sequences, cfg.batch_tokens, cfg.feature_layers)
+    torch.save(features, feat_path)
+    digest_path.write_text(digest + "\n")
+    return features
+
+
+def _host_text(hf) -> str:
+    """Where the head was trained, as the model card says it: the GPU, or the CPU, our kernel and threads."""
+    from engine.host import host_info
+    from engine.kernels import cpu_kernels
+
+    if hf.device.type == "cuda":
+        return f"{torch.cuda.get_device_name(hf.device)} (CUDA, torch {torch.__version__})"
+    host = host_info(torch.device("cpu"), cpu_kernels.variant())
+    return f"{host.get('cpu', 'CPU')} ({host.get('kernel', '')}), {torch.get_num_threads()} threads"
+
+
+def _head_state(cfg: TrainConfig, model, vocab_ids: torch.Tensor) -> tuple[dict[str, torch.Tensor], int]:
+    """(the head file's tensors: the trained parameters, bf16 but under --quick, and the vocabulary; how many
+    parameters were trained)."""
+    state = {
+        k: v.detach().cpu().contiguous().to(torch.bfloat16 if not cfg.quick else torch.float32)
+        for k, v in model.params.items()
+    }
+    trained = sum(v.numel() for v in state.values())
+    state["vocab_ids"] = vocab_ids
+    return state, trained
+
+
+def _head_meta(cfg: TrainConfig, name: str, hidden_size: int, vocab: int, trained: int, training: dict) -> dict:
+    """The head file's metadata (strings, as safetensors keeps them)."""
+    meta = {
+        "format": str(FORMAT if cfg.feature_layers else 1),
+        "target": name,
+        "hidden_size": str(hidden_size),
+        "vocab": str(vocab),
+        "parameters": str(trained),
+        "training": json.dumps(training),
+    }
+    if cfg.feature_layers:
+        meta["feature_layers"] = ",".join(str(i) for i in cfg.feature_layers)
+    return meta
+
+
+def _write_head(
+    cfg: TrainConfig, engine, out: Path, state: dict, meta: dict, card_meta: dict, curves: dict, held: list
+):
+    """Stage 6 into `out`: the head file, its training curves, the acceptance on the `held` prompts (measured
+    with the real engine, on the head just written) and the model card; returns that acceptance."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / HEAD_FILE), metadata=meta)
+    (out / "training-curves.json").write_text(json.dumps(curves))
+    held_out = _held_out_acceptance(engine, out, held, cfg.eval_tokens)
+    (out / "README.md").write_text(_model_card(cfg, card_meta, held_out, "training-curves.json"))
+    (out / "held-out.json").write_text(json.dumps(held_out, indent=2))
+    return held_out
+
+
+def train_head(cfg: TrainConfig) -> dict:
+    """Run the recipe (the module's stages) for `cfg`. The head lands in cfg.out (default assets/heads/<target>);
+    one already there is replaced only by a head that drafts more tokens per pass (or with cfg.force). Returns
+    {"folder", "held_out", "decision" (install_if_better's where a head was there, else None), and the
+    training record (prompts, tokens, steps, minutes, host, config)}."""
+    from engine.paths import cache_dir
+
+    _apply_quick(cfg)
+    t_start = time.perf_counter()
+    work = Path(cfg.work) if cfg.work else cache_dir() / "train-head" / ("quick" if cfg.quick else cfg.target)
+    work.mkdir(parents=True, exist_ok=True)
+    hf, engine, name = _target_checkpoint(cfg, work)
+    _resolve_feature_layers(cfg, hf.config.num_hidden_layers)
+    final = Path(cfg.out) if cfg.out else head_dir(name)
+    # An existing head is replaced only by a better one (install_if_better): the new one is written aside.
+    out = work / "candidate" if (final / HEAD_FILE).exists() and not cfg.force else final
+    train_prompts, held_prompts, answers = _prompts_and_answers(cfg, hf, engine, work)
+    sequences = [r["prompt_ids"] + r["answer_ids"] for r in answers]
+    features = _cached_features(cfg, hf, sequences, work)
     vocab_ids = _vocabulary(sequences, cfg.vocab, set(engine.eos_ids), hf.config.vocab_size)
     E = hf.config.hidden_size  # (the fused input is scaled to the last layer's rows, which the decoder layer starts on)
     rms = float(torch.cat([f[:64, -E:].float() for f in features[:64]]).pow(2).mean().sqrt())
@@ -697,18 +773,7 @@ def train_head(cfg: TrainConfig) -> dict:
     t_train = time.perf_counter()
     curves = _train(cfg, model, sequences, features, [len(r["prompt_ids"]) for r in answers], work / "checkpoint.pt")
     train_minutes = (time.perf_counter() - t_train) / 60
-    out.mkdir(parents=True, exist_ok=True)
-    state = {
-        k: v.detach().cpu().contiguous().to(torch.bfloat16 if not cfg.quick else torch.float32)
-        for k, v in model.params.items()
-    }
-    trained = sum(v.numel() for v in state.values())
-    state["vocab_ids"] = vocab_ids
-    if on_gpu:
-        where = f"{torch.cuda.get_device_name(hf.device)} (CUDA, torch {torch.__version__})"
-    else:
-        host = host_info(torch.device("cpu"), cpu_kernels.variant())
-        where = f"{host.get('cpu', 'CPU')} ({host.get('kernel', '')}), {torch.get_num_threads()} threads"
+    state, trained = _head_state(cfg, model, vocab_ids)
     training = {
         "prompts": len(train_prompts),
         "written_by_target": sum(p["kind"] == "written" for p in train_prompts),
@@ -716,25 +781,12 @@ def train_head(cfg: TrainConfig) -> dict:
         "steps": len(curves["step"]),
         "minutes": train_minutes,
         "total_minutes": (time.perf_counter() - t_start) / 60,
-        "host": where,
+        "host": _host_text(hf),
         "config": {k: v for k, v in asdict(cfg).items() if k != "command"},
     }
-    meta = {
-        "format": str(FORMAT if cfg.feature_layers else 1),
-        "target": name,
-        "hidden_size": str(hf.config.hidden_size),
-        "vocab": str(len(vocab_ids)),
-        "parameters": str(trained),
-        "training": json.dumps(training),
-    }
-    if cfg.feature_layers:
-        meta["feature_layers"] = ",".join(str(i) for i in cfg.feature_layers)
-    save_file(state, str(out / HEAD_FILE), metadata=meta)
-    (out / "training-curves.json").write_text(json.dumps(curves))
-    held = _held_out_acceptance(engine, out, [p["prompt"] for p in held_prompts], cfg.eval_tokens)
+    meta = _head_meta(cfg, name, hf.config.hidden_size, len(vocab_ids), trained, training)
     card_meta = {"target": name, "vocab": len(vocab_ids), "parameters": trained, "training": training}
-    (out / "README.md").write_text(_model_card(cfg, card_meta, held, "training-curves.json"))
-    (out / "held-out.json").write_text(json.dumps(held, indent=2))
+    held = _write_head(cfg, engine, out, state, meta, card_meta, curves, [p["prompt"] for p in held_prompts])
     decision = None
     if out != final:
         decision = install_if_better(engine, out, final, cfg.eval_tokens)

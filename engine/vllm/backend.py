@@ -42,7 +42,7 @@ the server reports: the served model, whether it speculates and with which K
 (from ``/metrics``), its speculative config where readable (``/server_info`` in
 vLLM's dev mode, or what the caller started it with).
 
-One file (~720 lines) on purpose: the HTTP client, the stream parsing and the alignment
+One file (~750 lines) on purpose: the HTTP client, the stream parsing and the alignment
 of vLLM's per-step counts with the streamed tokens are one translation (a response into
 SpecLens events); the server manager and the batch measurement live apart.
 """
@@ -482,12 +482,40 @@ class VllmBackend:
 
     def _run(self, prompt, path, body, info, max_new, temp, topp, topk, seed, chat, payload):
         from engine.events import start_event
-        from engine.metrics import summarize_steps
 
         spec = info["speculative"]
         k = int(info["k"] or 0) if spec else 0
+        run = self._run_record(info, k, max_new, temp, topp, topk, seed, chat, payload)
+        text = prompt if isinstance(prompt, str) else None
+        got = _Received()
+        started = time.perf_counter()
+        start_sent = False
+        for arrived, chunk in self._stream(path, body):
+            got.add(arrived, chunk)
+            # payload "off" (the benchmark): nothing but the stream while it runs.
+            if not start_sent and got.prompt_ids is not None and payload != "off":
+                start_sent = True
+                yield start_event(run, text, got.prompt_ids, self._text_of)
+        wall_s = time.perf_counter() - started
+        if got.prompt_ids is None:
+            raise VllmError("vLLM's stream carried no prompt token ids (is return_token_ids supported? vLLM >= 0.10)")
+        if not start_sent:
+            yield start_event(run, text, got.prompt_ids, self._text_of)
+        got.check(payload)
+        tokens, logprobs, method = got.token_ids, got.logprobs, info.get("method")
+        accepted, drafted = self._spec_counts(spec, got.spec_metrics)
+        plan, choices = align_steps([n for _, n in got.chunks], accepted, len(tokens))
+        texts = self.token_texts(set(tokens) | {i for _, top in logprobs for i, _ in top}) if payload == "full" else {}
+        steps = self._steps(plan, accepted, drafted, tokens, logprobs, got.chunks, started, texts, payload, method)
+        if payload != "off":
+            yield from steps
+        yield _finish(got, plan, choices, steps, k, wall_s, started)
+
+    def _run_record(self, info, k, max_new, temp, topp, topk, seed, chat, payload) -> dict:
+        """The start event's run: the server, its speculation (K from `info`) and the request's settings."""
+        spec = info["speculative"]
         method = info.get("method")
-        run = {
+        return {
             "mode": "speculative" if spec else "baseline",
             "target": info["model"],
             "drafter": ("vllm:" + (method or "unknown")) if spec else "none",
@@ -517,75 +545,6 @@ class VllmBackend:
             "speculative_config_source": info.get("speculative_config_source"),
             "absent": list(ABSENT) + ([] if self._eos_ids is not None else ["eos ids (vLLM does not report them)"]),
         }
-        started = time.perf_counter()
-        prompt_ids: list[int] | None = None
-        token_ids: list[int] = []
-        logprobs: list[tuple[float | None, list[tuple[int, float]]]] = []
-        chunks: list[tuple[float, int]] = []  # (arrival, tokens) of every chunk that carried tokens
-        text_parts: list[str] = []
-        finish_reason = None
-        spec_metrics = None
-        usage = {}
-        start_sent = False
-        for arrived, chunk in self._stream(path, body):
-            if prompt_ids is None and chunk.get("prompt_token_ids") is not None:
-                prompt_ids = list(chunk["prompt_token_ids"])
-            for choice in chunk.get("choices") or []:
-                if prompt_ids is None and choice.get("prompt_token_ids") is not None:
-                    prompt_ids = list(choice["prompt_token_ids"])
-                ids = list(choice.get("token_ids") or [])
-                text_parts.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
-                logprobs.extend(_logprobs(choice.get("logprobs")))
-                if ids:
-                    token_ids.extend(ids)
-                    chunks.append((arrived, len(ids)))
-                finish_reason = choice.get("finish_reason") or finish_reason
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-                spec_metrics = (chunk.get("metrics") or {}).get("speculative_decoding")
-            # payload "off" (the benchmark): nothing but the stream while it runs.
-            if not start_sent and prompt_ids is not None and payload != "off":
-                start_sent = True
-                yield start_event(run, prompt if isinstance(prompt, str) else None, prompt_ids, self._text_of)
-        wall_s = time.perf_counter() - started
-        if prompt_ids is None:
-            raise VllmError("vLLM's stream carried no prompt token ids (is return_token_ids supported? vLLM >= 0.10)")
-        if not start_sent:
-            yield start_event(run, prompt if isinstance(prompt, str) else None, prompt_ids, self._text_of)
-        if payload == "off":
-            logprobs = [(None, [])] * len(token_ids)
-        if len(logprobs) != len(token_ids):
-            raise VllmError(f"vLLM streamed {len(token_ids)} tokens but {len(logprobs)} logprob entries")
-        if usage and usage.get("completion_tokens") not in (None, len(token_ids)):
-            raise VllmError(
-                f"vLLM reported {usage['completion_tokens']} completion tokens but streamed {len(token_ids)}"
-            )
-        accepted, drafted = self._spec_counts(spec, spec_metrics)
-        plan, choices = align_steps([n for _, n in chunks], accepted, len(token_ids))
-        texts = (
-            self.token_texts(set(token_ids) | {i for _, top in logprobs for i, _ in top}) if payload == "full" else {}
-        )
-        steps = self._steps(plan, accepted, drafted, token_ids, logprobs, chunks, started, texts, payload, method)
-        if payload != "off":
-            yield from steps
-        from engine.events import finish_event
-
-        prefill_s = chunks[0][0] - started if chunks else 0.0
-        metrics = summarize_steps(steps, k, wall_s, prefill_s)
-        stop = {"stop": "eos", "length": "max_new_tokens"}.get(finish_reason or "", finish_reason or "unknown")
-        finish = finish_event(stop, "".join(text_parts), token_ids, metrics)
-        finish["vllm"] = {
-            "finish_reason": finish_reason,
-            "usage": usage,
-            "speculative_decoding": spec_metrics,
-            "alignment": {
-                "chunks": len(chunks),
-                "steps": len(plan),
-                "one_token_choices": choices,
-                "rule": "fewest steps sharing a chunk, then drafting steps first (see align_steps)",
-            },
-        }
-        yield finish
 
     def _spec_counts(self, spec, spec_metrics) -> tuple[list[int], list[int]]:
         if spec_metrics is None:
@@ -684,6 +643,73 @@ class VllmBackend:
             if ends_chunk:
                 prev_time = arrived
         return steps
+
+
+class _Received:
+    """What one streamed response carried, chunk by chunk (VllmBackend._run)."""
+
+    def __init__(self):
+        self.prompt_ids: list[int] | None = None
+        self.token_ids: list[int] = []
+        self.logprobs: list[tuple[float | None, list[tuple[int, float]]]] = []
+        self.chunks: list[tuple[float, int]] = []  # (arrival, tokens) of every chunk that carried tokens
+        self.text_parts: list[str] = []
+        self.finish_reason = None
+        self.spec_metrics = None
+        self.usage = {}
+
+    def add(self, arrived: float, chunk: dict) -> None:
+        if self.prompt_ids is None and chunk.get("prompt_token_ids") is not None:
+            self.prompt_ids = list(chunk["prompt_token_ids"])
+        for choice in chunk.get("choices") or []:
+            if self.prompt_ids is None and choice.get("prompt_token_ids") is not None:
+                self.prompt_ids = list(choice["prompt_token_ids"])
+            ids = list(choice.get("token_ids") or [])
+            self.text_parts.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+            self.logprobs.extend(_logprobs(choice.get("logprobs")))
+            if ids:
+                self.token_ids.extend(ids)
+                self.chunks.append((arrived, len(ids)))
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+            self.spec_metrics = (chunk.get("metrics") or {}).get("speculative_decoding")
+
+    def check(self, payload: str) -> None:
+        """One logprob entry per token (empty ones for payload "off", which asked for none) and as many tokens
+        as the usage counts; VllmError otherwise."""
+        if payload == "off":
+            self.logprobs = [(None, [])] * len(self.token_ids)
+        if len(self.logprobs) != len(self.token_ids):
+            raise VllmError(f"vLLM streamed {len(self.token_ids)} tokens but {len(self.logprobs)} logprob entries")
+        if self.usage and self.usage.get("completion_tokens") not in (None, len(self.token_ids)):
+            raise VllmError(
+                f"vLLM reported {self.usage['completion_tokens']} completion tokens but streamed {len(self.token_ids)}"
+            )
+
+
+def _finish(got: _Received, plan: list, choices: int, steps: list[dict], k: int, wall_s: float, started: float):
+    """The finish event of a streamed run: the metrics of its steps, and what vLLM said (``vllm``)."""
+    from engine.events import finish_event
+    from engine.metrics import summarize_steps
+
+    prefill_s = got.chunks[0][0] - started if got.chunks else 0.0
+    metrics = summarize_steps(steps, k, wall_s, prefill_s)
+    reason = got.finish_reason
+    stop = {"stop": "eos", "length": "max_new_tokens"}.get(reason or "", reason or "unknown")
+    finish = finish_event(stop, "".join(got.text_parts), got.token_ids, metrics)
+    finish["vllm"] = {
+        "finish_reason": reason,
+        "usage": got.usage,
+        "speculative_decoding": got.spec_metrics,
+        "alignment": {
+            "chunks": len(got.chunks),
+            "steps": len(plan),
+            "one_token_choices": choices,
+            "rule": "fewest steps sharing a chunk, then drafting steps first (see align_steps)",
+        },
+    }
+    return finish
 
 
 def _prob(logprob: float | None) -> float | None:
