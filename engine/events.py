@@ -11,12 +11,15 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from engine.drafters.base import DraftTree
 from engine.trace import EVENT_VERSION
-from engine.verification import Verdict
+
+if TYPE_CHECKING:  # read, never built, here: the schema needs neither the verifier nor its kernels
+    from engine.drafters.base import DraftTree
+    from engine.verification import Verdict
 
 __all__ = [
     "PROB_DIGITS",

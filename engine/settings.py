@@ -66,6 +66,14 @@ class GenerationSettings:
     # Earlier answers of the session (texts, oldest first) that the suffix drafter may draft from; other
     # drafters ignore them. The app passes the session's own answers, never another session's.
     history: tuple = ()  # of str, or of token-id tuples
+    # Run modes, recorded in the start event like every other setting. pass_graphs: how fixed-shape target
+    # passes run ("auto": CUDA graphs where the target runs on CUDA; "static": the same fixed-shape passes
+    # without capture, for strict runs; "off": eager always; engine.model.runners). chain_verifier: how a
+    # sampled chain is verified ("auto": one batched call, the Triton kernel, where the target runs on CUDA,
+    # else the walk of acceptance.verify_children; "batch" or "walk" force one). Both verifiers are exact;
+    # they draw their uniforms in a different order, so one seed gives different (equally exact) samples.
+    pass_graphs: str = "auto"
+    chain_verifier: str = "auto"
 
     def validate(self) -> tuple[SamplingParams, TreeShape]:
         params = SamplingParams(self.temperature, self.top_k, self.top_p)
@@ -84,6 +92,10 @@ class GenerationSettings:
             raise ValueError(f"seed must be an integer between 0 and 2**63 - 1, got {self.seed!r}")
         if self.payload not in ("full", "reduced", "off"):
             raise ValueError(f"payload must be 'full', 'reduced' or 'off', got {self.payload!r}")
+        if self.pass_graphs not in ("auto", "static", "off"):
+            raise ValueError(f"pass_graphs must be auto, static or off; got {self.pass_graphs!r}")
+        if self.chain_verifier not in ("auto", "batch", "walk"):
+            raise ValueError(f"chain_verifier must be auto, batch or walk; got {self.chain_verifier!r}")
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
         self.adaptive_min_confidence = check_min_confidence(self.adaptive_min_confidence)

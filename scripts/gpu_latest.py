@@ -101,11 +101,8 @@ def graph_parity(engine, prompts, tokens: int) -> list[dict]:
     for prompt in prompts:
         for drafter, shape in (("none", {}), ("ngram", {"k": 8}), ("eagle", {"k": 4})):
             settings = dict(max_new_tokens=tokens, temperature=0.0, **shape)
-            engine.pass_graphs = "off"
-            want = engine.run(prompt, drafter, **settings)
-            engine.pass_graphs = "auto" if graphs else "static"
-            got = engine.run(prompt, drafter, strict=not graphs, **settings)
-            engine.pass_graphs = "auto"
+            want = engine.run(prompt, drafter, pass_graphs="off", **settings)
+            got = engine.run(prompt, drafter, strict=not graphs, pass_graphs="auto" if graphs else "static", **settings)
             rows.append(
                 {
                     "drafter": drafter,

@@ -137,7 +137,7 @@ def pace_target_passes(monkeypatch, floor_s: float = PASS_FLOOR_S, stamps: list[
 
     from engine.decode import SpeculativeEngine
 
-    original = SpeculativeEngine._step
+    original = SpeculativeEngine.step
 
     def paced_step(self, *args, **kwargs):
         started = time.monotonic()
@@ -147,7 +147,7 @@ def pace_target_passes(monkeypatch, floor_s: float = PASS_FLOOR_S, stamps: list[
             stamps.append(time.monotonic())
         return result
 
-    monkeypatch.setattr(SpeculativeEngine, "_step", paced_step)
+    monkeypatch.setattr(SpeculativeEngine, "step", paced_step)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from engine.decode import GenerationSettings
 from engine.drafters.adaptive import STOP_REASONS, AdaptiveDepth, verified_outcomes
 from engine.drafters.base import DraftTree, TreeShape
 from engine.tools.exactness import TEST_LEVEL, chi_square_test, pair_distribution, verify_children_ignoring_q
+from engine.tools.samples import next_token_distribution, sample_next_tokens
 from engine.trace import dumps, loads, step_events
 
 # the exact rule, or the lossy negative control passed to the tree walk in its place
@@ -124,10 +125,10 @@ def test_drafting_cost_is_a_first_level_plus_cheaper_deeper_ones():
 
 
 def test_the_engine_measures_pass_costs_once(tiny_engine):
-    costs = tiny_engine.pass_costs_ms(5)
+    costs = tiny_engine.costs.pass_ms(5)
     assert len(costs) == 5 and all(c > 0 for c in costs)
-    assert tiny_engine.pass_costs_ms(3) == costs[:3]  # cached: no second measurement
-    assert tiny_engine.pass_costs_ms(5) == costs
+    assert tiny_engine.costs.pass_ms(3) == costs[:3]  # cached: no second measurement
+    assert tiny_engine.costs.pass_ms(5) == costs
 
 
 def test_wide_shapes_get_interpolated_costs_and_adapt(tiny_engine):
@@ -287,13 +288,13 @@ def test_payload_off_runs_adapt_too(tiny_engine):
 # --------------------------------------------------------------------- sampling: exactly p
 def _pair_test(engine, drafter: str, verifier: str, n: int, **settings) -> dict:
     """Chi-square of n sampled (x1, x2) against the target's p(x1)·p(x2 | x1)."""
-    samples = engine.sample_next_tokens(
-        REPEAT_PROMPT, drafter, n_samples=n, n_tokens=2, verify_node=VERIFIERS[verifier], **settings
+    samples = sample_next_tokens(
+        engine, REPEAT_PROMPT, drafter, n_samples=n, n_tokens=2, verify_node=VERIFIERS[verifier], **settings
     )
     filters = dict(temperature=1.0, top_k=settings["top_k"], chat=False)
 
     def dist(prefix):
-        p = engine.next_token_distribution(REPEAT_PROMPT, prefix, **filters)
+        p = next_token_distribution(engine, REPEAT_PROMPT, prefix, **filters)
         return {int(t): float(p[t]) for t in torch.nonzero(p).flatten()}
 
     law = pair_distribution(dist([]), lambda x1: dist([x1]))
@@ -325,12 +326,12 @@ def test_adaptive_sampling_is_exact_and_the_negative_control_is_caught(flat_engi
     # target passes that are dear against a head step (a large target) keep drafts deep enough to meet
     # the confidence stop; for the n-gram drafter, passes whose cost grows with width (a CPU's compute-
     # bound passes) make K follow acceptance up and down.
-    saved = engine._pass_costs
-    engine._pass_costs = [1000.0] * 16 if drafter == "eagle" else [10.0 * w for w in range(1, 17)]
+    saved = engine.costs._pass_ms
+    engine.costs._pass_ms = [1000.0] * 16 if drafter == "eagle" else [10.0 * w for w in range(1, 17)]
     try:
         _adaptive_sampling_checks(engine, drafter, settings)
     finally:
-        engine._pass_costs = saved
+        engine.costs._pass_ms = saved
 
 
 def _adaptive_sampling_checks(engine, drafter: str, settings: dict) -> None:

@@ -33,6 +33,7 @@ import torch
 
 from engine.kernels import cpu_kernels
 from engine.model.transformer import Linear
+from engine.tools.samples import next_token_distribution
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -685,10 +686,10 @@ def test_default_model_runs_on_its_gguf_q4_1_blocks():
     model = engine.target.model
     bf16_bytes = model.weight_bytes
     prompt = "Rename x to total: x = 1\nprint(x)"
-    before = engine.next_token_distribution(prompt)
+    before = next_token_distribution(engine, prompt)
     assert use_gguf_q4_1(model, path) == 4 * model.cfg.num_layers
     assert isinstance(model.layers[0].qkv, Q4Linear) and model.weight_bytes < 0.5 * bf16_bytes
-    after = engine.next_token_distribution(prompt)
+    after = next_token_distribution(engine, prompt)
     assert int(torch.as_tensor(before).argmax()) == int(torch.as_tensor(after).argmax())
     # the int8 drafter is built from the Q4_1 matrices (dequantised, then int8 per channel)
     results = list(parity_check(engine, [prompt], "int8", max_new_tokens=12, k=3))

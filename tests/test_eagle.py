@@ -17,6 +17,7 @@ from engine.kernels import cpu_kernels
 from engine.metrics import draft_token_cost
 from engine.tools.exactness import TEST_LEVEL, chi_square_test, pair_distribution, verify_children_ignoring_q
 from engine.tools.parity import parity_check
+from engine.tools.samples import next_token_distribution, sample_next_tokens
 
 # the exact rule, or the lossy negative control passed to the tree walk in its place
 VERIFIERS = {"exact": None, "drop_q": verify_children_ignoring_q}
@@ -54,7 +55,7 @@ def random_head(engine, vocab: int = 4096, seed: int = 0) -> EagleHead:
 def tiny_eagle(tiny_engine):
     tiny_engine.use_eagle_head(random_head(tiny_engine))
     yield tiny_engine
-    tiny_engine._head = None
+    tiny_engine.use_eagle_head(None)
 
 
 def test_head_reads_exactly_the_targets_features_of_committed_positions(tiny_eagle):
@@ -67,16 +68,18 @@ def test_head_reads_exactly_the_targets_features_of_committed_positions(tiny_eag
     ids = prompt_ids + run["token_ids"]
     from engine.decode import GenerationSettings
 
-    params, shape = GenerationSettings(k=3, max_new_tokens=20).validate()
-    state, _ = engine._new_state(prompt_ids, drafter, shape, params, 0, 40, False)
-    for _ in range(4):
-        result = engine._step(state)
-        state.context.extend(item["token_id"] for item in result.verdict.emitted(result.tree))
-    known = drafter.known
-    assert known == len(state.context) - 1
-    cache = engine.target.model.new_cache(len(state.context) + 1)
-    hidden = engine.target.model.prefill_features(state.context[:-1], cache).hidden
-    torch.testing.assert_close(drafter.features[:known], hidden.to(drafter.features.dtype), rtol=1e-4, atol=1e-4)
+    settings = GenerationSettings(k=3, max_new_tokens=20)
+    params, shape = settings.validate()
+    with engine.running(prompt_ids, drafter, settings, shape, params, 0, 40) as state:
+        for _ in range(4):
+            result = engine.step(state)
+            state.context.extend(item["token_id"] for item in result.verdict.emitted(result.tree))
+        known = drafter.known
+        assert known == len(state.context) - 1
+        cache = engine.target.model.new_cache(len(state.context) + 1)
+        hidden = engine.target.model.prefill_features(state.context[:-1], cache).hidden
+        features = drafter.features[:known]
+        torch.testing.assert_close(features, hidden.to(drafter.features.dtype), rtol=1e-4, atol=1e-4)
     assert ids[: len(state.context)] == state.context  # the same greedy text as the run
 
 
@@ -95,12 +98,12 @@ def test_one_token_prompt_drafts_nothing_first_then_drafts(tiny_eagle):
 
 def _pair_test(engine, drafter: str, shape: dict, verifier: str, n: int = 1500) -> dict:
     settings = dict(temperature=1.0, top_k=3, seed=7, **shape)
-    samples = engine.sample_next_tokens(
-        PROMPT, drafter, n_samples=n, n_tokens=2, verify_node=VERIFIERS[verifier], **settings
+    samples = sample_next_tokens(
+        engine, PROMPT, drafter, n_samples=n, n_tokens=2, verify_node=VERIFIERS[verifier], **settings
     )
 
     def dist(prefix):
-        p = engine.next_token_distribution(PROMPT, prefix, temperature=1.0, top_k=3)
+        p = next_token_distribution(engine, PROMPT, prefix, temperature=1.0, top_k=3)
         return {int(t): float(p[t]) for t in torch.nonzero(p).flatten()}
 
     law = pair_distribution(dist([]), lambda x1: dist([x1]))
@@ -196,9 +199,9 @@ def test_train_head_quick_writes_a_head_the_engine_drafts_with(tmp_path, tiny_en
         try:
             results = list(parity_check(tiny_engine, [PROMPT, "List three fruits."], "eagle", max_new_tokens=16, k=3))
             assert all(r["identical"] for r in results), results
-            assert tiny_engine.drafter("eagle").feature_layers == layers
+            assert tiny_engine.drafter("eagle").needs.feature_layers == layers
         finally:
-            tiny_engine._head = None
+            tiny_engine.use_eagle_head(None)
     bad = subprocess.run(
         [sys.executable, "-m", "engine", "train-head", "--quick", "--feature-layers", "1,0", "--work", str(work)],
         capture_output=True,

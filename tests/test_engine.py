@@ -11,6 +11,7 @@ import torch
 from engine import trace as trace_io
 from engine.decode import DecodeState, GenerationSettings
 from engine.drafters import NgramDrafter, TreeShape
+from engine.drafters.base import DraftContext
 from engine.sampling import SamplingParams
 
 PROMPT = [1, 504, 2741, 314, 253, 1345, 28, 504, 2741, 314]
@@ -35,7 +36,7 @@ def test_ngram_most_recent_distinct_branches():
 def test_ngram_no_match_proposes_nothing():
     d = NgramDrafter(max_ngram=3, min_ngram=2)
     assert d.find_continuations([1, 2, 3, 4, 5, 6], 4, 2) == []
-    tree = d.propose([1, 2, 3, 4, 5, 6], TreeShape(4), SamplingParams(), None)
+    tree = d.propose(DraftContext([1, 2, 3, 4, 5, 6], TreeShape(4), SamplingParams()))
     assert len(tree) == 0
 
 
@@ -48,7 +49,7 @@ def test_ngram_window_limits_the_search():
 def test_ngram_tree_respects_shape():
     d = NgramDrafter(max_ngram=1, min_ngram=1)
     context = [4, 1, 4, 2, 4, 3, 4]
-    tree = d.propose(context, TreeShape(steps=2, topk=3, budget=5), SamplingParams(), None)
+    tree = d.propose(DraftContext(context, TreeShape(steps=2, topk=3, budget=5), SamplingParams()))
     assert len(tree) == 5
     assert tree.children(-1) == [0, 2, 4]
     assert tree.point_mass
@@ -60,18 +61,18 @@ def test_ngram_draft_is_as_long_as_its_match_vouches_for():
     shape = TreeShape(steps=8)
     # The suffix (7, 8) matches 2 tokens (9, 7, 8 did not occur before): 2 * 2 = 4 tokens.
     short = [1, 7, 8] + copy + [9, 7, 8]
-    tree = NgramDrafter(max_ngram=6, per_match=2).propose(short, shape, SamplingParams(), None)
+    tree = NgramDrafter(max_ngram=6, per_match=2).propose(DraftContext(short, shape, SamplingParams()))
     assert tree.tokens == copy[:4] and tree.stop == "short-match"
     # The same match with no limit drafts the pass's K.
-    tree = NgramDrafter(max_ngram=6, per_match=0).propose(short, shape, SamplingParams(), None)
+    tree = NgramDrafter(max_ngram=6, per_match=0).propose(DraftContext(short, shape, SamplingParams()))
     assert tree.tokens == copy[:8] and tree.stop == "depth"
     # A 4-token match vouches for 8 tokens: the pass's K.
     long = [1, 5, 6, 7, 8] + copy + [9, 5, 6, 7, 8]
-    tree = NgramDrafter(max_ngram=6, per_match=2).propose(long, shape, SamplingParams(), None)
+    tree = NgramDrafter(max_ngram=6, per_match=2).propose(DraftContext(long, shape, SamplingParams()))
     assert tree.tokens == copy[:8] and tree.stop == "depth"
     # A continuation that ends before the limit is a lookup that found no more.
     ends = [1, 7, 8, 100, 101, 9, 7, 8]
-    tree = NgramDrafter(max_ngram=6, per_match=3).propose(ends, shape, SamplingParams(), None)
+    tree = NgramDrafter(max_ngram=6, per_match=3).propose(DraftContext(ends, shape, SamplingParams()))
     assert tree.tokens == [100, 101, 9, 7, 8] and tree.stop == "no-match"
 
 
@@ -127,8 +128,9 @@ def test_ngram_spec_sets_the_lookup(tiny_engine):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("chain_verifier", ["walk", "batch"])
 def test_trace_round_trips_and_counts_add_up(tiny_engine, drafter, temperature, chain_verifier, monkeypatch):
-    monkeypatch.setattr(tiny_engine, "chain_verifier", chain_verifier)
-    run = tiny_engine.run(PROMPT, drafter, max_new_tokens=24, k=3, temperature=temperature, seed=11)
+    run = tiny_engine.run(
+        PROMPT, drafter, max_new_tokens=24, k=3, temperature=temperature, seed=11, chain_verifier=chain_verifier
+    )
     events = run["events"]
     assert events[0]["type"] == "start" and events[-1]["type"] == "finish"
     assert trace_io.loads(trace_io.dumps(events)) == json.loads(json.dumps(events))
@@ -205,7 +207,7 @@ def test_cache_rollback_after_rejection_matches_recomputation(tiny_engine):
     params, shape = settings.validate()
     # n-gram drafts are point masses, so a draft with p(x) < 1 gets rejected often.
     drafter = engine.drafter("ngram")
-    drafter.reset(PROMPT)
+    drafter.start(PROMPT, 256)
     cache = model.new_cache(256)
     model.forward(torch.tensor(PROMPT[:-1]), torch.arange(len(PROMPT) - 1), cache)
     gen = torch.Generator().manual_seed(3)
@@ -213,7 +215,7 @@ def test_cache_rollback_after_rejection_matches_recomputation(tiny_engine):
     state = DecodeState(context, drafter, shape, params, gen, cache)
     rejections = 0
     for _ in range(30):
-        step = engine._step(state)
+        step = engine.step(state)
         context.extend(i["token_id"] for i in step.verdict.emitted(step.tree))
         if "rejected" in step.verdict.decisions:
             rejections += 1
@@ -294,8 +296,9 @@ def test_batched_chain_verification_emits_the_same_events_as_the_walk(tiny_engin
     monkeypatch.setattr(verification, "verify_batch", counting)
     runs = {}
     for mode in ("walk", "batch"):
-        monkeypatch.setattr(tiny_engine, "chain_verifier", mode)
-        runs[mode] = tiny_engine.run(PROMPT, drafter, max_new_tokens=16, k=3, temperature=1.0, seed=3)
+        runs[mode] = tiny_engine.run(
+            PROMPT, drafter, max_new_tokens=16, k=3, temperature=1.0, seed=3, chain_verifier=mode
+        )
     assert calls and all(shape[0] == 1 and shape[1] <= 4 for shape in calls)
     for mode, run in runs.items():
         steps = [e for e in run["events"] if e["type"] == "step"]

@@ -8,7 +8,10 @@ a circle counts as much as a top-level one.
 from __future__ import annotations
 
 import ast
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +25,7 @@ TOP_LEVEL = {
     "config",
     "paths",
     "decode",
+    "prompts",
     "sampling",
     "acceptance",
     "verification",
@@ -152,3 +156,16 @@ def test_cpuinfo_read_only_in_host():
     for path in ENGINE.rglob("*.py"):
         if path.name != "host.py":
             assert '/proc/cpuinfo")' not in path.read_text(encoding="utf-8"), path
+
+
+def test_the_vllm_backend_imports_no_triton():
+    """A client of a vLLM server runs none of our kernels: importing engine.vllm and engine.vllm.backend (in a
+    fresh process) loads neither triton nor the batched verifier (directly or through engine.verification)."""
+    code = "import json, sys, engine.vllm, engine.vllm.backend; print(json.dumps(list(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout)
+    # The engine's modules in the order they finished loading: the chain that led there ends the list, innermost first.
+    chain = "engine modules loaded: " + ", ".join(m for m in loaded if m.split(".")[0] == "engine")
+    assert "triton" not in loaded, chain
+    assert "engine.kernels.batched_verifier" not in loaded, chain

@@ -121,14 +121,9 @@ def test_a_decode_through_the_static_passes_gives_the_eager_tokens(torch_ops_eng
     (int8, the EAGLE head) run on its fixed-shape runner too."""
     engine = torch_ops_engine
     settings = dict(max_new_tokens=24, temperature=temperature, seed=5, strict=True, **shape)
-    engine.pass_graphs = "off"
-    eager = engine.run(PROMPT, drafter, **settings)
-    engine.pass_graphs = "static"
-    try:
-        static = engine.run(PROMPT, drafter, **settings)
-        again = engine.run(PROMPT, drafter, **settings)  # the runner was released and is reused
-    finally:
-        engine.pass_graphs = "auto"
+    eager = engine.run(PROMPT, drafter, pass_graphs="off", **settings)
+    static = engine.run(PROMPT, drafter, pass_graphs="static", **settings)
+    again = engine.run(PROMPT, drafter, pass_graphs="static", **settings)  # the runner was released and is reused
     assert eager["metrics"]["pass_path"] == "eager"
     assert static["metrics"]["pass_path"] == again["metrics"]["pass_path"] == "static"
     assert static["token_ids"] == eager["token_ids"] == again["token_ids"]
@@ -136,30 +131,26 @@ def test_a_decode_through_the_static_passes_gives_the_eager_tokens(torch_ops_eng
     if temperature == 0.0:  # greedy: the baseline's tokens too
         assert static["token_ids"] == engine.run(PROMPT, "none", max_new_tokens=24)["token_ids"]
     if drafter != "ngram":
-        runner = engine._runners[id(engine.drafter(drafter).pass_model)]
+        runner = engine.runners.held(engine.drafter(drafter).needs.model)
         assert runner.passes > 0 and not runner._lock.locked()  # used, and released at the run's end
 
 
 def test_a_run_that_finds_the_static_passes_busy_takes_the_eager_path(torch_ops_engine):
     engine = torch_ops_engine
-    engine.pass_graphs = "static"
+    static = dict(max_new_tokens=4, pass_graphs="static")
+    first = engine.run(PROMPT, "ngram", strict=True, **static)  # builds the runner
+    assert first["metrics"]["pass_path"] == "static"
+    runner = engine.runners.held(engine.target.model)
+    assert runner.acquire(8) is not None  # another run holds it
     try:
-        first = engine.run(PROMPT, "ngram", max_new_tokens=4, strict=True)  # builds the runner
-        assert first["metrics"]["pass_path"] == "static"
-        runner = engine._runners[id(engine.target.model)]
-        assert runner.acquire(8) is not None  # another run holds it
-        try:
-            busy = engine.run(PROMPT, "ngram", max_new_tokens=4, strict=True)
-        finally:
-            runner.release()
-        assert busy["metrics"]["pass_path"] == "eager" and busy["token_ids"] == first["token_ids"]
-        plain = engine.run(PROMPT, "ngram", max_new_tokens=4)  # not strict: "static" leaves it eager
-        assert plain["metrics"]["pass_path"] == "eager"
-        engine.pass_graphs = "sometimes"
-        with pytest.raises(ValueError, match="pass_graphs must be auto, static or off"):
-            engine.run(PROMPT, "ngram", max_new_tokens=4, strict=True)
+        busy = engine.run(PROMPT, "ngram", strict=True, **static)
     finally:
-        engine.pass_graphs = "auto"
+        runner.release()
+    assert busy["metrics"]["pass_path"] == "eager" and busy["token_ids"] == first["token_ids"]
+    plain = engine.run(PROMPT, "ngram", **static)  # not strict: "static" leaves it eager
+    assert plain["metrics"]["pass_path"] == "eager"
+    with pytest.raises(ValueError, match="pass_graphs must be auto, static or off"):
+        engine.run(PROMPT, "ngram", max_new_tokens=4, strict=True, pass_graphs="sometimes")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -11,19 +11,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.drafters.base import TreeShape
+from engine.drafters.base import DraftContext, TreeShape
 from engine.drafters.suffix import SuffixDrafter
 from engine.sampling import SamplingParams
 from engine.settings import GenerationSettings
 from engine.tools.exactness import TEST_LEVEL, chi_square_test, pair_distribution
 from engine.tools.parity import parity_check
+from engine.tools.samples import next_token_distribution, sample_next_tokens
 
 PARAMS = SamplingParams()
 EXAMPLES = json.loads((Path(__file__).resolve().parent.parent / "assets" / "examples.json").read_text())
 
 
 def _propose(drafter: SuffixDrafter, context: list[int], k: int = 4, topk: int = 1, budget: int | None = None):
-    return drafter.propose(context, TreeShape(k, topk, budget), PARAMS, None)
+    return drafter.propose(DraftContext(context, TreeShape(k, topk, budget), PARAMS))
 
 
 def test_it_copies_what_followed_the_longest_match_in_an_earlier_answer():
@@ -108,9 +109,9 @@ def _tiny_history(engine, prompt_ids: list[int]) -> list[list[int]]:
     """Earlier 'answers' that continue the prompt's end with tokens the tiny target likes (its top 3 and, after
     each, its top 2), so that drafts are accepted as well as rejected."""
     docs = []
-    first = engine.next_token_distribution(prompt_ids, [], temperature=1.0, top_k=3)
+    first = next_token_distribution(engine, prompt_ids, [], temperature=1.0, top_k=3)
     for x1 in torch.topk(first, 3).indices.tolist():
-        second = engine.next_token_distribution(prompt_ids, [x1], temperature=1.0, top_k=3)
+        second = next_token_distribution(engine, prompt_ids, [x1], temperature=1.0, top_k=3)
         for x2 in torch.topk(second, 2).indices.tolist():
             docs.append(prompt_ids[-3:] + [x1, x2])
     return docs
@@ -123,10 +124,10 @@ def test_suffix_sampling_is_exact_on_a_tiny_target(tiny_engine, shape):
     history = _tiny_history(tiny_engine, prompt)
     settings = dict(temperature=1.0, top_k=3, seed=5, history=history, chat=False, **shape)
     n = 1500
-    samples = tiny_engine.sample_next_tokens(prompt, "suffix", n_samples=n, n_tokens=2, **settings)
+    samples = sample_next_tokens(tiny_engine, prompt, "suffix", n_samples=n, n_tokens=2, **settings)
 
     def dist(prefix):
-        p = tiny_engine.next_token_distribution(prompt, prefix, temperature=1.0, top_k=3)
+        p = next_token_distribution(tiny_engine, prompt, prefix, temperature=1.0, top_k=3)
         return {int(t): float(p[t]) for t in torch.nonzero(p).flatten()}
 
     law = pair_distribution(dist([]), lambda x1: dist([x1]))

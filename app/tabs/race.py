@@ -13,8 +13,8 @@ import time
 
 import gradio as gr
 
-from engine.metrics import MIN_PAIRS, compare_speedups, measured_speedup, run_summary
-from engine.tools.race import alternating_pairs
+from engine.metrics import MIN_PAIRS, measured_speedup, run_summary
+from engine.tools.race import alternating_pairs, compare_pairs
 from engine.trace import step_events
 from visuals.lab_figures import race_figure
 
@@ -279,7 +279,7 @@ def _measure_pairs(engine, prompt, drafter: str, settings, runs: dict, run_id: s
                 "(baseline and speculative back to back, alternating which goes first)…"
             },
         )
-    return compare_speedups(measured, quickest_pass_ms=engine.quickest_pass_ms)
+    return compare_pairs(engine, measured)
 
 
 def _prepare(drafter, prompt, settings, progress):

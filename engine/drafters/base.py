@@ -1,8 +1,9 @@
 """The drafter interface: the draft tree, its shape, and the baseline that drafts nothing.
 
 A drafter ``propose``s a draft tree for the current context and is told
-afterwards which path the target ``accept``ed, so it can roll back its own state
-(a model drafter's KV cache) and learn (dynamic K). A chain of K tokens is the
+afterwards which path the target kept (``accept``), so it can roll back its own state
+(a model drafter's KV cache) and learn. What it needs from the loop besides (the
+target's features, a runner for its own model) it declares once in ``needs``. A chain of K tokens is the
 tree with one child per node. The drafters themselves: ``ngram`` (prompt lookup),
 ``model`` (``model:<id>`` and ``int8``), ``eagle`` (a learned head); ``adaptive``
 chooses each pass's K; ``none`` is ``NoDrafter`` below.
@@ -27,7 +28,7 @@ import torch
 
 from engine.sampling import SamplingParams
 
-__all__ = ["DraftTree", "TreeShape", "Drafter", "NoDrafter"]
+__all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterNeeds", "NoDrafter", "TreeShape", "Verified"]
 
 
 @dataclass(frozen=True)
@@ -124,50 +125,79 @@ class DraftTree:
         return tree
 
 
+@dataclass(frozen=True)
+class DrafterNeeds:
+    """What a drafter needs from the decode loop, declared once; the loop hands it over and never writes
+    into the drafter.
+
+    target_features: the target's own rows of every committed position it computed (the prompt at
+        prefill, then the pending token and the accepted path of each pass): ``start``'s and
+        ``Verified.features``; drafting then costs no extra target work (the EAGLE head).
+    feature_layers: where it reads several target layers (an EAGLE-3-style mix), which: layer indices, the
+        last layer last (``Transformer.run_pass(feature_layers=...)``); None: the last layer alone.
+    model: the weights it runs passes of (the int8 copy, a draft model, the EAGLE head's layer); the loop
+        hands it that model's fixed-shape runner for the run where the target's passes are fixed-shape
+        (``start``'s runner). None: it runs no model pass (n-gram, suffix).
+    point_mass: its drafts are point masses (q = 1 on the drafted token: n-gram, suffix)."""
+
+    target_features: bool = False
+    feature_layers: tuple[int, ...] | None = None
+    model: object = None  # engine.model.transformer.Transformer (not imported: base stays a leaf)
+    point_mass: bool = False
+
+
+@dataclass
+class DraftContext:
+    """What ``Drafter.propose`` drafts from: the committed tokens (the last one is pending: the target
+    has not run it yet), this pass's tree shape, the run's sampling filters and random generator."""
+
+    tokens: list[int]
+    shape: TreeShape
+    params: SamplingParams = field(default_factory=SamplingParams)
+    gen: torch.Generator | None = None
+
+
+@dataclass
+class Verified:
+    """What the target decided about the drafter's last proposal: ``tree`` with ``path`` (accepted node
+    ids, root to leaf) kept; with ``needs.target_features``, ``features`` [1 + len(path), E] (or
+    [1 + len(path), layers E]) are the target's pre-norm rows of the committed positions
+    first_position .. first_position + len(path): the pending token's and the accepted path's."""
+
+    tree: DraftTree
+    path: list[int]
+    features: torch.Tensor | None = None
+    first_position: int = 0
+
+
 class Drafter:
-    """Interface. Subclasses override propose (and accept / the cache hooks when they keep state)."""
+    """The interface: two methods (``propose`` a draft tree; ``accept`` what the target kept) around one
+    run's lifetime (``start`` a sequence, ``close``), and one ``needs`` record.
+
+    ``rewind`` (optional) forgets what followed a prefix: the labs roll back to the prompt between
+    samples instead of starting again."""
 
     name = "none"
-    point_mass = False
     drafts = True  # False only for the baseline: no drafts, one target token per pass
+    needs = DrafterNeeds()
 
-    def ensure_capacity(self, capacity: int) -> None:
-        """Room for `capacity` tokens of context plus drafts in the drafter's own state."""
+    def start(self, prompt_ids: list[int], capacity: int, runner=None, features: torch.Tensor | None = None) -> None:
+        """A new sequence: room for `capacity` tokens of context plus drafts in the drafter's own state.
+        runner: the fixed-shape runner of ``needs.model`` (``engine.model.static_pass.StaticPasses``) the
+        drafter may hold for the run, or None; features: with ``needs.target_features``, the target's rows
+        [len(prompt_ids) - 1, E] of the prompt's positions but the pending one."""
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        """A new sequence starts."""
-
-    def rewind(self, length: int) -> None:
-        """Forget everything after the first `length` committed tokens (the labs
-        roll back to the prompt between samples)."""
-
-    def propose(self, context: list[int], shape: TreeShape, params: SamplingParams, gen: torch.Generator) -> DraftTree:
+    def propose(self, context: DraftContext) -> DraftTree:
         raise NotImplementedError
 
-    def accept(self, tree: DraftTree, path: list[int]) -> None:
-        """The target kept `path` (node ids, root to leaf) of the last proposal."""
+    def accept(self, verified: Verified) -> None:
+        """The target kept ``verified.path`` of the last proposal (roll back, learn)."""
 
-    # A drafter that reads the target's own features (the EAGLE head) sets this; the
-    # decode loop then hands it the last layer's rows of every committed position the
-    # target computed (the prompt at prefill, then the pending token and the accepted
-    # path of each verification pass), so drafting costs no extra target work.
-    reads_target_features = False
-    # ... and, where it reads several layers (an EAGLE-3-style mix), which: layer indices, the
-    # last layer last (Transformer.forward's feature_layers). None: the last layer alone.
-    feature_layers: tuple[int, ...] | None = None
-
-    # A drafter that runs passes of a model of its own (int8 copy, draft model, EAGLE head) names it, and
-    # takes the engine's fixed-shape runner of that model for the run (`static`: the decode loop hands it
-    # over where the target's passes are graph-captured). None: it runs no model pass (n-gram, suffix).
-    pass_model = None
-    static = None
-
-    def take_features(self, hidden: torch.Tensor, first_position: int) -> None:
-        """hidden: [m, E] pre-norm last-layer rows of committed positions
-        first_position .. first_position + m - 1 ([m, layers E] with feature_layers)."""
+    def rewind(self, length: int) -> None:
+        """Forget everything after the first `length` committed tokens."""
 
     def close(self) -> None:
-        """Release per-run buffers."""
+        """Release per-run buffers and any runner held."""
 
 
 class NoDrafter(Drafter):
@@ -176,5 +206,5 @@ class NoDrafter(Drafter):
     name = "none"
     drafts = False
 
-    def propose(self, context, shape, params, gen) -> DraftTree:
+    def propose(self, context: DraftContext) -> DraftTree:
         return DraftTree()

@@ -36,7 +36,7 @@ split after each, the same bits).
 - The head's KV cache holds only pairs with real target features. Speculative
   slots (pairs with the head's own y) are dropped after each verification and
   the accepted tokens are fed again with the target's real features, which the
-  decode loop hands over (``Drafter.take_features``) from the pass it just ran.
+  decode loop hands over (``Verified.features``) from the pass it just ran.
 
 Cost: one decoder layer of 30 plus an lm_head of N of V rows: for SmolLM2-135M
 with N = 8192 about 7% of a target pass's weight bytes per draft token.
@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import paths
-from engine.drafters.base import DraftTree
+from engine.drafters.base import DraftContext, DrafterNeeds, DraftTree, Verified
 from engine.drafters.model import ModelDrafter
 from engine.model.transformer import Linear, Transformer, check_feature_layers
 from engine.sampling import SamplingParams, probs_from_logits
@@ -187,31 +187,30 @@ def load_head(target: Transformer, target_name: str, folder: Path | None = None)
 class EagleDrafter(ModelDrafter):
     """Drafts with an EagleHead from the target's features (handed over by the decode loop)."""
 
-    reads_target_features = True
-
     def __init__(self, head: EagleHead, name: str = "eagle"):
         super().__init__(head.model, name)
         self.head = head
-        self.feature_layers = head.feature_layers
+        self.needs = DrafterNeeds(target_features=True, feature_layers=head.feature_layers, model=head.model)
         self.features: torch.Tensor | None = None  # [capacity, E] target rows by position
         self.known = 0  # positions 0 .. known-1 have target features
         self._y: dict[int, torch.Tensor] = {}  # node (-1 = root) -> head output y [E] it was drawn from
 
-    def ensure_capacity(self, capacity: int) -> None:
-        super().ensure_capacity(capacity)
+    def start(self, prompt_ids, capacity, runner=None, features=None) -> None:
+        super().start(prompt_ids, capacity, runner)
         if self.features is None or self.features.shape[0] < capacity:
             size = (capacity, self.head.model.cfg.hidden_size)
             self.features = torch.zeros(size, dtype=self.head.model.act_dtype, device=self.head.model.device)
-
-    def reset(self, prompt_ids: list[int]) -> None:
-        super().reset(prompt_ids)
         self.known = 0
+        if features is not None:
+            self._take_features(features, 0)
 
     def rewind(self, length: int) -> None:
         super().rewind(length)
         self.known = min(self.known, length)
 
-    def take_features(self, hidden: torch.Tensor, first_position: int) -> None:
+    def _take_features(self, hidden: torch.Tensor, first_position: int) -> None:
+        """hidden: [m, E] pre-norm target rows of committed positions first_position .. + m - 1 ([m, layers E]
+        with feature_layers)."""
         if first_position > self.known:
             raise RuntimeError(f"feature gap: have {self.known} positions, got rows from {first_position}")
         end = first_position + hidden.shape[0]
@@ -248,17 +247,19 @@ class EagleDrafter(ModelDrafter):
             self._y[node] = out.hidden[row]
         return out.logits
 
-    def propose(self, context, shape, params, gen) -> DraftTree:
-        if len(context) < 2 or self.known < len(context) - 1:
+    def propose(self, context: DraftContext) -> DraftTree:
+        if len(context.tokens) < 2 or self.known < len(context.tokens) - 1:
             self._last = None
             return DraftTree()  # no target feature yet (a one-token prompt): the first pass drafts nothing
-        return super().propose(context, shape, params, gen)
+        return super().propose(context)
 
-    def accept(self, tree: DraftTree, path: list[int]) -> None:
+    def accept(self, verified: Verified) -> None:
         # Drop every speculative slot: the accepted tokens come back as pairs with the
-        # target's real features at the next catch-up (take_features).
+        # target's real features at the next catch-up.
         if self.cache is not None and self._last is not None:
             self.cache.length = self._last[0]
+        if verified.features is not None:
+            self._take_features(verified.features, verified.first_position)
 
     def close(self) -> None:
         super().close()

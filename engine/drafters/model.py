@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.drafters.base import Drafter, DraftTree
+from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree, Verified
 from engine.model.static_pass import StaticPasses
 from engine.model.transformer import KVCache, PassOutput, Transformer
 from engine.sampling import SamplingParams, probs_from_logits, sample_without_replacement
@@ -28,36 +28,29 @@ class ModelDrafter(Drafter):
     """A small causal LM (or the int8 copy of the target) drafting with its own KV cache."""
 
     def __init__(self, model: Transformer, name: str):
-        self.model = self.pass_model = model
+        self.model = model
         self.name = name
+        self.needs = DrafterNeeds(model=model)
         self.cache: KVCache | None = None
-        self._capacity = 0
-        # The fixed-shape passes (engine/model/static_pass.py) of this drafter's weights, handed over by
-        # the engine for one run where the target's passes are graph-captured (or "static"): the drafter's
-        # passes of up to its width then run there too, over its static cache.
+        # The fixed-shape passes (engine/model/static_pass.py) of this drafter's weights, held for one run
+        # where the engine hands them over (``start``'s runner): the drafter's passes of up to its width then
+        # run there too, over its static cache. None: every pass eager.
         self.static: StaticPasses | None = None
-        self._holds_static = False
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        if self.cache is not None:
-            self.cache.length = 0
-
-    def ensure_capacity(self, capacity: int) -> None:
-        if self.static is not None and not self._holds_static:
-            self._holds_static = self.static.acquire(capacity) is not None
-            if self._holds_static:
-                self.cache = self.static.cache
-                return
-            self.static = None  # held by another run, or too small: this run's passes stay eager
-        if self.cache is None or self.cache.capacity < capacity:
+    def start(self, prompt_ids, capacity, runner=None, features=None) -> None:
+        self.close()
+        if runner is not None and runner.acquire(capacity) is not None:
+            self.static, self.cache = runner, runner.cache
+        else:  # no runner, held by another run, or too small: eager passes
             self.cache = self.model.new_cache(capacity)
+        self.cache.length = 0
 
     def _pass(self, tokens, positions, mask=None, x_in=None, features=False, last_only=False) -> PassOutput:
         """One drafter pass of T tokens at cache.length: the fixed-shape runner where this run holds one and
         T fits it (mask [T, A] or None for causal, padded to the runner's span), else the eager pass.
         last_only: the logits of the last row alone are wanted (the eager pass projects only that one)."""
         t = tokens.shape[0]
-        if self._holds_static and t <= self.static.max_width:
+        if self.static is not None and t <= self.static.max_width:
             start, span = self.cache.length, self.static.capacity
             full = torch.zeros(t, span, dtype=torch.bool)
             if mask is None:
@@ -97,11 +90,12 @@ class ModelDrafter(Drafter):
         feed = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long)
         return self._pass(feed, positions, mask).logits
 
-    def propose(self, context, shape, params, gen) -> DraftTree:
+    def propose(self, context: DraftContext) -> DraftTree:
         if self.cache is None:
-            raise RuntimeError(f"{type(self).__name__}.ensure_capacity must be called before propose")
+            raise RuntimeError(f"{type(self).__name__}.start must be called before propose")
+        shape, params, gen = context.shape, context.params, context.gen
         cache = self.cache
-        root_logits, committed = self._catch_up(context)
+        root_logits, committed = self._catch_up(context.tokens)
         tree = DraftTree(stop="depth")
         slot_of: dict[int, int] = {}  # node -> cache slot, for nodes fed to the drafter
         score: list[float] = []
@@ -164,11 +158,11 @@ class ModelDrafter(Drafter):
         self._last = (committed, kept, slot_of)
         return tree.subset(kept) if len(kept) < len(tree) else tree
 
-    def accept(self, tree: DraftTree, path: list[int]) -> None:
+    def accept(self, verified: Verified) -> None:
         committed, kept, slot_of = self._last
         cache = self.cache
         offsets = []
-        for node in path:
+        for node in verified.path:
             original = kept[node]
             if original not in slot_of:
                 break
@@ -177,9 +171,9 @@ class ModelDrafter(Drafter):
         cache.keep(committed, offsets)
 
     def close(self) -> None:
-        if self._holds_static:
+        if self.static is not None:
             self.static.release()
-            self._holds_static = False
+            self.static = None
         self.cache = None
 
 

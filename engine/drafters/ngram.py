@@ -7,7 +7,7 @@ sibling branches.
 
 from __future__ import annotations
 
-from engine.drafters.base import Drafter, DraftTree
+from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree
 
 __all__ = ["NgramDrafter"]
 
@@ -42,7 +42,7 @@ class NgramDrafter(Drafter):
     """
 
     name = "ngram"
-    point_mass = True
+    needs = DrafterNeeds(point_mass=True)
 
     def __init__(self, max_ngram: int = 6, min_ngram: int = 2, window: int = 1024, per_match: int = 2, stop_ids=()):
         if not (1 <= min_ngram <= max_ngram <= 16):
@@ -88,8 +88,9 @@ class NgramDrafter(Drafter):
                 return found, n
         return [], 0
 
-    def propose(self, context, shape, params, gen) -> DraftTree:
-        branches, n = self.match(context, shape.steps, shape.topk)
+    def propose(self, context: DraftContext) -> DraftTree:
+        shape = context.shape
+        branches, n = self.match(context.tokens, shape.steps, shape.topk)
         # No confidence to consult: the draft is as deep as the longest continuation found, or
         # as the match vouches for (per_match tokens per matched token), whichever is shorter.
         vouched = self.per_match * n if self.per_match else shape.steps

@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from engine.drafters.base import Drafter, DraftTree
+from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree
 
 __all__ = ["SuffixDrafter"]
 
@@ -55,7 +55,7 @@ class SuffixDrafter(Drafter):
     """Suffix decoding over the context and the session's earlier answers (point-mass drafts)."""
 
     name = "suffix"
-    point_mass = True
+    needs = DrafterNeeds(point_mass=True)
 
     def __init__(
         self,
@@ -88,17 +88,20 @@ class SuffixDrafter(Drafter):
             for end in range(self.min_match, len(doc) + 1):
                 self._doc_index.setdefault(tuple(doc[end - self.min_match : end]), []).append((number, end))
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def _forget_context(self) -> None:
         self._ctx_index, self._ctx_indexed = {}, 0
 
+    def start(self, prompt_ids, capacity, runner=None, features=None) -> None:
+        self._forget_context()
+
     def rewind(self, length: int) -> None:
-        self.reset([])
+        self._forget_context()
 
     def _index_context(self, context: list[int]) -> None:
         """Index every end position of the context but its last (the suffix being matched)."""
         n = self.min_match
         if len(context) < self._ctx_indexed:  # a shorter context: a new sequence
-            self.reset([])
+            self._forget_context()
         for end in range(max(n, self._ctx_indexed), len(context)):
             self._ctx_index.setdefault(tuple(context[end - n : end]), []).append(end)
         self._ctx_indexed = max(self._ctx_indexed, len(context))
@@ -129,8 +132,9 @@ class SuffixDrafter(Drafter):
                 matched.append((doc, end))
         return (matched, best) if best >= self.min_match else ([], 0)
 
-    def propose(self, context, shape, params, gen) -> DraftTree:
-        matched, length = self.occurrences(context)
+    def propose(self, context: DraftContext) -> DraftTree:
+        shape = context.shape
+        matched, length = self.occurrences(context.tokens)
         depth_limit = min(shape.steps, max(1, math.floor(self.spec_factor * length))) if length else 0
         trie = _Trie()
         longest = 0

@@ -9,6 +9,11 @@ distribution-free interval, and a verdict only when the interval excludes 1.
 
 Both runs of every pair use the same settings, seed included, with payload "off" (start and finish
 events only: the event stream's cost is the same small amount on both sides).
+
+A comparison records what its verdict was computed from (``compare_pairs``): every pair's two finish
+metrics and the host figures it read (``MeasuredCosts.snapshot``: the quickest baseline pass this process
+had measured), so ``recompute_verdict`` gives the same result from the record alone, whatever the process
+measured since.
 """
 
 from __future__ import annotations
@@ -16,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from engine.decode import SpeculativeEngine
-from engine.metrics import MIN_PAIRS, compare_speedups, median
+from engine.metrics import COMPARE_LEVEL, MIN_PAIRS, compare_speedups, median
 from engine.settings import GenerationSettings
 
-__all__ = ["MAX_PAIRS", "alternating_pairs", "race"]
+__all__ = ["MAX_PAIRS", "alternating_pairs", "compare_pairs", "race", "recompute_verdict"]
 
 MAX_PAIRS = 20
 
@@ -36,6 +41,24 @@ def alternating_pairs(
         order = ("none", drafter) if index % 2 == 0 else (drafter, "none")
         metrics = {name: engine.run(prompt, name, quiet)["metrics"] for name in order}
         yield metrics["none"], metrics[drafter]
+
+
+def compare_pairs(engine: SpeculativeEngine, measured: list[tuple[dict, dict]]) -> dict:
+    """``compare_speedups`` of the measured pairs against this engine's measured host figures, with both
+    inputs recorded in the result: "measured" ([[baseline metrics, speculative metrics], ...]) and
+    "measured_costs" (the snapshot it read)."""
+    costs = engine.costs.snapshot()
+    result = compare_speedups(measured, quickest_pass_ms=costs["quickest_pass_ms"])
+    result.update(measured=[[base, spec] for base, spec in measured], measured_costs=costs)
+    return result
+
+
+def recompute_verdict(record: dict) -> dict:
+    """The comparison of a recorded race (``compare_pairs``' result, or a saved copy of it), computed again
+    from its recorded inputs alone."""
+    pairs = [(base, spec) for base, spec in record["measured"]]
+    quickest = (record.get("measured_costs") or {}).get("quickest_pass_ms")
+    return compare_speedups(pairs, level=record.get("level", COMPARE_LEVEL), quickest_pass_ms=quickest)
 
 
 def race(
@@ -65,7 +88,7 @@ def race(
         measured.append((base, spec))
         if progress is not None:
             progress(len(measured), pairs)
-    result = compare_speedups(measured, quickest_pass_ms=engine.quickest_pass_ms)
+    result = compare_pairs(engine, measured)
 
     result.update(
         drafter=drafter,

@@ -1,0 +1,102 @@
+"""What an engine keeps between runs about its models and its host: the fixed-shape pass runners, and what
+it has measured.
+
+* ``RunnerPool``: one fixed-shape runner (``engine.model.static_pass.StaticPasses``) per set of weights (the
+  target's, a drafter's), built once. A run holds a runner for its lifetime or runs eagerly while another
+  run holds it.
+* ``MeasuredCosts``: what this process has measured of its host — the target's pass time by width (what
+  adaptive drafting weighs a deeper draft against), the quickest baseline pass (the host's quiet speed,
+  against which a comparison tells a busy machine) and each drafter's c. A run or a comparison that reads
+  them records the figures it read (``snapshot``), so its verdict can be recomputed from its trace alone.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+
+from engine.model.pass_timing import pass_costs_ms
+from engine.model.static_pass import StaticPasses, capture_available
+from engine.model.transformer import Transformer
+
+__all__ = ["PASS_GRAPHS", "STATIC_MAX_WIDTH", "MeasuredCosts", "RunnerPool"]
+
+STATIC_MAX_WIDTH = 16  # the widest fixed-shape pass (a K = 15 chain or 15 tree nodes): one graph per width
+# How strict (fixed-shape) target passes run (GenerationSettings.pass_graphs): "auto" = recorded once per width
+# as CUDA graphs and replayed where the target runs on CUDA (every pass is then strict); "static" = the same
+# fixed-shape function without capture (what the CPU tests compare with the eager pass); "off" = eager always.
+PASS_GRAPHS = ("auto", "static", "off")
+
+
+class RunnerPool:
+    """The fixed-shape runners of one engine's weights, each built once with room for every slot a run of
+    the context window can use, plus the widest pass twice."""
+
+    def __init__(self, context_window: int):
+        self.slots = context_window + 2 * STATIC_MAX_WIDTH + 2
+        self._runners: dict[int, StaticPasses] = {}  # id(weights) -> their runner
+        self._lock = threading.Lock()
+
+    def runner(self, model: Transformer, capture: bool) -> StaticPasses:
+        """The runner of these weights (built at the first call)."""
+        with self._lock:
+            runner = self._runners.get(id(model))
+            if runner is None or runner.model is not model or runner.capture != capture:
+                runner = self._runners[id(model)] = StaticPasses(model, self.slots, STATIC_MAX_WIDTH, capture=capture)
+            return runner
+
+    def target_runner(self, model: Transformer, mode: str, strict: bool, needed: int, width: int):
+        """The target's runner, held for one run, or None (the eager path): for every run where CUDA graphs
+        record it ("auto" on CUDA), for strict runs under "static"; None as well when another run holds it
+        or the run needs more slots or a wider pass than it has."""
+        if mode not in PASS_GRAPHS:
+            raise ValueError(f"pass_graphs must be auto, static or off; got {mode!r}")
+        graphs = mode == "auto" and capture_available(model.device)
+        if not (graphs or (mode == "static" and strict)):
+            return None
+        runner = self.runner(model, graphs)
+        if width > runner.max_width or runner.acquire(needed) is None:
+            return None
+        return runner
+
+    def held(self, model: Transformer) -> StaticPasses | None:
+        """The runner built for these weights, if any (tests and the memory plan read it)."""
+        return self._runners.get(id(model))
+
+
+class MeasuredCosts:
+    """What this process measured of its host (see the module's docstring). Thread-safe."""
+
+    def __init__(self, model: Transformer):
+        self.model = model
+        self._pass_ms: list[float] = []  # target pass ms by width (index w - 1)
+        self.quickest_pass_ms: float | None = None  # the quickest mean baseline pass of any run
+        self._c: dict[str, list[float]] = {}  # c (a draft token's cost in target passes) of each run, by drafter
+        self._lock = threading.Lock()
+
+    def pass_ms(self, max_width: int) -> list[float]:
+        """Measured ms of a target pass of w tokens (index w - 1, w up to max_width): measured once (~1 s for
+        16 widths of the default model on a 2-core CPU) and again only for a wider shape."""
+        with self._lock:
+            if len(self._pass_ms) < max_width:
+                self._pass_ms = pass_costs_ms(self.model, max_width)
+            return self._pass_ms[:max_width]
+
+    def note_run(self, drafter: str, drafts: bool, metrics: dict) -> None:
+        """Learn from a finished run's metrics: its c (speculative runs), its mean pass (baseline runs)."""
+        with self._lock:
+            if drafts and metrics.get("draft_cost_ratio") is not None:
+                self._c.setdefault(drafter, []).append(metrics["draft_cost_ratio"])
+            if not drafts and metrics.get("mean_verify_ms"):
+                self.quickest_pass_ms = min(self.quickest_pass_ms or math.inf, metrics["mean_verify_ms"])
+
+    def drafter_costs(self) -> dict[str, dict]:
+        """{drafter: {"c": the median c of its runs, "runs"}}: a draft token's cost as this host measured it."""
+        with self._lock:
+            return {name: {"c": statistics.median(v), "runs": len(v)} for name, v in sorted(self._c.items())}
+
+    def snapshot(self) -> dict:
+        """The figures a verdict may read, as plain JSON, to record beside it: {"quickest_pass_ms"}."""
+        with self._lock:
+            return {"quickest_pass_ms": self.quickest_pass_ms}
