@@ -3,7 +3,18 @@
 Plain Python (no torch): the engine computes the finish event's metrics here,
 and the visuals and the app read every run, live or recorded, complete or
 partial, through ``run_summary``. The formula E = (1 − α^(K+1)) / (1 − α) lives
-here and nowhere else.
+here and nowhere else, and so does every c and every speedup:
+
+* c, a draft token's cost in target passes, has two meanings, because a run alone has no plain
+  one-token pass to measure against: ``draft_cost_ratio`` (a run on its own: finish metrics'
+  "draft_cost_ratio") and ``draft_token_cost`` (against a baseline run's passes: the Drafters lab,
+  the bench's "draft_cost"). ``DRAFT_COST_RATIO_MEANS`` and ``DRAFT_TOKEN_COST_MEANS`` say which in words
+  for every screen that shows one.
+* A speedup of one pair of runs is ``measured_speedup``; repeats are aggregated either as
+  ``median_of_ratios`` (runs in back-to-back pairs: ``compare_speedups``) or as ``ratio_of_medians``
+  (repeats not paired one to one: the bench, vLLM batches), with ``ratio_bounds`` the spread of the latter.
+* Decisions read from those numbers (``batch_throughputs``' verdict, ``compare_speedups``' verdict,
+  ``fastest``) are made here once; the views only show them.
 """
 
 from __future__ import annotations
@@ -14,20 +25,32 @@ from engine.trace import finish_event, start_event, step_events
 
 __all__ = [
     "BUSY_CPU_SHARE",
+    "DRAFT_COST_RATIO_MEANS",
+    "DRAFT_TOKEN_COST_MEANS",
     "MIN_EFFECT",
     "MIN_PAIRS",
     "batch_throughputs",
     "busy_machine",
     "compare_speedups",
+    "draft_cost_ratio",
+    "draft_ms_per_position",
     "draft_token_cost",
+    "draft_token_cost_of",
     "expected_tokens_per_pass",
+    "fastest",
     "implied_speedup",
     "measured_speedup",
     "median",
+    "median_of_ratios",
+    "paired_ratios",
+    "ratio_bounds",
+    "ratio_of_medians",
     "run_summary",
     "speedup_ceiling",
     "summarize_steps",
+    "top_speedups",
     "wall_clock_speedup",
+    "wide_pass_cost",
 ]
 
 ALPHA_ONE = 1.0 - 1e-12  # α this close to 1: the series is K + 1 (avoids 0/0)
@@ -52,31 +75,93 @@ def wall_clock_speedup(alpha: float, k: int, c: float) -> float:
 MS_PER_S = 1000.0
 
 
+def ratio_of_medians(values: list[float], baseline_values: list[float]) -> float | None:
+    """A speedup aggregated as the RATIO OF MEDIANS: median(values) ÷ median(baseline_values), e.g. the
+    repeats' tokens per second of one system against the baseline's.
+
+    For repeats that are not paired one to one (the bench's rows, each system's repeats rotated among the
+    others; vLLM batches, each server's repeats of a batch size): there is no pair whose ratio cancels the
+    machine's drift, so each side's median first, which one slow repeat does not move. Its spread is
+    ``ratio_bounds``. None when either side is empty or the baseline's median is not positive."""
+    if not values or not baseline_values:
+        return None
+    base = median([float(v) for v in baseline_values])
+    return median([float(v) for v in values]) / base if base > 0 else None
+
+
+def ratio_bounds(this: tuple[float, float], base: tuple[float, float]) -> tuple[float, float] | tuple[None, None]:
+    """The spread of a ratio of medians from each side's (lowest, highest) repeat: (lowest this ÷ highest
+    base, highest this ÷ lowest base), the worst and the best pairing of repeats. A ratio whose bounds
+    straddle 1 is noise, never a verdict. (None, None) when a baseline bound is not positive."""
+    (this_low, this_high), (base_low, base_high) = this, base
+    if not base_low or not base_high or base_low <= 0 or base_high <= 0:
+        return None, None
+    return this_low / base_high, this_high / base_low
+
+
+def wide_pass_cost(pass_times: dict) -> dict:
+    """What a pass over K + 1 tokens per row costs against a one-token pass, at each measured batch size.
+
+    pass_times as ``batch_throughputs`` takes them. Returns {"pass_cost": [pass_ms_k1 ÷ pass_ms_1 per B],
+    "pass_cost_bounds": [``ratio_bounds`` of the repeats' spreads per B, None where none was measured],
+    "pass_cost_finding": per B, "same" (the bounds hold 1: the same cost within the machine's noise),
+    "cheaper" (below 1 in every pairing of repeats: the CPU's matrix library runs a few rows faster than
+    one, not speculation), "dearer" (above 1 in every pairing), or None without spreads}. A wider pass is
+    never called cheaper from noise."""
+    spreads_1 = pass_times.get("spread_ms_1") or [None] * len(pass_times["pass_ms_1"])
+    spreads_k1 = pass_times.get("spread_ms_k1") or [None] * len(pass_times["pass_ms_k1"])
+    costs = [wide / one for wide, one in zip(pass_times["pass_ms_k1"], pass_times["pass_ms_1"])]
+    bounds = [ratio_bounds(sk, s1) if s1 and sk else None for s1, sk in zip(spreads_1, spreads_k1)]
+    findings = []
+    for bound in bounds:
+        if bound is None or bound[0] is None:
+            findings.append(None)
+        elif bound[0] <= 1.0 <= bound[1]:
+            findings.append("same")
+        elif bound[1] < 1.0:
+            findings.append("cheaper")
+        else:
+            findings.append("dearer")
+    return {"pass_cost": costs, "pass_cost_bounds": bounds, "pass_cost_finding": findings}
+
+
 def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float = 0.0) -> dict:
     """Throughput with and without speculation at each batch size, computed from measured pass times.
 
     pass_times: {"batch_sizes": [B...], "k": K, "pass_ms_1": [ms...], "pass_ms_k1": [ms...]} (measured:
-    one target pass over B rows of 1 token, and of K + 1 tokens). Without speculation a pass yields B
-    tokens: B / pass_ms_1. With it, B · E(α, K) tokens per pass that also pays K draft tokens per row:
-    B · E / (pass_ms_k1 + K · draft_ms). The verdict, computed once here and read by every view, reads the
-    repeats' spread where measured ("spread_ms_1", "spread_ms_k1": [min, max] per B): ``speedup_bounds`` per
-    B, ``pays_at`` (B where even the worst pairing of repeats is faster), ``unclear_at`` (the bounds straddle
-    1: noise, no verdict), ``stops_paying_at`` (the first B where even the best pairing is not faster, or
-    None), with a sentence saying so.
+    one target pass over B rows of 1 token, and of K + 1 tokens; the median of the repeats). Without
+    speculation a pass yields B tokens: B / pass_ms_1. With it, B · E(α, K) tokens per pass that also pays
+    K draft tokens per row: B · E / (pass_ms_k1 + K · draft_ms). "speedup" per B is the ratio of the two
+    throughputs, both computed from the repeats' median pass times (a ratio of medians). The verdict,
+    computed once here and read by every view, reads the repeats' spread where measured ("spread_ms_1",
+    "spread_ms_k1": [min, max] per B): ``speedup_bounds`` per B (``ratio_bounds`` of the throughputs the
+    quickest and the slowest repeats give), ``pays_at`` (B where even the worst pairing of repeats is
+    faster), ``unclear_at`` (the bounds straddle 1: noise, no verdict), ``stops_paying_at`` (the first B
+    where even the best pairing is not faster, or None), with a sentence saying so; and ``wide_pass_cost``'s
+    keys (what the wider pass costs, per B).
     """
     sizes, k = [int(b) for b in pass_times["batch_sizes"]], int(pass_times["k"])
     e = expected_tokens_per_pass(alpha, k)
     draft = k * draft_ms_per_token
-    plain = [b * MS_PER_S / ms for b, ms in zip(sizes, pass_times["pass_ms_1"])]
-    spec = [b * e * MS_PER_S / (ms + draft) for b, ms in zip(sizes, pass_times["pass_ms_k1"])]
+
+    def plain_tps(b: int, ms: float) -> float:
+        return b * MS_PER_S / ms
+
+    def spec_tps(b: int, ms: float) -> float:
+        return b * e * MS_PER_S / (ms + draft)
+
+    plain = [plain_tps(b, ms) for b, ms in zip(sizes, pass_times["pass_ms_1"])]
+    spec = [spec_tps(b, ms) for b, ms in zip(sizes, pass_times["pass_ms_k1"])]
     speedup = [s / p for s, p in zip(spec, plain)]
     # The spread of the repeats bounds each ratio: at best the quickest wide pass against the slowest plain one.
     # A bound that straddles 1 is noise, never a verdict (without spreads the medians decide alone).
     spreads_1 = pass_times.get("spread_ms_1") or [None] * len(sizes)
     spreads_k1 = pass_times.get("spread_ms_k1") or [None] * len(sizes)
     bounds = [
-        (e * s1[0] / (sk[1] + draft), e * s1[1] / (sk[0] + draft)) if s1 and sk else (r, r)
-        for r, s1, sk in zip(speedup, spreads_1, spreads_k1)
+        ratio_bounds((spec_tps(b, sk[1]), spec_tps(b, sk[0])), (plain_tps(b, s1[1]), plain_tps(b, s1[0])))
+        if s1 and sk
+        else (r, r)
+        for b, r, s1, sk in zip(sizes, speedup, spreads_1, spreads_k1)
     ]
     pays_at = [b for b, (low, _) in zip(sizes, bounds) if low > 1.0]
     unclear = [b for b, (low, high) in zip(sizes, bounds) if low <= 1.0 < high]
@@ -104,6 +189,7 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
         "unclear_at": unclear,
         "stops_paying_at": stops,
         "verdict": verdict,
+        **wide_pass_cost(pass_times),
     }
 
 
@@ -112,23 +198,55 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def draft_token_cost(steps: list[dict], baseline_steps: list[dict]) -> float | None:
-    """c measured: the time to draft one token ÷ the time of one plain target pass, from step events.
+# c, a draft token's cost in target passes, in words: what a screen shows beside each of the two.
+DRAFT_COST_RATIO_MEANS = "c = the run's mean drafting time per pass ÷ (K × its mean target pass time)"
+DRAFT_TOKEN_COST_MEANS = "c = drafting time per drafted token ÷ the baseline run's mean target pass time"
 
-    (mean draft_ms per pass ÷ mean drafted tokens per pass) ÷ mean verify_ms of the baseline run's passes.
-    Both means run over the same passes, so the first factor is total draft time ÷ total drafted tokens: a
-    pass whose drafter proposed nothing (an n-gram lookup without a match) still pays its drafting time.
+
+def draft_cost_ratio(mean_draft_ms: float | None, mean_verify_ms: float | None, k: int) -> float | None:
+    """c of a run on its own (finish metrics' "draft_cost_ratio"): its mean drafting time per drafting pass
+    ÷ (K × its mean target pass time over the same passes), ``DRAFT_COST_RATIO_MEANS``.
+
+    What a run can measure without a baseline: then K·c + 1 is its own (drafting + verification) time per
+    pass ÷ its verification time. The unit is the run's own pass over K + 1 tokens, which costs more than
+    the one-token pass of E / (K·c + 1): against a baseline run, ``draft_token_cost`` is the c of the formula.
+    None when a time is missing (vLLM traces have no drafting time) or K is 0."""
+    if mean_draft_ms is None or not mean_verify_ms or not k:
+        return None
+    return mean_draft_ms / (int(k) * mean_verify_ms)
+
+
+def draft_token_cost_of(draft_ms: float, drafted: int, baseline_pass_ms: float | None) -> float | None:
+    """c against a baseline: drafting time per drafted token ÷ the baseline run's mean target pass time,
+    ``DRAFT_TOKEN_COST_MEANS``, from totals: draft_ms (all drafting time of the runs, ms), drafted (all
+    tokens they drafted) and baseline_pass_ms (the baseline's mean one-token pass, ms).
+
     The unit is a one-token pass of the baseline, the unit of E / (K·c + 1); a speculative pass over K + 1
-    tokens costs more than that, which the formula leaves out and a measured speedup does not.
-    None when a draft time is missing (vLLM traces have none), nothing was drafted or the baseline has no
-    timed pass.
-    """
+    tokens costs more than that, which the formula leaves out and a measured speedup does not. A pass whose
+    drafter proposed nothing (an n-gram lookup without a match) still pays its drafting time. The bench's
+    "draft_cost" and the Drafters lab's c. None when nothing was drafted or the baseline has no timed pass."""
+    if not drafted or not baseline_pass_ms:
+        return None
+    return float(draft_ms) / drafted / baseline_pass_ms
+
+
+def draft_token_cost(steps: list[dict], baseline_steps: list[dict]) -> float | None:
+    """``draft_token_cost_of`` from step events: the run's summed draft_ms and drafted tokens against the
+    mean verify_ms of the baseline run's passes. None also when a draft time is missing (vLLM traces have
+    none)."""
     draft_ms = [s.get("draft_ms") for s in steps]
+    if any(ms is None for ms in draft_ms):
+        return None
     drafted = sum(s.get("drafted") or 0 for s in steps)
     pass_ms = _mean(s.get("verify_ms") for s in baseline_steps)
-    if not drafted or not pass_ms or any(ms is None for ms in draft_ms):
-        return None
-    return sum(float(ms) for ms in draft_ms) / drafted / pass_ms
+    return draft_token_cost_of(sum(float(ms) for ms in draft_ms), drafted, pass_ms)
+
+
+def draft_ms_per_position(summary: dict) -> float:
+    """A run's drafting time per draft position: its mean drafting time per drafting pass ÷ K (0 when it
+    has no drafting time), the draft time ``batch_throughputs`` takes; ``draft_cost_ratio`` is this ÷ the
+    run's mean target pass time."""
+    return (summary.get("mean_draft_ms") or 0.0) / max(1, int(summary.get("k") or 0))
 
 
 def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float = 0.0) -> dict:
@@ -148,8 +266,8 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
     mean_drafted_depth their mean K; accepted_histogram[j] counts the drafting passes that kept j
     drafts, and mean_acceptance_length = 1 + accepted / passes_drafted (vLLM's definition); acceptance_by_position[i] is the share of steps that drafted a token at
     depth i+1 whose accepted path reached depth i+1 (the chain model predicts α^(i+1));
-    draft_cost_ratio c = mean draft time per draft position / mean target pass time
-    (an estimate from this run's timings, for the speedup formula).
+    draft_cost_ratio is ``draft_cost_ratio``: c of this run on its own, mean draft time per drafting
+    pass ÷ (K × mean target pass time over those passes).
     """
     passes = len(steps)
     tokens = sum(len(s["emitted"]) for s in steps)
@@ -178,7 +296,7 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
     drafting = [s for s in steps if s.get("drafted")] or steps
     mean_draft_ms = _mean(s.get("draft_ms") for s in drafting)
     mean_verify_ms = _mean(s.get("verify_ms") for s in drafting)
-    cost_ratio = mean_draft_ms / (k * mean_verify_ms) if mean_draft_ms is not None and mean_verify_ms and k else None
+    cost_ratio = draft_cost_ratio(mean_draft_ms, mean_verify_ms, k)
     return {
         "target_passes": passes,
         "new_tokens": tokens,
@@ -220,7 +338,8 @@ def measured_speedup(baseline: dict, run: dict) -> float | None:
     from ``summarize_steps`` / ``run_summary``). With the same number of tokens (greedy, same prompt) this
     is the baseline's wall time ÷ the run's; with sampling the two runs may emit different counts, and
     tokens per second is the fair ratio. None when either run has no timing. The one definition every
-    view (Race, the run charts, the calculator, the Drafters lab) shows."""
+    view (Race, the run charts, the calculator, the Drafters lab) shows; repeats of it are aggregated by
+    ``median_of_ratios`` (pairs) or ``ratio_of_medians`` (unpaired repeats)."""
     base, this = baseline.get("tokens_per_s") or 0.0, run.get("tokens_per_s") or 0.0
     return this / base if base > 0 and this > 0 else None
 
@@ -256,6 +375,24 @@ def _median_interval(values: list[float], level: float = COMPARE_LEVEL) -> tuple
     return (s[j - 1], s[n - j]) if j >= 1 else None
 
 
+def paired_ratios(pairs: list[tuple[dict, dict]], ratio=None) -> list[float]:
+    """``ratio``(baseline, run) of each (baseline summary, run summary) pair, the pairs without one left out;
+    ratio defaults to ``measured_speedup`` (``speedup_ceiling`` and ``implied_speedup`` take the same)."""
+    ratio = ratio or measured_speedup
+    return [r for r in (ratio(b, s) for b, s in pairs) if r is not None]
+
+
+def median_of_ratios(ratios: list[float]) -> float | None:
+    """A speedup aggregated as the MEDIAN OF PER-PAIR RATIOS (``paired_ratios``), None without any.
+
+    For runs that come in back-to-back pairs (a baseline run, then the speculative run, alternating:
+    ``compare_speedups``): both runs of a pair see the same machine, so each ratio cancels the drift that a
+    busy shared host adds between pairs, and the median ignores the pair another process slowed on one
+    side; its distribution-free interval is ``_median_interval``. Unpaired repeats take
+    ``ratio_of_medians``."""
+    return median(ratios) if ratios else None
+
+
 def compare_speedups(
     pairs: list[tuple[dict, dict]], level: float = COMPARE_LEVEL, quickest_pass_ms: float | None = None
 ) -> dict:
@@ -264,7 +401,7 @@ def compare_speedups(
     pairs: (baseline summary, speculative summary) per pair (``summarize_steps`` / ``run_summary``), the
     two runs of a pair back to back so that they see the same machine. Each pair gives one ratio
     (``measured_speedup``); the result is their median, a distribution-free interval for it
-    (``_median_interval``), and a verdict that only a spread excluding 1 can give: "faster" (the whole
+    (``_median_interval``) — the speedup aggregated as ``median_of_ratios`` — and a verdict that only a spread excluding 1 can give: "faster" (the whole
     interval at or above 1 + MIN_EFFECT), "slower" (at or below 1 - MIN_EFFECT), else "no clear
     difference"; "too few pairs" under MIN_PAIRS. "faster" also needs the passes saved to allow it
     (``speedup_ceiling`` at or above 1 + MIN_EFFECT); where they do not, "note" says so. "busy" is
@@ -272,10 +409,9 @@ def compare_speedups(
     Also what the measured costs imply, which wall-clock noise moves less: the median over the pairs of
     ``implied_speedup`` (tokens per pass × the baseline's mean pass time ÷ the run's mean pass plus
     drafting time)."""
-    ratios = [r for r in (measured_speedup(b, s) for b, s in pairs) if r is not None]
+    ratios = paired_ratios(pairs)
     interval = _median_interval(ratios, level) if len(ratios) >= MIN_PAIRS else None
-    ceilings = [c for c in (speedup_ceiling(b, s) for b, s in pairs) if c is not None]
-    ceiling = median(ceilings) if ceilings else None
+    ceiling = median_of_ratios(paired_ratios(pairs, speedup_ceiling))
     note = None
     if interval is None:
         verdict = "too few pairs"
@@ -293,21 +429,52 @@ def compare_speedups(
         verdict = "slower"
     else:
         verdict = "no clear difference"
-    implied = [i for i in (implied_speedup(b, s) for b, s in pairs) if i is not None]
     return {
         "pairs": len(ratios),
         "ratios": [round(r, 4) for r in ratios],
-        "speedup": median(ratios) if ratios else None,
+        "speedup": median_of_ratios(ratios),
         "low": interval[0] if interval else None,
         "high": interval[1] if interval else None,
         "level": level,
         "min_effect": MIN_EFFECT,
         "verdict": verdict,
-        "implied_speedup": median(implied) if implied else None,
+        "implied_speedup": median_of_ratios(paired_ratios(pairs, implied_speedup)),
         "ceiling": ceiling,
         "note": note,
         "busy": busy_machine([b for b, _ in pairs], quickest_pass_ms),
     }
+
+
+def top_speedups(speedups: dict[str, float | None], n: int = 2) -> list[str]:
+    """The labels of the n highest speedups ({label: speedup}), fastest first, those without one left out:
+    the runs a lab measures again in alternating pairs (``compare_speedups``) before naming a fastest."""
+    known = [(label, value) for label, value in speedups.items() if value is not None]
+    return [label for label, _ in sorted(known, key=lambda item: -item[1])[:n]]
+
+
+def fastest(comparisons: dict[str, dict]) -> dict:
+    """Which of several runs, each compared with the same baseline by ``compare_speedups`` ({label: its
+    result}), is the fastest: {"ranked" (labels by median speedup, fastest first), "fastest" (the first,
+    named only when the low end of its interval lies above the high end of every other's), "runner_up"
+    (the second), "verdict" ("fastest", "no clear fastest" when the intervals overlap or one is missing, or
+    None with fewer than two runs to rank), "busy" (the first busy reason of ``busy_machine`` among them, or
+    None)}. One run each is never a verdict: only intervals that do not overlap name a fastest."""
+    ranked = sorted(comparisons, key=lambda label: -(comparisons[label].get("speedup") or 0))
+    busy = next(
+        (c["busy"]["reason"] for c in (comparisons[label] for label in ranked) if (c.get("busy") or {}).get("busy")),
+        None,
+    )
+    result = {"ranked": ranked, "fastest": None, "runner_up": None, "verdict": None, "busy": busy}
+    if len(ranked) < 2:
+        return result
+    best, others = comparisons[ranked[0]], [comparisons[label] for label in ranked[1:]]
+    result["runner_up"] = ranked[1]
+    highs = [c.get("high") for c in others]
+    if best.get("low") is not None and all(h is not None for h in highs) and best["low"] > max(highs):
+        result.update(fastest=ranked[0], verdict="fastest")
+    else:
+        result["verdict"] = "no clear fastest"
+    return result
 
 
 # A machine is called busy when its baseline passes ran this much slower than they can: the slowest

@@ -219,13 +219,51 @@ def test_batch_lab_measures_pass_times_and_computes_throughput():
 
 def test_the_batch_lab_never_calls_a_wider_pass_cheaper_from_noise():
     """The issue's "a pass over K + 1 = 5 tokens per row costs 0.75x a pass over one token": the cost comes
-    with the repeats' spread, and a spread across 1 is the same cost within noise."""
+    with the repeats' spread, and a spread across 1 is the same cost within noise (engine.metrics'
+    wide_pass_cost finds it, batch_throughputs carries it, the lab words it)."""
     from app.labs.batch import _cost_words
+    from engine.metrics import batch_throughputs, wide_pass_cost
+
+    def words(times):
+        return _cost_words({**times, **wide_pass_cost(times)}, 1, 4)
 
     noisy = {"pass_ms_1": [20.0], "pass_ms_k1": [15.0], "spread_ms_1": [[12.0, 30.0]], "spread_ms_k1": [[11.0, 25.0]]}
-    words = _cost_words(noisy, 1, 4)
-    assert "0.75×" in words and "0.37–2.08× across the repeats" in words and "same cost within" in words
+    said = words(noisy)
+    assert "0.75×" in said and "0.37–2.08× across the repeats" in said and "same cost within" in said
     steady = {"pass_ms_1": [20.0], "pass_ms_k1": [12.0], "spread_ms_1": [[19.5, 21.0]], "spread_ms_k1": [[11.5, 12.5]]}
-    assert "matrix library" in _cost_words(steady, 1, 4)
+    assert "matrix library" in words(steady)
     wider = {"pass_ms_1": [10.0], "pass_ms_k1": [15.0], "spread_ms_1": [[9.0, 11.0]], "spread_ms_k1": [[14.0, 16.0]]}
-    assert _cost_words(wider, 1, 4).endswith("across the repeats)")
+    assert words(wider).endswith("across the repeats)")
+    # What the lab's status reads is batch_throughputs' result: the same finding.
+    result = batch_throughputs({**steady, "batch_sizes": [1], "k": 4}, 0.7, 0.0)
+    assert result["pass_cost_finding"] == ["cheaper"] and "matrix library" in _cost_words(result, 1, 4)
+    assert _cost_words(batch_throughputs({**steady, "spread_ms_1": None, "batch_sizes": [1], "k": 4}, 0.7), 1, 4)
+
+
+def test_the_labs_show_the_engines_decisions():
+    """The Drafters lab's fastest drafter and the Lossless lab's verdicts come from engine functions
+    (engine.metrics.fastest, engine.tools.exactness.exactness_verdict): the labs only word them."""
+    from app.labs import drafters, lossless
+    from engine.metrics import compare_speedups, fastest
+    from engine.tools.exactness import chi_square_test, exactness_verdict
+
+    def pairs(spec_tok_s):
+        base = {"tokens_per_s": 100.0, "tokens_per_pass": 1.0, "mean_verify_ms": 10.0}
+        return [(base, {"tokens_per_s": s, "tokens_per_pass": 3.0}) for s in spec_tok_s]
+
+    clear = {
+        "int8": compare_speedups(pairs([120, 125, 118, 122, 121])),
+        "ngram": compare_speedups(pairs([150, 160, 155, 158, 152])),
+    }
+    assert fastest(clear)["fastest"] == "ngram"
+    assert "Fastest on this prompt: **ngram** (its interval clears int8's)." in drafters._spread_verdict(clear)
+    overlap = {"int8": clear["int8"], "ngram": compare_speedups(pairs([150, 160, 110, 158, 130]))}
+    assert fastest(overlap)["verdict"] == "no clear fastest"
+    assert "No clear fastest: ngram's and int8's intervals overlap" in drafters._spread_verdict(overlap)
+    busy = {**clear, "int8": {**clear["int8"], "busy": {"busy": True, "reason": "the runs got 50% of the cores"}}}
+    assert "⚠ The machine was busy (the runs got 50% of the cores)" in drafters._spread_verdict(busy)
+    p = {0: 0.5, 1: 0.3, 2: 0.2}
+    off = chi_square_test({0: 100, 1: 150, 2: 250}, p, 500)
+    for kind in lossless.SAMPLERS:
+        assert lossless._verdict(kind, off) == exactness_verdict(off, lossy=kind == "broken")
+    assert lossless._verdict("broken", off) == "differs from p: the shortcut is lossy"

@@ -2,15 +2,16 @@
 
 Input: a list of traces (the baseline "none" run among them, usually first). Every number is read through
 engine.metrics: `run_summary` (tokens per pass, α = position_acceptance, acceptance by position, tok/s),
-`draft_token_cost` (c, measured against the baseline's plain passes) and `wall_clock_speedup` (the
-E / (K·c + 1) surface of the Explain lab). Nothing is recomputed here beyond ratios of measured numbers.
+`draft_token_cost` (c, measured against the baseline's plain passes: DRAFT_TOKEN_COST_MEANS, shown with it),
+`measured_speedup` and `wall_clock_speedup` (the E / (K·c + 1) surface of the Explain lab). Nothing is
+recomputed here.
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from engine.metrics import draft_token_cost, measured_speedup, run_summary, wall_clock_speedup
+from engine.metrics import DRAFT_TOKEN_COST_MEANS, draft_token_cost, measured_speedup, run_summary, wall_clock_speedup
 from engine.trace import events_of, start_event, step_events
 
 from .style import LABEL_BG, NOTE_SIZE, PALETTE, SERIES, apply_layout, fmt_speedup, message_figure
@@ -300,11 +301,11 @@ def speedup_surface_figure(traces: list) -> go.Figure:
         fig.add_trace(_point(row, c_max, position, text))
     subtitle = (
         f"surface: theory E / (K·c + 1) at K = {k}, E = (1 − α^(K+1)) / (1 − α) · points: α and c measured "
-        "in this lab run, c = draft time per token ÷ a baseline target pass · labels: measured speedup "
+        f"in this lab run, {DRAFT_TOKEN_COST_MEANS} · labels: measured speedup "
         "(tok/s ÷ baseline tok/s) · dashed: break-even"
     )
     if any(r["k"] != k for r in rows):
         subtitle += f" · runs with another K are drawn on the K = {k} surface"
-    fig.update_xaxes(title_text="c: cost of one draft token ÷ one target pass (measured)", range=[0, c_max])
+    fig.update_xaxes(title_text=f"{DRAFT_TOKEN_COST_MEANS} (measured)", range=[0, c_max])
     fig.update_yaxes(title_text="α: accepted ÷ depths tried (measured)", range=[0, 1.0])
     return apply_layout(fig, f"{title} (K = {k})", subtitle, height=SURFACE_HEIGHT)

@@ -14,7 +14,7 @@ import time
 
 import gradio as gr
 
-from engine.metrics import batch_throughputs
+from engine.metrics import batch_throughputs, draft_ms_per_position
 from visuals import batch_figure
 from visuals.lab_figures import measured_batch_figure
 
@@ -70,7 +70,7 @@ def batch_refresh(trace, seen: str, k, alpha, draft_ms):
         return gr.skip(), gr.skip(), gr.skip(), note if summary is None else gr.skip(), seen
     k = int(min(MAX_K, max(1, summary["k"])))
     alpha = round(min(MAX_ALPHA, max(0.0, summary["position_acceptance"])), 2)
-    per_token = (summary.get("mean_draft_ms") or 0.0) / max(1, summary["k"])
+    per_token = draft_ms_per_position(summary)
     return (
         k,
         alpha,
@@ -104,25 +104,25 @@ def _batch_table(result: dict) -> list[list]:
     return rows
 
 
+COST_FINDINGS = {  # engine.metrics.wide_pass_cost's finding, in words
+    "same": ": the same cost within this machine's noise",
+    "cheaper": (
+        ": cheaper in every repeat, which is this CPU's matrix library (it runs a few rows faster than one), "
+        "not speculation"
+    ),
+}
+
+
 def _cost_words(result: dict, b: int, k: int) -> str:
     """What a pass over K + 1 tokens per row costs against a one-token pass at the first batch size, with the
-    spread of the repeats (the slowest over the quickest either way): a ratio whose spread straddles 1 is
-    said to be the same cost within noise, never "cheaper"."""
-    cost = result["pass_ms_k1"][0] / result["pass_ms_1"][0]
+    spread of the repeats (the slowest over the quickest either way), as engine.metrics.wide_pass_cost found
+    it: a ratio whose spread straddles 1 is the same cost within noise, never "cheaper"."""
+    cost, bounds = result["pass_cost"][0], result["pass_cost_bounds"][0]
     words = f"At B = {b} a pass over K + 1 = {k + 1} tokens per row costs {cost:.2f}× a pass over one token"
-    spread_1, spread_k1 = (result.get("spread_ms_1") or [None])[0], (result.get("spread_ms_k1") or [None])[0]
-    if not spread_1 or not spread_k1:
+    if not bounds or bounds[0] is None:
         return words
-    low, high = spread_k1[0] / spread_1[1], spread_k1[1] / spread_1[0]
-    words += f" ({low:.2f}–{high:.2f}× across the repeats)"
-    if low <= 1.0 <= high:
-        return words + ": the same cost within this machine's noise"
-    if high < 1.0:
-        return words + (
-            ": cheaper in every repeat, which is this CPU's matrix library (it runs a few rows faster than one), "
-            "not speculation"
-        )
-    return words
+    words += f" ({bounds[0]:.2f}–{bounds[1]:.2f}× across the repeats)"
+    return words + COST_FINDINGS.get(result["pass_cost_finding"][0], "")
 
 
 def _status(result: dict) -> str:

@@ -16,7 +16,14 @@ import time
 
 import gradio as gr
 
-from engine.metrics import MIN_PAIRS, compare_speedups, run_summary
+from engine.metrics import (
+    DRAFT_TOKEN_COST_MEANS,
+    MIN_PAIRS,
+    compare_speedups,
+    fastest,
+    run_summary,
+    top_speedups,
+)
 from engine.tools.race import alternating_pairs
 from engine.trace import TraceError, load, start_event, step_events
 from visuals.drafter_families import acceptance_curves_figure, comparison_rows, run_label, speedup_surface_figure
@@ -65,7 +72,7 @@ HEADERS = [
     "drafter",
     "tokens per target pass",
     "α (accepted ÷ depths tried)",
-    "c: a draft token ÷ a target pass (measured)",
+    f"{DRAFT_TOKEN_COST_MEANS} (measured)",
     "speedup (measured: tok/s ÷ baseline tok/s)",
     "E / (K·c + 1) at these α, c (theory)",
     "tok/s",
@@ -284,7 +291,7 @@ def _families(traces: dict) -> str:
             f"{r['tokens_per_pass']:.2f} tokens per pass, {_fmt(r['speedup'], '{:.2f}×')}"
             for r in mine
         )
-        parts.append(f"{FAMILY_TEXT[family]} *Measured here:* {measured}.")
+        parts.append(f"{FAMILY_TEXT[family]} *Measured here* ({DRAFT_TOKEN_COST_MEANS}): {measured}.")
     return "\n\n".join(parts)
 
 
@@ -296,8 +303,9 @@ def _where(start: dict) -> str:
 
 def _verdict(traces: dict, lab: dict, notes: list[str], spread: dict | None = None) -> str:
     """The lab's status after the runs: where and how they ran and, from the alternating pairs measured after
-    them (``spread``: {label: engine.metrics.compare_speedups' result}), which drafter is fastest, named only
-    when its interval clears the runner-up's; one run each is never a verdict."""
+    them (``spread``: {label: engine.metrics.compare_speedups' result}), which drafter is fastest as
+    engine.metrics.fastest decides it (named only when its interval clears the runner-up's; one run each is
+    never a verdict)."""
     start = start_event(traces[BASELINE])
     where = _where(start)
     mode = "greedy" if lab["greedy"] else f"sampled at T = {SAMPLING_TEMPERATURE:g}, seed {SEED}"
@@ -322,24 +330,22 @@ def _spread_verdict(spread: dict) -> str:
             continue
         parts.append(f"**{label}** {c['speedup']:.2f}× [{c['low']:.2f}–{c['high']:.2f}]: {c['verdict']}")
     text = f"Measured again in {MIN_PAIRS} alternating pairs with the baseline each: " + "; ".join(parts) + "."
-    ranked = sorted(spread.items(), key=lambda item: -(item[1].get("speedup") or 0))
-    busy = [c["busy"]["reason"] for _, c in ranked if (c.get("busy") or {}).get("busy")]
-    if len(ranked) == 2:
-        (best, a), (other, b) = ranked
-        if a.get("low") is not None and b.get("high") is not None and a["low"] > b["high"]:
-            text += f" Fastest on this prompt: **{best}** (its interval clears {other}'s)."
-        else:
-            text += f" No clear fastest: {best}'s and {other}'s intervals overlap on this machine."
-    if busy:
-        text += f" ⚠ The machine was busy ({busy[0]}): trust the intervals, not the table's single runs."
+    found = fastest(spread)  # the engine's decision; the lab only words it
+    if found["verdict"] == "fastest":
+        text += f" Fastest on this prompt: **{found['fastest']}** (its interval clears {found['runner_up']}'s)."
+    elif found["verdict"] == "no clear fastest":
+        best, other = found["ranked"][0], found["runner_up"]
+        text += f" No clear fastest: {best}'s and {other}'s intervals overlap on this machine."
+    if found["busy"]:
+        text += f" ⚠ The machine was busy ({found['busy']}): trust the intervals, not the table's single runs."
     return text
 
 
 def measure_spread(engine, prompt: str, plan, traces: dict, settings, run_id: str = "") -> dict:
-    """The two fastest drafters of the single runs, each raced against the baseline in MIN_PAIRS alternating
-    pairs (engine.tools.race's pairs, compared by engine.metrics.compare_speedups): {label: result}."""
-    rows = [(label, r) for label, r in _rows(traces).items() if not r["baseline"] and r["speedup"] is not None]
-    top = [label for label, _ in sorted(rows, key=lambda item: -item[1]["speedup"])[:2]]
+    """The two fastest drafters of the single runs (engine.metrics.top_speedups), each raced against the
+    baseline in MIN_PAIRS alternating pairs (engine.tools.race's pairs, compared by
+    engine.metrics.compare_speedups): {label: result}."""
+    top = top_speedups({label: r["speedup"] for label, r in _rows(traces).items() if not r["baseline"]}, 2)
     by_label = {label: (spec, overrides) for label, spec, overrides in plan}
     quiet = settings.merged({"payload": "off"})
     results = {}

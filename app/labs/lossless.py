@@ -16,9 +16,11 @@ from engine.tools.exactness import (
     TEST_LEVEL,
     as_distribution,
     chi_square_test,
+    exactness_verdict,
     pair_distribution,
     verify_children_ignoring_q,
 )
+from engine.tools.samples import next_token_distribution, sample_next_tokens
 from visuals.lab_figures import fmt_pvalue, lossless_figure
 
 from ..config import LAB_SAMPLES_FLOOR, MAX_LAB_SAMPLES
@@ -85,17 +87,8 @@ with other prompts raise N. K = 2 lets one pass draft both tokens of a pair.
 
 # ------------------------------------------------------------------------------------------ text
 def _verdict(kind: str, test: dict | None) -> str:
-    if test is None:
-        return "not run"
-    if test["pvalue"] is None:
-        return "nothing to test: p puts (almost) all its mass on one token"
-    if test["pvalue"] >= TEST_LEVEL:
-        if kind == "broken":
-            return "not detected at this N: its error is small here, raise N"
-        return "consistent with p"
-    if kind == "broken":
-        return "differs from p: the shortcut is lossy"
-    return "differs from p (unexpected: rerun with another seed; about 1 run in 1000 fails by chance)"
+    """engine.tools.exactness' verdict on one sampler (the broken verifier is the lossy control)."""
+    return exactness_verdict(test, lossy=kind == "broken")
 
 
 def _lossless_table(results: dict, n: int) -> list[list]:
@@ -194,7 +187,8 @@ def _sample(engine, lab: dict, run: tuple, tracker) -> dict:
     kind, spec, verifier, shape = run
     t0 = time.perf_counter()
     try:
-        samples = engine.sample_next_tokens(
+        samples = sample_next_tokens(
+            engine,
             lab["prompt"],
             spec,
             n_samples=lab["n"],
@@ -229,7 +223,7 @@ def _exact_p(engine, lab: dict) -> None:
     """The target's exact law of the first token (or pair) after the prompt, and the cells' texts, into `lab`."""
 
     def after(prefix: list[int]) -> dict[int, float]:
-        probs = engine.next_token_distribution(lab["prompt"], prefix, seed=lab["seed"], **lab["settings"])
+        probs = next_token_distribution(engine, lab["prompt"], prefix, seed=lab["seed"], **lab["settings"])
         return as_distribution(probs)
 
     try:

@@ -23,6 +23,7 @@ import torch
 from engine import config, paths
 from engine.decode import GenerationSettings, SpeculativeEngine
 from engine.host import cpu_flags, cpu_name
+from engine.metrics import draft_token_cost_of, ratio_of_medians
 from engine.model.static_pass import StaticPasses, capture_available
 
 __all__ = ["SYSTEMS", "run_bench", "machine_info"]
@@ -535,14 +536,15 @@ def _interleaved_runs(engine, setup: dict, progress) -> tuple[dict, dict]:
 def _aggregate(samples: dict, machine: dict, plain) -> list[dict]:
     """(3) One row per (system, workload): median tokens/s over the repeats, tokens per pass, acceptance,
     our engine's pass and drafting times, the fraction of the memory roofline, and the ratios to
-    engine-baseline and hf-generate (speedup, and c, the drafting cost in baseline passes)."""
+    engine-baseline and hf-generate (speedup: engine.metrics.ratio_of_medians of the repeats' tok/s; and c,
+    the drafting cost in baseline passes: engine.metrics.draft_token_cost_of)."""
     rows = []
     for (name, workload), runs in samples.items():
         tokens = sum(r["new_tokens"] for r in runs)
         row = {
             "system": name,
             "workload": workload,
-            "tok_per_s": statistics.median(r["new_tokens"] / r["wall_s"] for r in runs),
+            "tok_per_s": statistics.median(_rates(runs)),
             "tokens_per_pass": sum(r["new_tokens"] for r in runs) / max(1, sum(r["passes"] for r in runs))
             if runs[0]["passes"]
             else None,
@@ -570,14 +572,27 @@ def _aggregate(samples: dict, machine: dict, plain) -> list[dict]:
         rows.append(row)
     by = {(r["system"], r["workload"]): r for r in rows}
     for r in rows:
-        base = by.get(("engine-baseline", r["workload"]))
-        hfg = by.get(("hf-generate", r["workload"]))
-        r["speedup_vs_engine_baseline"] = r["tok_per_s"] / base["tok_per_s"] if base else None
+        runs, workload = samples[(r["system"], r["workload"])], r["workload"]
+        base = by.get(("engine-baseline", workload))
+        # Each system's repeats rotate among the others, unpaired: the speedups are ratios of medians.
+        for key, reference in (
+            ("speedup_vs_engine_baseline", "engine-baseline"),
+            ("speedup_vs_hf_generate", "hf-generate"),
+        ):
+            ref_runs = samples.get((reference, workload))
+            r[key] = ratio_of_medians(_rates(runs), _rates(ref_runs)) if ref_runs else None
         # c of E / (K·c + 1): one drafted token's time in plain one-token target passes (the baseline's).
         if r.get("draft_ms_per_token") is not None and base and base.get("pass_ms"):
-            r["draft_cost"] = r["draft_ms_per_token"] / base["pass_ms"]
-        r["speedup_vs_hf_generate"] = r["tok_per_s"] / hfg["tok_per_s"] if hfg else None
+            drafted = sum(run["drafted"] for run in runs)
+            r["draft_cost"] = draft_token_cost_of(
+                1000.0 * sum(run["draft_s"] for run in runs), drafted, base["pass_ms"]
+            )
     return rows
+
+
+def _rates(runs: list[dict]) -> list[float]:
+    """Each run's tokens per second (new tokens ÷ wall time): what a row's tok/s is the median of."""
+    return [r["new_tokens"] / r["wall_s"] for r in runs]
 
 
 def _greedy_mismatches(outputs: dict) -> list[dict]:
@@ -629,8 +644,9 @@ def _event_overhead(engine, workloads, repeats, max_new, progress) -> dict:
         "system": EVENT_SYSTEM,
         "workload": "chat" if "chat" in workloads else next(iter(workloads)),
         "tok_per_s": {m: round(v, 3) for m, v in tps.items()},
-        "slowdown_reduced": round(tps["off"] / tps["reduced"] - 1.0, 4),
-        "slowdown_full": round(tps["off"] / tps["full"] - 1.0, 4),
+        # How much slower the event stream makes a run: the ratio of medians (modes rotated, unpaired) - 1.
+        "slowdown_reduced": round(ratio_of_medians(samples["off"], samples["reduced"]) - 1.0, 4),
+        "slowdown_full": round(ratio_of_medians(samples["off"], samples["full"]) - 1.0, 4),
     }
 
 

@@ -12,6 +12,7 @@ claim empirically, and this module holds the parts that are mathematics rather t
 * ``pair_distribution``: the exact joint law of the first two tokens, p(x1, x2) = p(x1) p(x2 | x1).
 * ``chi_square_test``: goodness of fit of sampled counts against an exact p, with the total
   variation distance; ``TEST_LEVEL`` is the one significance level the labs use.
+* ``exactness_verdict``: what a test's p-value says about a sampler, in words (the Lossless lab shows it).
 * ``verify_children_ignoring_q``: the NEGATIVE CONTROL, a deliberately lossy verifier that the
   Lossless lab and the tests pass to the tree walk in place of ``acceptance.verify_children``.
 """
@@ -30,6 +31,7 @@ __all__ = [
     "TEST_LEVEL",
     "as_distribution",
     "chi_square_test",
+    "exactness_verdict",
     "overlap",
     "pair_distribution",
     "toy_sampling",
@@ -129,6 +131,22 @@ def chi_square_test(counts: dict[int, int], p: dict[int, float], n: int) -> dict
     scale = sum(observed) / sum(expected)  # equal totals up to float rounding, as scipy requires
     test = chisquare(observed, [e * scale for e in expected])
     return {**result, "statistic": float(test.statistic), "pvalue": float(test.pvalue)}
+
+
+def exactness_verdict(test: dict | None, lossy: bool = False) -> str:
+    """The verdict on a sampler from its ``chi_square_test`` result (None: not run), at ``TEST_LEVEL``:
+    p-value at or above it, consistent with p; below it, different from p; no p-value, nothing to test.
+    lossy: the sampler is the negative control (``verify_children_ignoring_q``), whose difference is the
+    expected finding and whose consistency only means this N is too small to see its error."""
+    if test is None:
+        return "not run"
+    if test["pvalue"] is None:
+        return "nothing to test: p puts (almost) all its mass on one token"
+    if test["pvalue"] >= TEST_LEVEL:
+        return "not detected at this N: its error is small here, raise N" if lossy else "consistent with p"
+    if lossy:
+        return "differs from p: the shortcut is lossy"
+    return "differs from p (unexpected: rerun with another seed; about 1 run in 1000 fails by chance)"
 
 
 def verify_children_ignoring_q(

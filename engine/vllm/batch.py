@@ -21,6 +21,7 @@ import statistics
 import threading
 import time
 
+from engine.metrics import ratio_bounds, ratio_of_medians
 from engine.vllm.backend import VllmBackend, VllmError
 
 __all__ = ["MAX_BATCH", "measure_batches"]
@@ -97,17 +98,42 @@ def measure_batches(
     Returns {"batch_sizes", "modes": {name: {"url", "speculative", "k", "tok_per_s",
     "tok_per_s_min", "tok_per_s_max", "latency_s" (median per-request latency),
     "latency_min_s", "latency_max_s", "acceptance_rate"}}, "speedup" (speculative ÷
-    baseline tok/s per B, when both are given), "speedup_bounds" (per B, the slowest repeat
-    of one server against the quickest of the other, both ways), "speculation_pays_up_to"
+    baseline tok/s per B, when both are given: engine.metrics.ratio_of_medians of the repeats),
+    "speedup_bounds" (per B, the slowest repeat of one server against the quickest of the other,
+    both ways: engine.metrics.ratio_bounds), "speculation_pays_up_to"
     (the largest B of the leading run of B where even the lower bound is above 1) and
     "verdict" (that in words, a B whose bounds straddle 1 named as no verdict: what every
     view shows), "greedy_mismatches",
     "settings", "source": "measured"}.
     """
+    sizes = _checked_sizes(batch_sizes, repeats, max_new_tokens, prompts, servers)
+    backends = {name: _backend(server) for name, server in servers.items()}
+    infos = {name: b.info() for name, b in backends.items()}
+    kw = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "chat": chat, "seed": 0}
+    for b in backends.values():  # warm-up: first requests allocate and may compile
+        b.complete(prompts[0], **{**kw, "max_new_tokens": 4})
+    runs = _interleaved_batches(backends, prompts, sizes, kw, int(repeats), progress)
+    report = {
+        "batch_sizes": sizes,
+        "modes": {name: _mode_summary(backends[name], infos[name], runs, sizes, name) for name in backends},
+        "settings": {**kw, "repeats": int(repeats), "prompts": len(prompts)},
+        "source": "measured",
+        "greedy_mismatches": [],
+    }
+    spec = next((n for n in backends if infos[n]["speculative"]), None)
+    base = next((n for n in backends if infos[n]["speculative"] is False), None)
+    if spec and base:
+        report.update(_speedups(runs, sizes, spec, base))
+        if temperature == 0.0:
+            report["greedy_mismatches"] = _greedy_mismatches(runs, sizes, spec, base)
+    return report
+
+
+def _checked_sizes(batch_sizes, repeats, max_new_tokens, prompts, servers) -> list[int]:
+    """The batch sizes, sorted and without repeats, once every argument is in range (ValueError otherwise)."""
     sizes = [int(b) for b in batch_sizes]
     if not sizes or any(not 1 <= b <= MAX_BATCH for b in sizes):
         raise ValueError(f"batch sizes must be between 1 and {MAX_BATCH}, got {list(batch_sizes)}")
-    sizes = sorted(set(sizes))
     if not 1 <= int(repeats) <= MAX_REPEATS:
         raise ValueError(f"repeats must be between 1 and {MAX_REPEATS}, got {repeats}")
     if not 1 <= int(max_new_tokens) <= MAX_NEW_TOKENS:
@@ -116,16 +142,17 @@ def measure_batches(
         raise ValueError("no prompts")
     if not servers:
         raise ValueError("no servers: give {'baseline': URL, 'speculative': URL}")
-    backends = {name: _backend(server) for name, server in servers.items()}
-    infos = {name: b.info() for name, b in backends.items()}
-    kw = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "chat": chat, "seed": 0}
-    for b in backends.values():  # warm-up: first requests allocate and may compile
-        b.complete(prompts[0], **{**kw, "max_new_tokens": 4})
+    return sorted(set(sizes))
+
+
+def _interleaved_batches(backends: dict, prompts: list, sizes: list[int], kw: dict, repeats: int, progress) -> dict:
+    """{(mode name, B): [one `_run_batch` result per repeat]}: every B on every server each repeat, the
+    servers' order rotated each repeat so that machine noise hits both alike."""
     names = list(backends)
     runs: dict[tuple[str, int], list[dict]] = {}
-    total = len(sizes) * int(repeats) * len(names)
+    total = len(sizes) * repeats * len(names)
     done = 0
-    for rep in range(int(repeats)):
+    for rep in range(repeats):
         for batch in sizes:
             order = names[rep % len(names) :] + names[: rep % len(names)]
             for name in order:
@@ -135,83 +162,83 @@ def measure_batches(
                 done += 1
                 if progress is not None:
                     progress(done, total, name, batch)
-    modes = {}
-    for name in names:
-        per_b = [runs[(name, b)] for b in sizes]
-        modes[name] = {
-            "url": backends[name].url,
-            "speculative": infos[name]["speculative"],
-            "k": infos[name]["k"] if infos[name]["speculative"] else 0,
-            "tok_per_s": [statistics.median(r["tok_per_s"] for r in rs) for rs in per_b],
-            "tok_per_s_min": [min(r["tok_per_s"] for r in rs) for rs in per_b],
-            "tok_per_s_max": [max(r["tok_per_s"] for r in rs) for rs in per_b],
-            "latency_s": [statistics.median(x for r in rs for x in r["latencies_s"]) for rs in per_b],
-            "latency_min_s": [min(x for r in rs for x in r["latencies_s"]) for rs in per_b],
-            "latency_max_s": [max(x for r in rs for x in r["latencies_s"]) for rs in per_b],
-            "tokens_per_request": [sum(r["tokens"] for r in rs) / (len(rs) * b) for rs, b in zip(per_b, sizes)],
-            "acceptance_rate": [
-                (sum(r["accepted"] for r in rs) / sum(r["drafted"] for r in rs))
-                if sum(r["drafted"] for r in rs)
-                else None
-                for rs in per_b
-            ],
-        }
-    report = {
-        "batch_sizes": sizes,
-        "modes": modes,
-        "settings": {**kw, "repeats": int(repeats), "prompts": len(prompts)},
-        "source": "measured",
-        "greedy_mismatches": [],
+    return runs
+
+
+def _acceptance(rs: list[dict]) -> float | None:
+    """Accepted ÷ drafted over a batch size's repeats (None when nothing was drafted)."""
+    drafted = sum(r["drafted"] for r in rs)
+    return sum(r["accepted"] for r in rs) / drafted if drafted else None
+
+
+def _mode_summary(backend: VllmBackend, info: dict, runs: dict, sizes: list[int], name: str) -> dict:
+    """One server's numbers per batch size: median and spread of throughput and per-request latency."""
+    per_b = [runs[(name, b)] for b in sizes]
+    latencies = [[x for r in rs for x in r["latencies_s"]] for rs in per_b]
+    return {
+        "url": backend.url,
+        "speculative": info["speculative"],
+        "k": info["k"] if info["speculative"] else 0,
+        "tok_per_s": [statistics.median(r["tok_per_s"] for r in rs) for rs in per_b],
+        "tok_per_s_min": [min(r["tok_per_s"] for r in rs) for rs in per_b],
+        "tok_per_s_max": [max(r["tok_per_s"] for r in rs) for rs in per_b],
+        "latency_s": [statistics.median(xs) for xs in latencies],
+        "latency_min_s": [min(xs) for xs in latencies],
+        "latency_max_s": [max(xs) for xs in latencies],
+        "tokens_per_request": [sum(r["tokens"] for r in rs) / (len(rs) * b) for rs, b in zip(per_b, sizes)],
+        "acceptance_rate": [_acceptance(rs) for rs in per_b],
     }
-    spec = next((n for n in names if infos[n]["speculative"]), None)
-    base = next((n for n in names if infos[n]["speculative"] is False), None)
-    if spec and base:
-        speedup = [s / b if b else None for s, b in zip(modes[spec]["tok_per_s"], modes[base]["tok_per_s"])]
-        report["speedup"] = speedup
+
+
+def _speedups(runs: dict, sizes: list[int], spec: str, base: str) -> dict:
+    """The speculative server against the baseline per B (engine.metrics' ratio of medians over the repeats,
+    with its bounds), and the verdict they allow."""
+    speedup, bounds = [], []
+    for batch in sizes:
+        this = [r["tok_per_s"] for r in runs[(spec, batch)]]
+        other = [r["tok_per_s"] for r in runs[(base, batch)]]
+        speedup.append(ratio_of_medians(this, other))
         # The repeats' spread bounds each ratio (the slowest repeat of one server against the quickest of the
         # other): a B whose bounds straddle 1 gets no verdict, however its medians fall.
-        bounds = [
-            (s_lo / b_hi, s_hi / b_lo) if b_lo and b_hi else (None, None)
-            for s_lo, s_hi, b_lo, b_hi in zip(
-                modes[spec]["tok_per_s_min"],
-                modes[spec]["tok_per_s_max"],
-                modes[base]["tok_per_s_min"],
-                modes[base]["tok_per_s_max"],
-            )
-        ]
-        report["speedup_bounds"] = bounds
-        pays = None
-        for batch, (low, _) in zip(sizes, bounds):
-            if low is None or low <= 1.0:
-                break
-            pays = batch
-        stops = next((b for b, (_, high) in zip(sizes, bounds) if high is not None and high <= 1.0), None)
-        unclear = [b for b, (low, high) in zip(sizes, bounds) if low is not None and low <= 1.0 < high]
-        report["speculation_pays_up_to"] = pays
-        if pays == sizes[-1]:
-            report["verdict"] = "speculation pays at every batch size measured"
-        elif stops == sizes[0]:
-            report["verdict"] = f"speculation does not pay at B = {sizes[0]}"
-        elif stops is not None:
-            report["verdict"] = (
-                f"speculation pays up to B = {pays}, not from B = {stops}"
-                if pays
-                else f"speculation does not pay from B = {stops}"
-            )
-        else:
-            report["verdict"] = "no batch size measured where speculation clearly stops paying"
-        if unclear:
-            report["verdict"] += (
-                f" (at B = {', '.join(map(str, unclear))} the repeats' spread straddles 1×: no verdict)"
-            )
-        if temperature == 0.0:
-            # Greedy speculation must not change the output: compare every request of every batch.
-            for batch in sizes:
-                for rep, (a, b) in enumerate(zip(runs[(base, batch)], runs[(spec, batch)])):
-                    for i, (x, y) in enumerate(zip(a["token_ids"], b["token_ids"])):
-                        if x != y:
-                            at = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
-                            report["greedy_mismatches"].append(
-                                {"batch": batch, "repeat": rep, "request": i, "first_difference_at": at}
-                            )
-    return report
+        bounds.append(ratio_bounds((min(this), max(this)), (min(other), max(other))))
+    pays, verdict = _verdict(sizes, bounds)
+    return {"speedup": speedup, "speedup_bounds": bounds, "speculation_pays_up_to": pays, "verdict": verdict}
+
+
+def _verdict(sizes: list[int], bounds: list[tuple]) -> tuple[int | None, str]:
+    """(the largest B of the leading run of B whose lower bound is above 1, or None; the verdict in words)."""
+    pays = None
+    for batch, (low, _) in zip(sizes, bounds):
+        if low is None or low <= 1.0:
+            break
+        pays = batch
+    stops = next((b for b, (_, high) in zip(sizes, bounds) if high is not None and high <= 1.0), None)
+    unclear = [b for b, (low, high) in zip(sizes, bounds) if low is not None and low <= 1.0 < high]
+    if pays == sizes[-1]:
+        verdict = "speculation pays at every batch size measured"
+    elif stops == sizes[0]:
+        verdict = f"speculation does not pay at B = {sizes[0]}"
+    elif stops is not None:
+        verdict = (
+            f"speculation pays up to B = {pays}, not from B = {stops}"
+            if pays
+            else f"speculation does not pay from B = {stops}"
+        )
+    else:
+        verdict = "no batch size measured where speculation clearly stops paying"
+    if unclear:
+        verdict += f" (at B = {', '.join(map(str, unclear))} the repeats' spread straddles 1×: no verdict)"
+    return pays, verdict
+
+
+def _greedy_mismatches(runs: dict, sizes: list[int], spec: str, base: str) -> list[dict]:
+    """Greedy speculation must not change the output: every request of every batch compared, the first
+    differing token of each that differs."""
+    mismatches = []
+    for batch in sizes:
+        for rep, (a, b) in enumerate(zip(runs[(base, batch)], runs[(spec, batch)])):
+            for i, (x, y) in enumerate(zip(a["token_ids"], b["token_ids"])):
+                if x != y:
+                    at = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+                    mismatches.append({"batch": batch, "repeat": rep, "request": i, "first_difference_at": at})
+    return mismatches
