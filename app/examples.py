@@ -13,6 +13,7 @@ import logging
 
 import gradio as gr
 
+from engine.metrics import DRAFT_COST_RATIO_MEANS
 from engine.trace import TraceError
 
 from .config import ASSETS
@@ -90,7 +91,7 @@ def example_note(name: str) -> str:
             f"median of {m.get('repeats')} runs."
         )
         if m.get("draft_cost_ratio") is not None:
-            note += f" A draft token cost c = {m['draft_cost_ratio']} of a target pass."
+            note += f" A draft token cost c = {m['draft_cost_ratio']} of a target pass ({DRAFT_COST_RATIO_MEANS})."
         other = m.get("compare")
         if isinstance(other, dict):
             note += (

@@ -83,10 +83,9 @@ def _adaptive_why(step: dict) -> str:
     if not isinstance(why, dict):
         return ""
     text = f" — adaptive depth chose K = {why.get('k')} because {why.get('because', '?')}"
-    speeds = why.get("speeds")
-    if speeds:
-        best = max(range(len(speeds)), key=speeds.__getitem__)
-        text += f" (K = {best + 1} expected {speeds[best]:.3f} tokens/ms at α = {why.get('alpha', 0):.2f})"
+    speeds, k = why.get("speeds"), why.get("k")
+    if speeds and isinstance(k, int) and 1 <= k <= len(speeds):  # the engine's choice, with what it expected of it
+        text += f" (K = {k} expected {speeds[k - 1]:.3f} tokens/ms at α = {why.get('alpha', 0):.2f})"
     if (step.get("draft") or {}).get("stop") == "confidence":
         text += ", and the drafter stopped shallower when its confidence fell below the threshold"
     return text

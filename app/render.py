@@ -85,9 +85,9 @@ def trace_title(trace: list[dict]) -> str:
     tree = start.get("tree") or {}
     shape = ""
     if drafter != "none (baseline)":
-        shape = f", K = {tree.get('steps', settings.get('k', '?'))}"
+        shape = f", K = {tree.get('k', settings.get('k', '?'))}"
         if (tree.get("topk") or 1) > 1:
-            shape += f", tree top-k {tree.get('topk')} (budget {tree.get('budget')})"
+            shape += f", tree top-k {tree.get('topk')} (tree budget {tree.get('num_draft_tokens')})"
     return f"{start.get('target', '?')} · drafter {drafter}{shape} · {mode} · seed {settings.get('seed', '?')}"
 
 
@@ -206,9 +206,9 @@ def _card_header(start: dict, s: dict, source: str) -> list[str]:
         f"({start.get('dtype', '?')} on {start.get('device', '?')}{f', {machine}' if machine else ''})"
     )
     tree = start.get("tree") or {}
-    shape = f"K = {tree.get('steps', settings.get('k'))}"
+    shape = f"K = {tree.get('k', settings.get('k'))}"
     if s["tree_topk"] > 1:
-        shape += f", tree top-k {tree.get('topk')}, budget {tree.get('budget')}"
+        shape += f", tree top-k {tree.get('topk')}, tree budget {tree.get('num_draft_tokens')}"
     sampling = "greedy" if start.get("greedy") else f"temperature {settings.get('temperature')}"
     sampling += f", top-p {settings.get('top_p')}, top-k {settings.get('top_k')}"
     lines.append(f"- **Settings:** {shape}; {sampling}; seed {settings.get('seed')}")

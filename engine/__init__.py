@@ -8,7 +8,7 @@ Public API (imported lazily so that ``import engine`` stays cheap)::
         ...                                            # start, step..., finish dicts
 
 Layout (docs/architecture.md follows one token through it): the top level is the one-token
-path in reading order (``settings``, ``decode``, ``sampling``, ``acceptance``, ``verification``,
+path in reading order (``settings``, ``decode``, ``prompts``, ``sampling``, ``acceptance``, ``verification``,
 ``events``, ``trace``, ``metrics``; ``host``, ``paths``, ``config``, ``cli``); the rooms are
 ``drafters/``, ``model/``, ``kernels/``, ``vllm/``, ``training/`` and ``tools/``.
 """

@@ -148,10 +148,6 @@ class SpeculativeEngine:
     def token_text(self, token_id: int) -> str:
         return self.prompts.token_text(token_id)
 
-    @property
-    def quickest_pass_ms(self) -> float | None:
-        return self.costs.quickest_pass_ms
-
     def measured_costs(self) -> dict[str, dict]:
         return self.costs.drafter_costs()
 
@@ -217,12 +213,12 @@ class SpeculativeEngine:
                 strict, cache = True, static.cache
             else:
                 cache = model.new_cache(capacity + (width if strict else 0))
-            runner = None
-            if static is not None and drafter.needs.model is not None:
-                runner = self.runners.runner(drafter.needs.model, static.capture)
             t0 = time.perf_counter()
             features = self._prefill(prompt_ids, drafter, cache)
             prefill_s = time.perf_counter() - t0
+            runner = None  # the drafter's own runner where the target's passes are fixed-shape (start takes it)
+            if static is not None and drafter.needs.model is not None:
+                runner = self.runners.acquire(drafter.needs.model, static.capture, capacity + width + 1)
             drafter.start(prompt_ids, capacity + width + 1, runner, features)
             mode = settings.chain_verifier
             batch_chains = mode == "batch" or (mode == "auto" and model.device.type == "cuda")
@@ -258,13 +254,13 @@ class SpeculativeEngine:
             "settings": {
                 **asdict(settings),
                 "seed": seed,
-                "k": shape.steps,
+                "k": shape.k,
                 "num_draft_tokens": shape.max_tokens,
                 "history": len(settings.history),
             },
             "sampling": params.as_dict(),
             "greedy": params.greedy,
-            "tree": {"steps": shape.steps, "topk": shape.topk, "budget": shape.max_tokens},
+            "tree": {"k": shape.k, "topk": shape.topk, "num_draft_tokens": shape.max_tokens},
             "eos_ids": sorted(self.eos_ids),
             "max_new_tokens": max_new,
             "host": host_info(model.device, cpu_kernels.variant()),
@@ -321,7 +317,7 @@ class SpeculativeEngine:
                 if eos:
                     stop_reason = "eos"
                     break
-            k = shape.steps if drafter.drafts else 0
+            k = shape.k if drafter.drafts else 0
             metrics = summarize_steps(steps, k, time.perf_counter() - started, state.prefill_s)
             metrics["cpu_share"] = self._cpu_share(time.process_time() - cpu_started, metrics["wall_s"])
             self.costs.note_run(drafter.name, drafter.drafts, metrics)
@@ -387,7 +383,7 @@ class SpeculativeEngine:
             outcomes = verified_outcomes(tree, verdict.path)
             depth = max(tree.depths, default=0)
             state.adaptive.update(len(verdict.path), depth, outcomes, round(draft_ms, 3), round(verify_ms, 3), n)
-        k = shape.steps if state.drafter.drafts else 0
+        k = shape.k if state.drafter.drafts else 0
         return StepResult(tree, verdict, draft_ms, verify_ms, k, kv, why)
 
     def run(self, prompt, drafter: str = "none", settings: GenerationSettings | None = None, **kw) -> dict:

@@ -41,6 +41,7 @@ __all__ = [
     "implied_speedup",
     "measured_speedup",
     "median",
+    "modelled_speedup",
     "median_of_ratios",
     "paired_ratios",
     "ratio_bounds",
@@ -527,6 +528,15 @@ def speedup_ceiling(baseline: dict, run: dict) -> float | None:
     return this / base if base > 0 and this > 0 else None
 
 
+def modelled_speedup(tokens_per_pass: float, plain_pass_ms: float, pass_ms: float) -> float | None:
+    """A MODELLED speedup, from pass costs rather than from timed runs: tokens per pass × a plain pass's ms ÷
+    a speculative pass's ms (drafting included). The analyzer weighs a server's probed pass costs with it;
+    ``implied_speedup`` is the same formula read from two measured runs."""
+    if not plain_pass_ms or not pass_ms or pass_ms <= 0:
+        return None
+    return tokens_per_pass * plain_pass_ms / pass_ms
+
+
 def implied_speedup(baseline: dict, run: dict) -> float | None:
     """The speedup a run's measured costs imply: its tokens per pass × the baseline's mean pass time ÷ (its
     mean target pass + mean drafting time per pass). Wall-clock speedup also counts the prefill and the
@@ -537,9 +547,7 @@ def implied_speedup(baseline: dict, run: dict) -> float | None:
         return None
     spec_pass = (run.get("verify_s") or 0.0) * 1000.0 / passes
     draft = (run.get("draft_s") or 0.0) * 1000.0 / passes
-    if spec_pass + draft <= 0:
-        return None
-    return run.get("tokens_per_pass", 0.0) * base_pass / (spec_pass + draft)
+    return modelled_speedup(run.get("tokens_per_pass", 0.0), base_pass, spec_pass + draft)
 
 
 # Metrics added after traces were first recorded; a recorded finish event without them gets them from its steps.
@@ -556,7 +564,7 @@ LATER_METRICS = (
 
 def trace_k(start: dict) -> int:
     """The run's draft depth K (0 for the baseline)."""
-    k = (start.get("tree") or {}).get("steps")
+    k = (start.get("tree") or {}).get("k")
     if k is None:
         k = (start.get("settings") or {}).get("k", 0)
     return 0 if start.get("mode") == "baseline" else int(k or 0)

@@ -109,7 +109,7 @@ class GenerationSettings:
         if not self.adaptive:
             return None
         return AdaptiveDepth(
-            shape.steps,
+            shape.k,
             self.adaptive_min_confidence,
             pass_ms=pass_ms,
             branching=shape.topk,

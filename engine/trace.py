@@ -33,7 +33,8 @@ __all__ = [
 
 TRACE_FORMAT = "speclens-trace"
 # 2: every tried node records ``adjusted`` (its test used p′/q′ after earlier sibling rejections).
-EVENT_VERSION = 2
+# 3: the start event's ``tree`` names K and the budget as the settings do: ``k``, ``num_draft_tokens``.
+EVENT_VERSION = 3
 MAX_TRACE_BYTES = 20 * 1024 * 1024
 _MAX_MIB = MAX_TRACE_BYTES // (1024 * 1024)
 
@@ -109,6 +110,15 @@ def _upgrade_v1(events: list[dict]) -> None:
             )
 
 
+def _upgrade_v2(events: list[dict]) -> None:
+    """Version-2 traces named the tree's K ``steps`` and its budget ``budget``: renamed here, once, at load."""
+    tree = events[0].get("tree")
+    if isinstance(tree, dict):
+        for old, new in (("steps", "k"), ("budget", "num_draft_tokens")):
+            if old in tree:
+                tree.setdefault(new, tree.pop(old))
+
+
 def validate(doc) -> list[dict]:
     """The events of a trace (saved document or bare list), or TraceError saying what is wrong."""
     if isinstance(doc, dict):
@@ -139,8 +149,11 @@ def validate(doc) -> list[dict]:
             raise TraceError(f"a second 'start' event at position {i}")
         else:
             raise TraceError(f"unknown event type {kind!r} at position {i}")
-    if int(events[0].get("version") or 1) < 2:
+    version = int(events[0].get("version") or 1)
+    if version < 2:
         _upgrade_v1(events)
+    if version < 3:
+        _upgrade_v2(events)
     return events
 
 

@@ -28,10 +28,15 @@ sys.path.insert(0, str(ROOT))
 
 from engine import SpeculativeEngine  # noqa: E402
 from engine import trace as trace_io  # noqa: E402
+from engine.metrics import median_of_ratios, paired_ratios, ratio_of_medians  # noqa: E402
 from engine.tools.bench import machine_info  # noqa: E402
 
 EXAMPLES = ROOT / "assets" / "examples.json"
 TRACES = ROOT / "assets" / "traces"
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None
 
 
 def measure(engine: SpeculativeEngine, example: dict, repeats: int) -> tuple[dict, list[dict], list[dict]]:
@@ -58,7 +63,8 @@ def measure(engine: SpeculativeEngine, example: dict, repeats: int) -> tuple[dic
         "acceptance_rate": round(statistics.median(m["acceptance_rate"] for m in spec), 2),
         "tokens_per_s": round(spec_tps, 1),
         "baseline_tokens_per_s": round(base_tps, 1),
-        "speedup": round(spec_tps / base_tps, 2) if base_tps else None,
+        # (each speculative run beside the baseline run right after it: a median of the pairs' ratios)
+        "speedup": _rounded(median_of_ratios(paired_ratios(list(zip(base, spec))))),
         "repeats": repeats,
     }
     costs = [m["draft_cost_ratio"] for m in spec if m.get("draft_cost_ratio") is not None]
@@ -70,11 +76,12 @@ def measure(engine: SpeculativeEngine, example: dict, repeats: int) -> tuple[dic
         )
     if compare_runs:  # the drafter the example is compared with, same settings
         other = [r["metrics"] for r in compare_runs]
-        other_tps = statistics.median(m["tokens_per_s"] for m in other)
         summary["compare"] = {
             "drafter": compare,
             "tokens_per_pass": round(statistics.median(m["tokens_per_pass"] for m in other), 2),
-            "speedup": round(other_tps / base_tps, 2) if base_tps else None,
+            "speedup": _rounded(
+                ratio_of_medians([m["tokens_per_s"] for m in other], [m["tokens_per_s"] for m in base])
+            ),
         }
         other_costs = [m["draft_cost_ratio"] for m in other if m.get("draft_cost_ratio") is not None]
         if other_costs:

@@ -48,7 +48,7 @@ def assert_k_follows_the_policy(events: list[dict], engine=None) -> None:
     _, shape = settings.validate()
     policy = settings.adaptive_depth(shape, start["adaptive"]["pass_ms"], start["adaptive"]["level_nodes"])
     steps = step_events(events)
-    assert steps[0]["draft"]["k"] == shape.steps  # the first pass drafts at the maximum
+    assert steps[0]["draft"]["k"] == shape.k  # the first pass drafts at the maximum
     for step in steps:
         assert step["draft"]["k"] == policy.k, (step["step"], drafts(events))
         assert step["draft_depth"] <= step["draft"]["k"]
@@ -167,9 +167,9 @@ def test_a_pass_that_drafted_nothing_leaves_k_alone():
 
 def test_the_step_shape_keeps_the_runs_branching_and_budget():
     policy = AdaptiveDepth(k_max=6, min_confidence=0.4, k_start=2)
-    base = TreeShape(6, topk=2, budget=9)
+    base = TreeShape(6, topk=2, num_draft_tokens=9)
     shape = policy.shape_for_step(base)
-    assert (shape.steps, shape.topk, shape.budget, shape.min_confidence) == (2, 2, 9, 0.4)
+    assert (shape.k, shape.topk, shape.num_draft_tokens, shape.min_confidence) == (2, 2, 9, 0.4)
     assert shape.max_tokens <= base.max_tokens  # the pass never outgrows the caches sized from `base`
     assert TreeShape(4).min_confidence == 0.0  # off by default: drafting never stops early
 

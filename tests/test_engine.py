@@ -49,7 +49,7 @@ def test_ngram_window_limits_the_search():
 def test_ngram_tree_respects_shape():
     d = NgramDrafter(max_ngram=1, min_ngram=1)
     context = [4, 1, 4, 2, 4, 3, 4]
-    tree = d.propose(DraftContext(context, TreeShape(steps=2, topk=3, budget=5), SamplingParams()))
+    tree = d.propose(DraftContext(context, TreeShape(k=2, topk=3, num_draft_tokens=5), SamplingParams()))
     assert len(tree) == 5
     assert tree.children(-1) == [0, 2, 4]
     assert tree.point_mass
@@ -58,7 +58,7 @@ def test_ngram_tree_respects_shape():
 def test_ngram_draft_is_as_long_as_its_match_vouches_for():
     """An n-token match drafts at most per_match * n tokens; the step records why it stopped."""
     copy = list(range(100, 112))  # 12 tokens that followed the match earlier
-    shape = TreeShape(steps=8)
+    shape = TreeShape(k=8)
     # The suffix (7, 8) matches 2 tokens (9, 7, 8 did not occur before): 2 * 2 = 4 tokens.
     short = [1, 7, 8] + copy + [9, 7, 8]
     tree = NgramDrafter(max_ngram=6, per_match=2).propose(DraftContext(short, shape, SamplingParams()))

@@ -270,16 +270,17 @@ def test_vllm_batch_arguments_are_checked_before_any_request():
         measure_batches({}, ["Hi"])
 
 
-def test_no_function_in_the_engine_is_over_100_lines():
-    # engine/training/train_head.py is another change's (being split there); every other module is held to it.
+def test_no_function_in_the_engine_app_or_visuals_is_over_100_lines():
+    """Small functions (the kernels' C sources and the Triton kernel aside: a kernel is one launch)."""
     long = []
-    for path in sorted((ROOT / "engine").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > 100:
-                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
-    assert not [f for f in long if not f.startswith("engine/training/train_head.py")], long
+    for folder in ("engine", "app", "visuals"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > 100 and node.name != "_verify_kernel":  # engine/kernels/batched_verifier.py
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
 
 
 # ------------------------------------------------------------------------ one definition, one place
@@ -294,10 +295,7 @@ SCANNED = ("engine", "app", "visuals", "scripts")
 HOME = "engine/metrics.py"
 # Definitions in files this change does not own, each with what is to become of it; an entry must be
 # removed once its file no longer defines one (the test says so).
-KNOWN_ELSEWHERE = {
-    "engine/tools/analyze.py": "a deployment window's expected speedups from probed pass costs",
-    "scripts/record_traces.py": "the examples' recorded speedups (to call engine.metrics.measured_speedup)",
-}
+KNOWN_ELSEWHERE: dict[str, str] = {}
 
 
 def _bound_name(node) -> str | None:

@@ -7,6 +7,8 @@ uncaptured function bit for bit (skipped without a GPU)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from conftest import tiny_transformer
@@ -131,8 +133,9 @@ def test_a_decode_through_the_static_passes_gives_the_eager_tokens(torch_ops_eng
     if temperature == 0.0:  # greedy: the baseline's tokens too
         assert static["token_ids"] == engine.run(PROMPT, "none", max_new_tokens=24)["token_ids"]
     if drafter != "ngram":
-        runner = engine.runners.held(engine.drafter(drafter).needs.model)
-        assert runner.passes > 0 and not runner._lock.locked()  # used, and released at the run's end
+        runners = engine.runners.held(engine.drafter(drafter).needs.model)
+        assert runners and sum(r.passes for r in runners) > 0  # used...
+        assert not any(r._lock.locked() for r in runners)  # ... and released at the run's end
 
 
 def test_a_run_that_finds_the_static_passes_busy_takes_the_eager_path(torch_ops_engine):
@@ -140,17 +143,50 @@ def test_a_run_that_finds_the_static_passes_busy_takes_the_eager_path(torch_ops_
     static = dict(max_new_tokens=4, pass_graphs="static")
     first = engine.run(PROMPT, "ngram", strict=True, **static)  # builds the runner
     assert first["metrics"]["pass_path"] == "static"
-    runner = engine.runners.held(engine.target.model)
-    assert runner.acquire(8) is not None  # another run holds it
+    # Other runs hold every runner the pool may have: this one takes the eager path.
+    held = [engine.runners.acquire(engine.target.model, False, 8) for _ in range(engine.runners.size)]
+    assert all(held) and engine.runners.acquire(engine.target.model, False, 8) is None
     try:
         busy = engine.run(PROMPT, "ngram", strict=True, **static)
     finally:
-        runner.release()
+        for runner in held:
+            runner.release()
     assert busy["metrics"]["pass_path"] == "eager" and busy["token_ids"] == first["token_ids"]
     plain = engine.run(PROMPT, "ngram", **static)  # not strict: "static" leaves it eager
     assert plain["metrics"]["pass_path"] == "eager"
     with pytest.raises(ValueError, match="pass_graphs must be auto, static or off"):
         engine.run(PROMPT, "ngram", max_new_tokens=4, strict=True, pass_graphs="sometimes")
+
+
+@pytest.mark.parametrize("pass_graphs", ["static", "off"])
+def test_two_concurrent_seeded_runs_give_the_bits_they_give_alone(torch_ops_engine, pass_graphs):
+    """A seeded run gives the same tokens alone or beside another (a Space serves two at once): each run
+    holds its own runner from the pool, its own caches and its own generator. Greedy and sampled, a model
+    drafter (its own passes on its own runner too) and n-gram, on two threads at once."""
+    engine = torch_ops_engine
+    runs = [
+        ("int8", dict(max_new_tokens=20, k=3, temperature=0.8, seed=11)),
+        ("ngram", dict(max_new_tokens=20, k=4, temperature=0.0, seed=0)),
+    ]
+    common = dict(strict=True, pass_graphs=pass_graphs)
+    alone = [engine.run(PROMPT, drafter, **settings, **common)["token_ids"] for drafter, settings in runs]
+    together: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            drafter, settings = runs[i]
+            together[i] = engine.run(PROMPT, drafter, **settings, **common)["token_ids"]
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(runs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert [together[i] for i in range(len(runs))] == alone
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -197,7 +197,7 @@ def test_run_summary(name):
     assert s["target_passes"] == len(steps)
     assert s["new_tokens"] == sum(len(st["emitted"]) for st in steps)
     # K is the run's draft depth: 0 for a baseline, which drafts nothing (its start event still lists a tree).
-    assert s["k"] == (0 if events[0]["mode"] == "baseline" else events[0]["tree"]["steps"])
+    assert s["k"] == (0 if events[0]["mode"] == "baseline" else events[0]["tree"]["k"])
     finish = events[-1] if events[-1]["type"] == "finish" else None
     drafted = sum(st["drafted"] for st in steps)
     accepted = sum(st["accepted_len"] for st in steps)
@@ -527,7 +527,7 @@ def test_acceptance_bars(name):
     if finish is not None:
         want = finish["metrics"]["acceptance_by_position"]
     else:
-        k = max([events[0]["tree"]["steps"]] + [st["draft_depth"] for st in steps])
+        k = max([events[0]["tree"]["k"]] + [st["draft_depth"] for st in steps])
         want = []
         for i in range(1, k + 1):
             drafted = sum(1 for st in steps if st["draft_depth"] >= i)

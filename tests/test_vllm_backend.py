@@ -174,7 +174,7 @@ def test_trace_agrees_with_what_vllm_reports(ngram_server, workload):
     start = trace.start_event(events)
     steps, finish = _steps_and_finish(events)
     assert start["mode"] == "speculative" and start["backend"] == "vllm" and start["drafter"] == "vllm:ngram"
-    assert start["tree"]["steps"] == K and "q (drafter probabilities)" in start["absent"]
+    assert start["tree"]["k"] == K and "q (drafter probabilities)" in start["absent"]
     vllm = finish["vllm"]
     spec = vllm["speculative_decoding"]
 

@@ -19,12 +19,11 @@ import gradio as gr
 from engine.metrics import (
     DRAFT_TOKEN_COST_MEANS,
     MIN_PAIRS,
-    compare_speedups,
     fastest,
     run_summary,
     top_speedups,
 )
-from engine.tools.race import alternating_pairs
+from engine.tools.race import alternating_pairs, compare_pairs
 from engine.trace import TraceError, load, start_event, step_events
 from visuals.drafter_families import acceptance_curves_figure, comparison_rows, run_label, speedup_surface_figure
 
@@ -356,7 +355,7 @@ def measure_spread(engine, prompt: str, plan, traces: dict, settings, run_id: st
             pairs.append((base, run))
             if stop_requested(run_id):
                 return results
-        results[label] = compare_speedups(pairs, quickest_pass_ms=engine.quickest_pass_ms)
+        results[label] = compare_pairs(engine, pairs)
     return results
 
 

@@ -12,7 +12,7 @@ import time
 
 import gradio as gr
 
-from engine.metrics import run_summary
+from engine.metrics import DRAFT_COST_RATIO_MEANS, run_summary
 from engine.model.loading import DEFAULT_MODEL, DTYPES, PRESETS
 from engine.settings import MAX_HISTORY_DOCS
 from engine.trace import step_events
@@ -144,7 +144,7 @@ def drafter_info(engine=None) -> str:
         costs = ", ".join(
             f"{name} {m['c']:.2f} ({m['runs']} run{'s' if m['runs'] != 1 else ''})" for name, m in measured.items()
         )
-        return DRAFTER_INFO + f"measured on this server so far: {costs}."
+        return DRAFTER_INFO + f"measured on this server so far ({DRAFT_COST_RATIO_MEANS}): {costs}."
     recorded = []
     for example in load_examples():
         m = example.get("measured") or {}
@@ -160,7 +160,8 @@ def drafter_info(engine=None) -> str:
     costs = ", ".join(f"{name} {c}" for name, c in recorded)
     return (
         DRAFTER_INFO
-        + f"{costs} (recorded on {where.get('cpu', '?')}, {where.get('recorded', '?')}; runs here measure their own)."
+        + f"{costs} (recorded on {where.get('cpu', '?')}, {where.get('recorded', '?')}; runs here measure their own; "
+        + f"{DRAFT_COST_RATIO_MEANS})."
     )
 
 

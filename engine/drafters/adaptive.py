@@ -95,7 +95,7 @@ class AdaptiveDepth:
     most expected tokens per ms (module docstring), else grown and shrunk by the heuristic schedule.
 
     >>> policy = AdaptiveDepth(k_max=6, min_confidence=0.3)
-    >>> policy.shape_for_step(TreeShape(6)).steps      # starts at the maximum
+    >>> policy.shape_for_step(TreeShape(6)).k          # starts at the maximum
     6
     >>> policy.update(accepted_len=2, drafted_depth=6)  # a rejection: K - 1
     >>> policy.k
@@ -204,7 +204,7 @@ class AdaptiveDepth:
         """The run's shape with this pass's depth and the confidence threshold. topk and the budget
         are the run's, so the pass is never wider than the run's own shape allows."""
         return dataclasses.replace(
-            base, steps=min(self.k, base.steps), min_confidence=self.min_confidence, calibration=self.calibration
+            base, k=min(self.k, base.k), min_confidence=self.min_confidence, calibration=self.calibration
         )
 
     def update(

@@ -8,8 +8,8 @@ tree with one child per node. The drafters themselves: ``ngram`` (prompt lookup)
 ``model`` (``model:<id>`` and ``int8``), ``eagle`` (a learned head); ``adaptive``
 chooses each pass's K; ``none`` is ``NoDrafter`` below.
 
-Tree shape (SGLang's knobs): ``steps`` = depth, ``topk`` = children per expanded
-node and nodes expanded per depth, ``budget`` = total draft tokens kept.
+Tree shape (SGLang's knobs): ``k`` = depth (SGLang's steps), ``topk`` = children per expanded
+node and nodes expanded per depth, ``num_draft_tokens`` = total draft tokens kept.
 ``min_confidence`` (adaptive drafting, ``engine.drafters.adaptive``): stop drafting deeper once the
 best node to expand has a cumulative confidence (q, calibrated by past acceptance) below it
 (0 = never stop early).
@@ -33,15 +33,16 @@ __all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterNeeds", "NoDrafter", 
 
 @dataclass(frozen=True)
 class TreeShape:
-    """steps: depth of the tree; topk: branching; budget: max draft tokens kept; min_confidence: a
+    """k: depth of the tree (K: a chain drafts K tokens); topk: branching; num_draft_tokens: the most draft
+    tokens kept (None: K × topk, ``max_tokens`` is the number in force); min_confidence: a
     model drafter stops expanding deeper when the best frontier node's cumulative confidence is
     below it. A token's confidence is its q, or, with ``calibration`` (one acceptance rate per
     tenth of q, learnt by ``engine.drafters.adaptive.AdaptiveDepth`` from past verifications), the rate at
     which drafts of that q were accepted."""
 
-    steps: int
+    k: int
     topk: int = 1
-    budget: int | None = None
+    num_draft_tokens: int | None = None
     min_confidence: float = 0.0
     calibration: tuple[float, ...] = ()
 
@@ -53,24 +54,26 @@ class TreeShape:
         return self.calibration[min(bins - 1, int(q_token * bins))]
 
     def __post_init__(self):
-        for name in ("steps", "topk"):
+        for name in ("k", "topk"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        if not 1 <= self.steps <= 32:
-            raise ValueError(f"draft depth (K / steps) must be between 1 and 32, got {self.steps}")
+        if not 1 <= self.k <= 32:
+            raise ValueError(f"draft depth K must be between 1 and 32, got {self.k}")
         if not 1 <= self.topk <= 16:
             raise ValueError(f"topk must be between 1 and 16, got {self.topk}")
-        if self.budget is not None and (not isinstance(self.budget, int) or not 1 <= self.budget <= 256):
-            raise ValueError(f"num_draft_tokens must be between 1 and 256, got {self.budget!r}")
+        budget = self.num_draft_tokens
+        if budget is not None and (not isinstance(budget, int) or not 1 <= budget <= 256):
+            raise ValueError(f"num_draft_tokens must be between 1 and 256, got {budget!r}")
         if not 0.0 <= self.min_confidence <= 1.0:  # also refuses NaN
             raise ValueError(f"min_confidence must be between 0 and 1, got {self.min_confidence!r}")
 
     @property
     def max_tokens(self) -> int:
-        if self.budget is not None:
-            return self.budget
-        return self.steps if self.topk == 1 else self.topk * self.steps
+        """The num_draft_tokens in force: as given, else K × topk."""
+        if self.num_draft_tokens is not None:
+            return self.num_draft_tokens
+        return self.k if self.topk == 1 else self.topk * self.k
 
 
 @dataclass
@@ -183,8 +186,8 @@ class Drafter:
 
     def start(self, prompt_ids: list[int], capacity: int, runner=None, features: torch.Tensor | None = None) -> None:
         """A new sequence: room for `capacity` tokens of context plus drafts in the drafter's own state.
-        runner: the fixed-shape runner of ``needs.model`` (``engine.model.static_pass.StaticPasses``) the
-        drafter may hold for the run, or None; features: with ``needs.target_features``, the target's rows
+        runner: a fixed-shape runner of ``needs.model`` (``engine.model.static_pass.StaticPasses``) held for
+        this run, the drafter's to release at ``close``, or None; features: with ``needs.target_features``, the target's rows
         [len(prompt_ids) - 1, E] of the prompt's positions but the pending one."""
 
     def propose(self, context: DraftContext) -> DraftTree:

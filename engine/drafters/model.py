@@ -39,9 +39,9 @@ class ModelDrafter(Drafter):
 
     def start(self, prompt_ids, capacity, runner=None, features=None) -> None:
         self.close()
-        if runner is not None and runner.acquire(capacity) is not None:
+        if runner is not None:  # held for this run by the engine's pool; released by close
             self.static, self.cache = runner, runner.cache
-        else:  # no runner, held by another run, or too small: eager passes
+        else:  # eager passes
             self.cache = self.model.new_cache(capacity)
         self.cache.length = 0
 
@@ -102,7 +102,7 @@ class ModelDrafter(Drafter):
         path_q: list[float] = []  # cumulative confidence along each node's path (q, or calibrated q)
         frontier: list[int] = [-1]
         frontier_q = {-1: self._q(root_logits, params)}
-        for depth in range(1, shape.steps + 1):
+        for depth in range(1, shape.k + 1):
             level: list[int] = []
             for parent in frontier:
                 q = frontier_q[parent]
@@ -122,7 +122,7 @@ class ModelDrafter(Drafter):
                     score.append(parent_score * (q_tok if params.greedy else _rank_weight(rank)))
                     path_q.append(parent_q * shape.confidence(q_tok))
                     level.append(len(tree) - 1)
-            if depth == shape.steps:
+            if depth == shape.k:
                 break
             # Expand the `topk` best nodes of this level (EAGLE-2), a chain expands one.
             level.sort(key=lambda i: -score[i])
@@ -180,10 +180,14 @@ class ModelDrafter(Drafter):
 def int8_weights(target: Transformer) -> Transformer:
     """Quantised self-speculation: the target's weights in int8 (weight-only, per channel)."""
     from engine.model.loading import _state_from_transformer
+    from engine.model.transformer import check_int8_device
 
     # On the CPU the drafter computes in float32 around fbgemm's int8 matmul
     # (elementwise bf16 ops are slow without native bf16, and the int8 kernel
     # takes float32 activations); elsewhere it keeps the target's dtype. The
     # drafter's precision does not affect exactness: q can be anything.
     act_dtype = torch.float32 if target.device.type == "cpu" else target.dtype
+    # Refuse up front (ValueError naming the device) where torch has no int8 matmul for these
+    # weights, probed on the target's device, before the state is copied and quantised.
+    check_int8_device(target.device, act_dtype)
     return Transformer(target.cfg, _state_from_transformer(target), act_dtype, int8=True, device=target.device)

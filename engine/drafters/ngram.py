@@ -90,12 +90,12 @@ class NgramDrafter(Drafter):
 
     def propose(self, context: DraftContext) -> DraftTree:
         shape = context.shape
-        branches, n = self.match(context.tokens, shape.steps, shape.topk)
+        branches, n = self.match(context.tokens, shape.k, shape.topk)
         # No confidence to consult: the draft is as deep as the longest continuation found, or
         # as the match vouches for (per_match tokens per matched token), whichever is shorter.
-        vouched = self.per_match * n if self.per_match else shape.steps
+        vouched = self.per_match * n if self.per_match else shape.k
         longest = max((len(branch) for branch in branches), default=0)
-        if longest >= shape.steps and vouched >= shape.steps:
+        if longest >= shape.k and vouched >= shape.k:
             stop = "depth"
         elif longest > vouched:
             stop = "short-match"

@@ -135,11 +135,11 @@ class SuffixDrafter(Drafter):
     def propose(self, context: DraftContext) -> DraftTree:
         shape = context.shape
         matched, length = self.occurrences(context.tokens)
-        depth_limit = min(shape.steps, max(1, math.floor(self.spec_factor * length))) if length else 0
+        depth_limit = min(shape.k, max(1, math.floor(self.spec_factor * length))) if length else 0
         trie = _Trie()
         longest = 0
         for doc, end in matched:
-            follow = doc[end : end + shape.steps]
+            follow = doc[end : end + shape.k]
             for cut, token in enumerate(follow):
                 if token in self.stop_ids:  # never draft template markers or EOS
                     follow = follow[:cut]

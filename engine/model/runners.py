@@ -1,9 +1,11 @@
 """What an engine keeps between runs about its models and its host: the fixed-shape pass runners, and what
 it has measured.
 
-* ``RunnerPool``: one fixed-shape runner (``engine.model.static_pass.StaticPasses``) per set of weights (the
-  target's, a drafter's), built once. A run holds a runner for its lifetime or runs eagerly while another
-  run holds it.
+* ``RunnerPool``: up to ``size`` fixed-shape runners (``engine.model.static_pass.StaticPasses``) per set of
+  weights (the target's, a drafter's), built at first need and kept. A run holds one for its lifetime, so
+  as many runs as the app serves at once (``SPECLENS_MAX_CONCURRENT_RUNS``, 2 by default) each get their
+  own: a seeded run gives the same bits alone or beside another. Only past ``size`` concurrent runs does one
+  take the eager path.
 * ``MeasuredCosts``: what this process has measured of its host — the target's pass time by width (what
   adaptive drafting weighs a deeper draft against), the quickest baseline pass (the host's quiet speed,
   against which a comparison tells a busy machine) and each drafter's c. A run or a comparison that reads
@@ -30,39 +32,50 @@ PASS_GRAPHS = ("auto", "static", "off")
 
 
 class RunnerPool:
-    """The fixed-shape runners of one engine's weights, each built once with room for every slot a run of
-    the context window can use, plus the widest pass twice."""
+    """The fixed-shape runners of one engine's weights, each with room for every slot a run of the context
+    window can use, plus the widest pass twice; at most `size` per set of weights."""
 
-    def __init__(self, context_window: int):
+    def __init__(self, context_window: int, size: int = 2):
+        if size < 1:
+            raise ValueError(f"a runner pool holds at least one runner per model, got {size}")
+        self.size = size
         self.slots = context_window + 2 * STATIC_MAX_WIDTH + 2
-        self._runners: dict[int, StaticPasses] = {}  # id(weights) -> their runner
+        self._runners: dict[int, list[StaticPasses]] = {}  # id(weights) -> their runners
         self._lock = threading.Lock()
 
-    def runner(self, model: Transformer, capture: bool) -> StaticPasses:
-        """The runner of these weights (built at the first call)."""
+    def acquire(self, model: Transformer, capture: bool, needed: int, width: int = 1) -> StaticPasses | None:
+        """A runner of these weights held for one run (release it with ``StaticPasses.release``): a free one,
+        or a new one while fewer than `size` exist; None when all are held or the run needs more slots or a
+        wider pass than a runner has (that run takes the eager path)."""
+        if needed > self.slots or width > STATIC_MAX_WIDTH:
+            return None
         with self._lock:
-            runner = self._runners.get(id(model))
-            if runner is None or runner.model is not model or runner.capture != capture:
-                runner = self._runners[id(model)] = StaticPasses(model, self.slots, STATIC_MAX_WIDTH, capture=capture)
+            runners = self._runners.setdefault(id(model), [])
+            runners[:] = [r for r in runners if r.model is model and r.capture == capture]
+            for runner in runners:
+                if runner.acquire(needed) is not None:
+                    return runner
+            if len(runners) >= self.size:
+                return None
+            runner = StaticPasses(model, self.slots, STATIC_MAX_WIDTH, capture=capture)
+            runners.append(runner)
+            runner.acquire(needed)
             return runner
 
     def target_runner(self, model: Transformer, mode: str, strict: bool, needed: int, width: int):
-        """The target's runner, held for one run, or None (the eager path): for every run where CUDA graphs
-        record it ("auto" on CUDA), for strict runs under "static"; None as well when another run holds it
-        or the run needs more slots or a wider pass than it has."""
+        """A runner of the target held for one run, or None (the eager path): for every run where CUDA graphs
+        record it ("auto" on CUDA), for strict runs under "static"."""
         if mode not in PASS_GRAPHS:
             raise ValueError(f"pass_graphs must be auto, static or off; got {mode!r}")
         graphs = mode == "auto" and capture_available(model.device)
         if not (graphs or (mode == "static" and strict)):
             return None
-        runner = self.runner(model, graphs)
-        if width > runner.max_width or runner.acquire(needed) is None:
-            return None
-        return runner
+        return self.acquire(model, graphs, needed, width)
 
-    def held(self, model: Transformer) -> StaticPasses | None:
-        """The runner built for these weights, if any (tests and the memory plan read it)."""
-        return self._runners.get(id(model))
+    def held(self, model: Transformer) -> list[StaticPasses]:
+        """The runners built for these weights so far (tests and the memory plan read them)."""
+        with self._lock:
+            return list(self._runners.get(id(model), ()))
 
 
 class MeasuredCosts:

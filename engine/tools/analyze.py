@@ -33,7 +33,7 @@ import time
 import urllib.error
 import urllib.request
 
-from engine.metrics import expected_tokens_per_pass
+from engine.metrics import expected_tokens_per_pass, modelled_speedup
 
 __all__ = ["AnalyzeError", "analyze", "parse_prometheus", "scrape", "snapshot"]
 
@@ -222,7 +222,7 @@ def _window_passes(delta: dict, interval_s: float | None) -> dict:
     return out
 
 
-def _fit_pass_costs(b: int, points: list[tuple[float, float]], k_probe: int) -> tuple[float, float]:
+def _fit_pass_line(b: int, points: list[tuple[float, float]], k_probe: int) -> tuple[float, float]:
     """(ms of a pass where nothing is drafted, ms per drafted token) at batch `b`: the least-squares line of
     ms per pass against the share of the requests' passes that drafted, through the probe's cases (plain,
     half and all drafting, each at the share it really drafted), K_probe draft tokens per drafting pass:
@@ -244,7 +244,7 @@ def _fit_pass_costs(b: int, points: list[tuple[float, float]], k_probe: int) -> 
 def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
     """Expected speedup by batch size and K from the server's pass costs (engine/tools/pass_costs.py).
 
-    At batch B, from the probe's cases (_fit_pass_costs): a pass where nothing is drafted costs plain(B), and
+    At batch B, from the probe's cases (_fit_pass_line): a pass where nothing is drafted costs plain(B), and
     every drafted token token(B) more (B·d·K of them at drafting share d, linear in K):
 
         pass(B, K) = plain(B) + B · d · K · token(B)
@@ -290,7 +290,7 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
             for name in ("decode", "mixed", "verify")
             if b in tables[f"{name}_ms"]
         ]
-        parts[b] = _fit_pass_costs(b, points, k_probe)
+        parts[b] = _fit_pass_line(b, points, k_probe)
 
     def pass_ms(b: int, k: int) -> float:
         base, token = parts[b]
@@ -317,9 +317,12 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
             "model_ms": pass_ms(load, result["k"]),
             "measured_ms": result["window_pass_ms"],
         }
-        result["window_speedup"] = result["tokens_per_pass"] * reference[load] / result["window_pass_ms"]
+        result["window_speedup"] = modelled_speedup(
+            result["tokens_per_pass"], reference[load], result["window_pass_ms"]
+        )
     result["speedup_by_batch"] = {
-        b: {k: result["expected_tokens_per_pass"][k] * reference[b] / pass_ms(b, k) for k in ks} for b in batches
+        b: {k: modelled_speedup(result["expected_tokens_per_pass"][k], reference[b], pass_ms(b, k)) for k in ks}
+        for b in batches
     }
     result["speedup"] = result["speedup_by_batch"][batches[0]]
     result["best_k_by_batch"] = {

@@ -81,7 +81,7 @@ ENGINE_SYSTEMS = {
 # on a machine whose speed drifts). Its greedy outputs may differ from the bf16 rows' (other weights).
 TORCH_FLOAT32 = "engine-torch-float32"
 # On a CUDA target every engine row replays its passes as CUDA graphs (engine/model/static_pass.py); these
-# rows run the same systems with eager passes (engine.pass_graphs = "off"), in the same run, so the graphs'
+# rows run the same systems with eager passes (the pass_graphs setting "off"), in the same run, so the graphs'
 # gain is read as a ratio. On the CPU every row is eager already: they are left out with a note.
 EAGER_ROWS = {"engine-baseline-eager": "engine-baseline", "engine-ngram-eager": "engine-ngram"}
 NAME_WIDTH = max(len(name) for name in SYSTEMS)
@@ -672,19 +672,19 @@ def _timed(start_run) -> dict:
     }
 
 
-def _run_system(name, engine, hf, llm, ids, max_new, payload="reduced", vllm=None, plain=None, history=()) -> dict:
+def _run_system(
+    name, engine, hf, llm, ids, max_new, payload="reduced", vllm=None, plain=None, history=(), pass_graphs="auto"
+) -> dict:
     if name == TORCH_FLOAT32:
         settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0)
         return _timed(lambda: plain.generate(ids, "none", settings))
     if name in EAGER_ROWS:
-        previous, engine.pass_graphs = engine.pass_graphs, "off"
-        try:
-            return _run_system(EAGER_ROWS[name], engine, hf, llm, ids, max_new, payload, vllm, plain, history)
-        finally:
-            engine.pass_graphs = previous
+        return _run_system(EAGER_ROWS[name], engine, hf, llm, ids, max_new, payload, vllm, plain, history, "off")
     if name in ENGINE_SYSTEMS:
         drafter, kw = ENGINE_SYSTEMS[name]
-        settings = GenerationSettings(max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0, **kw)
+        settings = GenerationSettings(
+            max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0, pass_graphs=pass_graphs, **kw
+        )
         settings.history = tuple(history) if drafter == "suffix" else ()
         return _timed(lambda: engine.generate(ids, drafter, settings))
     if name in VLLM_SYSTEMS:

@@ -537,7 +537,7 @@ class VllmBackend:
             },
             "sampling": {"temperature": temp, "top_k": topk, "top_p": topp},
             "greedy": temp == 0.0,
-            "tree": {"steps": k, "topk": 1, "budget": k},
+            "tree": {"k": k, "topk": 1, "num_draft_tokens": k},
             "eos_ids": sorted(self._eos_ids or []),
             "max_new_tokens": max_new,
             "server": {key: info[key] for key in ("url", "model", "root", "max_model_len", "dtype", "version")},
