@@ -8,6 +8,11 @@
 (c) The same on CUDA, compiled, when a GPU is present.
 (d) Statistical exactness through the kernel (chi-square against p) with a
     negative control that the same statistic must flag.
+(e) One compiled kernel whatever K: triton's own binder gives one compile key per
+    vocabulary and draft kind for every K up to MAX_K (in-process, no GPU needed),
+    every K equals the reference bit for bit under the interpreter, and on CUDA the
+    compiled-kernel cache does not grow after ``warm_up``. The interpreter compiles
+    nothing, so on CPU the compile count is shown through the key, not a cache.
 
 Why (b) and (d) run in a subprocess: in triton 3.9, TRITON_INTERPRET is read when
 ``triton.jit`` decorates a function, and triton.language's own helpers (tl.sum,
@@ -233,6 +238,79 @@ def test_module_imports_without_triton():
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
 
 
+# ------------------------------------- one compiled kernel whatever K (adaptive drafting)
+ADAPTIVE_KS = (0, 1, 3, 7, 15, 16, 31, 32)  # K = 1 and multiples of 16 are what triton specialises on
+
+
+def _keys_over_k(v: int, ks=ADAPTIVE_KS, b: int = 2) -> dict[tuple, set[int]]:
+    """compile key -> the K values (both draft kinds) that would run under it."""
+    keys: dict[tuple, set[int]] = {}
+    for k in ks:
+        for with_q in (True, False):
+            p, q, ids, u, su = make_case(50 + k, b, k, v, with_q)
+            keys.setdefault(kernels.compile_key(p, q, ids, u, su), set()).add(k)
+    return keys
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("v", [50, 50257])  # 50257 (GPT-2): V not a multiple of 16
+def test_compile_key_does_not_depend_on_k(v):
+    # triton's own binder (what JITFunction.run keys its kernel cache on) over every K an
+    # adaptive drafter may use: one key with q and one for point masses, nothing per K.
+    keys = _keys_over_k(v)
+    assert len(keys) == 2, [dict(key).get("HAS_Q") for key in keys]
+    for key in keys:
+        entries = {name: rest for name, *rest in key}
+        assert entries["K"] == ["i32", None]  # a runtime int, not specialised (not constexpr at K = 1)
+        assert entries["BLOCK_K"] == ["constexpr", kernels.MAX_K]
+        assert entries["V"] == ["constexpr", v]
+    assert set().union(*keys.values()) == set(ADAPTIVE_KS)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_compile_key_sees_real_specialisation():
+    # Negative controls for the instrument: the key does change where triton compiles anew
+    # (another vocabulary, another V block), and the same binder on this kernel WITHOUT
+    # do_not_specialize puts K = 1 in as a constant and marks K = 16 divisible by 16.
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    case = make_case(1, 2, 3, 50, True)
+    assert kernels.compile_key(*case) != kernels.compile_key(*make_case(1, 2, 3, 60, True))
+    assert kernels.compile_key(*case) != kernels.compile_key(*case, block_v=16)
+    plain = JITFunction(kernels._verify_kernel)  # specialise everything (triton's default)
+    binder = create_function_from_signature(plain.signature, plain.params, BaseBackend)
+    k_slot = plain.arg_names.index("K")
+    seen = set()
+    for k in (1, 3, 16):
+        args, kwargs, _ = kernels._launch(*make_case(2, 2, k, 50, True), None)
+        seen.add(binder(*args, **kwargs)[1][k_slot])
+    assert seen == {("constexpr", 1), ("i32", ""), ("i32", "D")}, seen
+
+
+def test_k_limit_matches_tree_shape_and_falls_back_past_it():
+    from engine.drafters.base import TreeShape
+
+    TreeShape(k=kernels.MAX_K)  # the deepest chain a drafter can ask for fits the kernel
+    with pytest.raises(ValueError):
+        TreeShape(k=kernels.MAX_K + 1)
+    case = make_case(3, 2, kernels.MAX_K + 1, 7, True)
+    if HAS_TRITON:
+        with pytest.raises(ValueError, match="at most K = 32"):
+            kernels.verify_batch_triton(*case, interpret=INTERPRETED)
+    ref = verify_batch_reference(*case)
+    out = verify_batch(*case)  # the dispatcher verifies it with the reference instead
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+
+
+def test_warm_up_is_a_no_op_without_a_kernel_device():
+    if INTERPRETED:
+        pytest.skip("under the interpreter warm_up runs the kernel (test_interp_warm_up)")
+    assert kernels.warm_up("cpu", 1000) == 0  # the dispatcher uses the reference on CPU
+    with pytest.raises(ValueError, match="vocab"):
+        kernels.warm_up("cpu", 0)
+
+
 # ---------------------------------------------- (b) and (d) under the interpreter
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.skipif(INTERPRETED, reason="already running under TRITON_INTERPRET=1")
@@ -306,6 +384,28 @@ def test_interp_kernel_edge_cases():
         q_bad[row] = float("nan")  # all drafts accepted: q was only needed at the drafted ids
         q_bad[row, torch.arange(4), case[2][row]] = case[1][row, torch.arange(4), case[2][row]]
     _assert_same(kernels.verify_batch_triton(case[0], q_bad, *case[2:]), verify_batch_reference(*case))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("v", [50, 1000])
+def test_interp_kernel_equals_reference_for_every_k(v):
+    # What adaptive drafting does: K changes from pass to pass. Every K must give the
+    # reference's answer bit for bit, and all of them run under one compile key per draft kind.
+    keys = set()
+    for k in (1, 3, 7, 15, 16, 32):
+        for with_q in (True, False):
+            case = make_case(3000 + 7 * k + v, 3, k, v, with_q, zeros=0.3 if k % 2 else 0.0)
+            _assert_same(kernels.verify_batch_triton(*case), verify_batch_reference(*case), f"K{k} V{v} q={with_q}")
+            keys.add(kernels.compile_key(*case))
+    assert len(keys) == 2
+
+
+@needs_interpreter
+def test_interp_warm_up():
+    # It launches the kernel once per draft kind and checks it against the reference.
+    assert kernels.warm_up("cpu", 1000) == 2
+    for v in (1, 2, 3):  # tiny vocabularies: the exact-sum inputs still make sense
+        assert kernels.warm_up("cpu", v) == 2
 
 
 @needs_interpreter
@@ -401,6 +501,23 @@ def test_cuda_kernel_equals_reference(b, k, v, with_q):
     assert got[0].is_cuda and got[1].is_cuda
     _assert_same(got, ref, f"B{b} K{k} V{v}")
     _assert_same(verify_batch(*cuda_case), ref, "dispatch")  # the dispatcher picks the kernel on CUDA
+
+
+@needs_cuda_triton
+@pytest.mark.parametrize("v", [32000, 151936])
+def test_cuda_one_compiled_kernel_for_every_k(v):
+    # warm_up compiles the two variants (q / point masses); no K afterwards compiles again.
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert kernels.warm_up(device, v) == 2
+    kernel = kernels._kernel(False)
+    compiled = kernel.device_caches[device.index][0]  # triton's kernel cache for this device
+    after_warm_up = len(compiled)
+    for k in list(range(0, 17)) + [31, 32]:
+        for with_q in (True, False):
+            case = make_case(4000 + k, 2, k, v, with_q)
+            got = kernels.verify_batch_triton(*[None if x is None else x.cuda() for x in case], interpret=False)
+            _assert_same(got, verify_batch_reference(*case), f"K{k} V{v} q={with_q}")
+    assert len(compiled) == after_warm_up, f"K recompiled the kernel: {after_warm_up} -> {len(compiled)} variants"
 
 
 @needs_cuda_triton

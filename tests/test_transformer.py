@@ -131,3 +131,44 @@ def test_torch_ops_only_computes_the_same_pass():
         bf16 = Transformer(ModelConfig.from_hf(hf.config), dict(tiny_hf_model().state_dict()), torch.bfloat16)
         with pytest.raises(ValueError, match="float32 weights"):
             bf16.use_torch_ops()
+
+
+def test_int8_probe_runs_on_the_weights_device():
+    """torch's int8 kernel is probed where the weight lives, once per (device, dtype): a CPU
+    answer is not reused for another device, and a dtype torch's kernel refuses is refused."""
+    from engine.model.transformer import _INT8_KERNEL, Int8Linear, _int8_kernel_works
+
+    assert _int8_kernel_works("cpu", torch.bfloat16)  # this torch's CPU kernel, run on CPU tensors
+    assert not _int8_kernel_works("cpu", torch.float64)  # the CPU kernel takes 16/32-bit floats only
+    assert not _int8_kernel_works("meta", torch.bfloat16)  # no values on meta: nothing to check against
+    assert _INT8_KERNEL[("cpu", torch.bfloat16)] and not _INT8_KERNEL[("meta", torch.bfloat16)]
+    # A CPU weight builds (our kernel, torch's, or dequantising); without our kernel its
+    # fast path is exactly the CPU probe's answer for its kernel dtype.
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.float32, torch.float64):
+        lin = Int8Linear(w.to(dtype))
+        if lin._packed is None:
+            assert lin._fast == _INT8_KERNEL[("cpu", lin.kernel_dtype)]
+
+
+def test_int8_drafter_refused_where_the_device_has_no_int8_path():
+    """Off the CPU, no int8 kernel on the weight's device means no int8 drafter: a clear
+    ValueError when the int8 weights are built, before any copy is quantised. `meta` is a
+    real device of this torch on which the kernel cannot be checked (it computes no values)."""
+    from engine.drafters.model import int8_weights
+    from engine.model.transformer import Int8Linear, ModelConfig, Transformer, check_int8_device
+
+    hf, ours = tiny_transformer(vocab_size=512)
+    meta = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16, device="meta")
+    refusal = r"int8 drafting needs .*torch\.bfloat16 .*on meta.*; choose ngram, suffix or eagle"
+    with pytest.raises(ValueError, match=refusal):
+        int8_weights(meta)
+    with pytest.raises(ValueError, match=refusal):
+        Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16, int8=True, device="meta")
+    with pytest.raises(ValueError, match=refusal):
+        Int8Linear(torch.zeros(32, 64, dtype=torch.bfloat16, device="meta"))
+    with pytest.raises(ValueError, match=refusal):
+        check_int8_device("meta", torch.bfloat16)
+    check_int8_device("cpu", torch.float64)  # the CPU always has a path, even where torch's kernel refuses
+    drafter = int8_weights(ours)  # and the CPU target still gets its int8 drafter
+    assert drafter.int8 and drafter.device.type == "cpu"

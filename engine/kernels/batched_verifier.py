@@ -87,6 +87,22 @@ Draft point masses (``draft_probs=None``) are a constexpr flag: q is then
 built in registers as ``offs == x_i``. Greedy decoding does not need the
 kernel (it is an argmax; see ``acceptance.verify_children``).
 
+One compiled kernel per vocabulary and draft kind, whatever K
+------------------------------------------------------------
+Adaptive drafting changes K from pass to pass. Triton specialises a kernel on
+its constexprs and on every runtime int (value 1 and divisibility by 16), so
+``BLOCK_K = next_pow2(K)`` plus K and the K-derived strides cost up to 17
+compiled variants for K = 0 .. 32 (at V = 151936), each compiled on first use
+inside a pass. Now the accept tests run at a fixed width ``BLOCK_K = MAX_K =
+32`` (TreeShape's K limit) masked to the first K lanes, K is a runtime argument
+listed in ``do_not_specialize``, and the strides are derived in the kernel from
+K and the constexpr V (the inputs are made contiguous). What remains in the
+compile key is V, BLOCK_V, HAS_Q and the pointers' 16-byte alignment, so a
+model compiles two variants (q / point masses); ``compile_key`` computes the
+key with triton's own binder (no GPU needed) and ``warm_up(device, vocab)``
+compiles both, checked against the reference, at load. K > MAX_K goes to the
+torch reference in ``verify_batch`` (``verify_batch_triton`` refuses it).
+
 Tree verification
 -----------------
 Trees (topk > 1) are NOT verified by this kernel: the decode loop uses the
@@ -133,6 +149,8 @@ from engine.acceptance import Q_FLOOR
 
 __all__ = [
     "HAS_TRITON",
+    "MAX_K",
+    "compile_key",
     "extra_distribution",
     "inverse_cdf",
     "triton_interpret_requested",
@@ -140,6 +158,7 @@ __all__ = [
     "verify_batch",
     "verify_batch_reference",
     "verify_batch_triton",
+    "warm_up",
 ]
 
 if config.triton_interpret() and "triton" not in sys.modules:
@@ -276,47 +295,52 @@ def verify_batch_reference(
 
 
 # ------------------------------------------------------------------- triton
+MAX_K = 32  # the deepest chain the kernel takes (TreeShape's K limit, engine/drafters/base.py)
+BLOCK_K = MAX_K  # the accept tests' vector width: fixed, so K never changes the compiled kernel
+NO_SPECIALIZE = ("K",)  # runtime ints triton must not specialise on (value 1, divisibility by 16)
+
+
 def _verify_kernel(
-    p_ptr,  # [B, K+1, V] float32 target probs
-    q_ptr,  # [B, K, V]   float32 draft probs (unused when HAS_Q is False)
-    draft_ptr,  # [B, K]  int64 drafted ids
-    u_ptr,  # [B, K]      float32 accept uniforms
+    p_ptr,  # [B, K+1, V] float32 target probs (contiguous)
+    q_ptr,  # [B, K, V]   float32 draft probs (contiguous; unused when HAS_Q is False)
+    draft_ptr,  # [B, K]  int64 drafted ids (contiguous)
+    u_ptr,  # [B, K]      float32 accept uniforms (contiguous)
     su_ptr,  # [B]        float32 sample uniforms
     num_acc_ptr,  # [B]   int64 out: number of accepted drafts
     token_ptr,  # [B]     int64 out: resampled / bonus token
     acc_prob_ptr,  # [B, K] float32 out: min(1, p_i(x_i) / q_i(x_i)) of every draft
+    # K is a runtime value and is NOT specialised (do_not_specialize): adaptive drafting changes
+    # it from pass to pass and each new value must not compile a new kernel. The tensors are
+    # contiguous, so every stride is derived from K and V here instead of being passed (a
+    # stride such as (K+1)*V would otherwise be specialised on its divisibility by 16).
     K,
     # V is a compile-time constant: a vocabulary is fixed per model, so this costs one compile
     # per model, and Triton 3.6's interpreter (TRITON_INTERPRET=1) cannot take a runtime
     # scalar as the loop bound below (int() of a 1-element array; seen on the GPU check).
     V: tl.constexpr,
-    stride_pb,
-    stride_pk,
-    stride_qb,
-    stride_qk,
-    stride_db,
-    stride_ub,
     HAS_Q: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # >= K: the accept tests are masked to the first K lanes
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    p_base = p_ptr + row * stride_pb
-    d_base = draft_ptr + row * stride_db
-    u_base = u_ptr + row * stride_ub
+    k64 = K.to(tl.int64)
+    p_base = p_ptr + row * (k64 + 1) * V  # row b of [B, K+1, V]
+    q_row = q_ptr + row * k64 * V  # row b of [B, K, V]
+    d_base = draft_ptr + row * k64
+    u_base = u_ptr + row * k64
 
     # ---- accept tests at the K drafted positions, as one vector (independent loads,
     # no dependent chain): num_accepted = the first rejected position, or K.
     koffs = tl.arange(0, BLOCK_K)  # [BLOCK_K]
     kin = koffs < K
     x = tl.load(d_base + koffs, mask=kin, other=0)  # [BLOCK_K] drafted ids x_i (int64)
-    p_x = tl.load(p_base + koffs * stride_pk + x, mask=kin, other=0.0)  # [BLOCK_K] p_i(x_i)
+    p_x = tl.load(p_base + koffs * V + x, mask=kin, other=0.0)  # [BLOCK_K] p_i(x_i)
     if HAS_Q:
-        q_x = tl.load(q_ptr + row * stride_qb + koffs * stride_qk + x, mask=kin, other=1.0)  # [BLOCK_K] q_i(x_i)
+        q_x = tl.load(q_row + koffs * V + x, mask=kin, other=1.0)  # [BLOCK_K] q_i(x_i)
     else:
         q_x = tl.full((BLOCK_K,), 1.0, tl.float32)  # point masses
     accept_prob = tl.minimum(tl.math.div_rn(p_x, tl.maximum(q_x, 1e-30)), 1.0)  # [BLOCK_K]; 1e-30 == Q_FLOOR
-    tl.store(acc_prob_ptr + row * K + koffs, accept_prob, mask=kin)
+    tl.store(acc_prob_ptr + row * k64 + koffs, accept_prob, mask=kin)
     u = tl.load(u_base + koffs, mask=kin, other=0.0)  # [BLOCK_K]
     rejected = (u >= accept_prob) & kin  # [BLOCK_K]
     num_acc = tl.min(tl.where(rejected, koffs, K), axis=0)  # int32 scalar
@@ -324,8 +348,8 @@ def _verify_kernel(
     # ---- the row the extra token comes from: residual at the rejection, or the bonus p_K.
     not_bonus = num_acc < K
     qpos = tl.minimum(num_acc, K - 1).to(tl.int64)  # rejected position (unused for the bonus)
-    pk_base = p_base + num_acc.to(tl.int64) * stride_pk  # p_i at the rejection, p_K for the bonus
-    q_base = q_ptr + row * stride_qb + qpos * stride_qk
+    pk_base = p_base + num_acc.to(tl.int64) * V  # p_i at the rejection, p_K for the bonus
+    q_base = q_row + qpos * V
     v_q = tl.where(not_bonus, V, 0)  # q is read only at a rejection (the bonus row uses q = 0)
     x_rej = tl.load(d_base + qpos, mask=not_bonus, other=-1)  # the rejected draft (point-mass q)
 
@@ -404,12 +428,72 @@ def _kernel(interpret: bool):
         if interpret:
             from triton.runtime.interpreter import InterpretedFunction
 
-            _KERNELS[interpret] = InterpretedFunction(_verify_kernel)
+            _KERNELS[interpret] = InterpretedFunction(_verify_kernel, do_not_specialize=NO_SPECIALIZE)
         else:
             from triton.runtime.jit import JITFunction
 
-            _KERNELS[interpret] = JITFunction(_verify_kernel)
+            _KERNELS[interpret] = JITFunction(_verify_kernel, do_not_specialize=NO_SPECIALIZE)
     return _KERNELS[interpret]
+
+
+def _default_block_v(v: int) -> int:
+    return min(triton.next_power_of_2(v), 1024)
+
+
+def _launch(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms, block_v):
+    """(args, kwargs, outputs) of one kernel launch; the tensors it passes are contiguous
+    float32 / int64 on the device of target_probs. The one place the launch is built, so
+    that ``compile_key`` sees exactly what ``verify_batch_triton`` launches."""
+    b, k, v = _check(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
+    if k > MAX_K:
+        raise ValueError(f"the Triton verifier takes chains of at most K = {MAX_K} drafts, got K = {k}")
+    if block_v is None:
+        block_v = _default_block_v(v)
+    if block_v < 1 or block_v & (block_v - 1):
+        raise ValueError(f"block_v must be a power of two, got {block_v}")
+    device = target_probs.device
+    p = target_probs.float().contiguous()
+    has_q = draft_probs is not None and k > 0  # with K == 0 only the bonus is drawn: q is unused
+    q = draft_probs.to(device=device, dtype=torch.float32).contiguous() if has_q else p  # p: any valid pointer
+    ids = draft_ids.to(device=device, dtype=torch.int64).contiguous()
+    u = uniforms.to(device=device, dtype=torch.float32).contiguous()
+    su = sample_uniforms.to(device=device, dtype=torch.float32).contiguous()
+    num_accepted = torch.empty(b, dtype=torch.int64, device=device)
+    next_token = torch.empty(b, dtype=torch.int64, device=device)
+    accept_prob = torch.empty(b, k, dtype=torch.float32, device=device)
+    args = (p, q, ids, u, su, num_accepted, next_token, accept_prob, k)
+    kwargs = {"V": v, "HAS_Q": has_q, "BLOCK_K": BLOCK_K, "BLOCK_V": block_v}
+    return args, kwargs, (num_accepted, next_token, accept_prob)
+
+
+def compile_key(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_ids: torch.Tensor,
+    uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+    *,
+    block_v: int | None = None,
+) -> tuple:
+    """The specialisation under which triton would cache the compiled kernel for this call.
+
+    Computed by triton's own argument binder (``create_function_from_signature``, the
+    function ``JITFunction.run`` keys its kernel cache on) with the base backend, whose
+    integer and pointer specialisation (value 1, divisibility by 16) is the one the
+    NVIDIA backend uses. It needs no GPU and launches nothing, so on a CPU it shows how
+    many compiled variants a set of calls would cost: one per distinct key. Tensors on
+    any device; same arguments as ``verify_batch_triton``.
+    """
+    if not HAS_TRITON:
+        raise RuntimeError("triton is not installed")
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    jit = _KERNELS.get(False) or JITFunction(_verify_kernel, do_not_specialize=NO_SPECIALIZE)
+    binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
+    args, kwargs, _ = _launch(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms, block_v)
+    _, specialization, options = binder(*args, **kwargs)
+    return tuple((name, *spec) for name, spec in zip(jit.arg_names, specialization)) + tuple(sorted(options.items()))
 
 
 def verify_batch_triton(
@@ -429,6 +513,8 @@ def verify_batch_triton(
     draft_ids:       [B, K]      int64
     uniforms:        [B, K]      float32 in [0, 1)
     sample_uniforms: [B]         float32 in [0, 1)
+    K is at most MAX_K (32) and any K in 0 .. MAX_K runs the same compiled kernel
+    (per V, block_v and draft kind), see ``compile_key``.
     interpret: None (default) runs in the mode triton was imported in (see the
                module docstring); True / False insist on the interpreter / the
                compiled kernel and raise if this process cannot provide it.
@@ -441,50 +527,61 @@ def verify_batch_triton(
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed: use verify_batch_reference (or verify_batch)")
-    b, k, v = _check(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
     device = target_probs.device
     if interpret is None:
         interpret = triton_language_interpreted()
+    args, kwargs, outputs = _launch(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms, block_v)
     if not interpret and device.type != "cuda":
         raise ValueError(f"the compiled Triton kernel needs CUDA tensors, got device {device}")
-    if block_v is None:
-        block_v = min(triton.next_power_of_2(v), 1024)
-    if block_v < 1 or block_v & (block_v - 1):
-        raise ValueError(f"block_v must be a power of two, got {block_v}")
     kernel = _kernel(bool(interpret))
-    p = target_probs.float().contiguous()
-    has_q = draft_probs is not None and k > 0  # with K == 0 only the bonus is drawn: q is unused
-    q = draft_probs.to(device=device, dtype=torch.float32).contiguous() if has_q else p  # p: any valid pointer
-    ids = draft_ids.to(device=device, dtype=torch.int64).contiguous()
-    u = uniforms.to(device=device, dtype=torch.float32).contiguous()
-    su = sample_uniforms.to(device=device, dtype=torch.float32).contiguous()
-    num_accepted = torch.empty(b, dtype=torch.int64, device=device)
-    next_token = torch.empty(b, dtype=torch.int64, device=device)
-    accept_prob = torch.empty(b, k, dtype=torch.float32, device=device)
-    if b == 0:
-        return num_accepted, next_token, accept_prob
-    kernel[(b,)](
-        p,
-        q,
-        ids,
-        u,
-        su,
-        num_accepted,
-        next_token,
-        accept_prob,
-        k,
-        v,
-        p.stride(0),
-        p.stride(1),
-        q.stride(0),
-        q.stride(1),
-        k,  # ids row stride (contiguous [B, K])
-        k,  # uniforms row stride
-        HAS_Q=has_q,
-        BLOCK_K=triton.next_power_of_2(max(k, 1)),
-        BLOCK_V=block_v,
-    )
-    return num_accepted, next_token, accept_prob
+    b = target_probs.shape[0]
+    if b > 0:
+        kernel[(b,)](*args, **kwargs)
+    return outputs
+
+
+def warm_up(device: torch.device | str, vocab: int, *, block_v: int | None = None) -> int:
+    """Compile (or, under the interpreter, run) the kernel for a vocabulary before decoding.
+
+    Launches it once per draft kind (model drafts with q, point-mass drafts without)
+    on a small batch whose answer is exact in float32 (masses that are powers of two,
+    so every CDF sum is exact), and checks it against the torch reference: a kernel
+    that miscompiles or fails to launch on this device is found here, at load, not in
+    the first verification pass. As the compiled kernel does not depend on K, no later
+    pass compiles again. Call it once per model on CUDA (the engine's load path); it is
+    a no-op returning 0 where the dispatcher would use the reference (no triton, or a
+    non-CUDA device without the interpreter). Returns the number of launches made.
+    """
+    device = torch.device(device)
+    if vocab < 1:
+        raise ValueError(f"vocab must be >= 1, got {vocab}")
+    if not HAS_TRITON:
+        return 0
+    interpreted = triton_language_interpreted()
+    if not interpreted and device.type != "cuda":
+        return 0
+    k, v = 3, vocab
+    masses = {1: [1.0], 2: [0.5, 0.5], 3: [0.5, 0.25, 0.25], 4: [0.25] * 4}[min(v, 4)]
+    p = torch.zeros(2, k + 1, v)
+    p[:, :, : len(masses)] = torch.tensor(masses)
+    q = torch.zeros(2, k, v)
+    q[:, :, 0] = 1.0  # every draft is token 0 with q = 1
+    ids = torch.zeros(2, k, dtype=torch.int64)
+    u = torch.tensor([[0.9, 0.0, 0.0], [0.0, 0.0, 0.0]])  # row 0 rejects at once, row 1 accepts all
+    su = torch.tensor([0.3, 0.7])
+    launches = 0
+    for draft_probs in (q, None):
+        case = [None if x is None else x.to(device) for x in (p, draft_probs, ids, u, su)]
+        got = verify_batch_triton(*case, interpret=interpreted, block_v=block_v)
+        ref = verify_batch_reference(p, draft_probs, ids, u, su)
+        launches += 1
+        if not all(torch.equal(g.cpu(), r) for g, r in zip(got, ref)):
+            kind = "q" if draft_probs is not None else "point-mass"
+            raise RuntimeError(
+                f"the Triton verifier disagrees with the torch reference on {device} (V={v}, {kind} drafts): "
+                f"got {[g.cpu().tolist() for g in got]}, expected {[r.tolist() for r in ref]}"
+            )
+    return launches
 
 
 _warned = False
@@ -497,11 +594,12 @@ def verify_batch(
     target_probs: Tensor, draft_probs: Tensor | None, draft_ids: Tensor, uniforms: Tensor, sample_uniforms: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Dispatch: the Triton kernel on CUDA tensors (or under the interpreter
-    env vars) when triton imports, else the torch reference. Shapes as in
+    env vars) when triton imports and K <= MAX_K, else the torch reference. Shapes as in
     ``verify_batch_reference``; returns (num_accepted [B], next_token [B], accept_prob [B, K])."""
     global _warned
     args = (target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
-    if HAS_TRITON:
+    fits = target_probs.dim() == 3 and target_probs.shape[1] - 1 <= MAX_K
+    if HAS_TRITON and fits:
         interpreted = triton_language_interpreted()
         if triton_interpret_requested():
             if interpreted:

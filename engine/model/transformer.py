@@ -197,9 +197,7 @@ class Int8Linear:
         self.weight_int8 = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8).contiguous()
         self.dtype = weight.dtype
         # The kernel's activation dtype: bf16 for float32 models on the CPU.
-        self.kernel_dtype = (
-            torch.bfloat16 if weight.dtype == torch.float32 and weight.device.type == "cpu" else weight.dtype
-        )
+        self.kernel_dtype = _int8_kernel_dtype(weight.device, weight.dtype)
         self.scale = scale.to(self.kernel_dtype)  # [out]
         self.bias = bias
         self._packed = None
@@ -214,7 +212,12 @@ class Int8Linear:
         self.shape = tuple(self.weight_int8.shape)  # (out, in)
         if self._packed is not None:
             self.weight_int8 = None  # the packed copy is the only one kept (half the drafter's memory)
-        self._fast = self._packed is None and _int8_kernel_works(self.kernel_dtype)
+        # torch's kernel, probed where this weight lives (a CPU probe says nothing about CUDA).
+        self._fast = self._packed is None and _int8_kernel_works(weight.device, self.kernel_dtype)
+        if self._packed is None and not self._fast and weight.device.type != "cpu":
+            # Off the CPU the dequantising fallback would rebuild a float copy of every matrix on
+            # every pass, slower than the target it is meant to draft for: refuse it instead.
+            raise ValueError(int8_refusal(weight.device, self.kernel_dtype))
 
     def normed(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor | None:
         """RMSNorm(x) W^T fused into one kernel call, or None where not fused here."""
@@ -246,22 +249,56 @@ class Int8Linear:
         return self.shape[0] * self.shape[1] + self.scale.numel() * self.scale.element_size()
 
 
-_INT8_KERNEL: dict[torch.dtype, bool] = {}
+_INT8_KERNEL: dict[tuple[str, torch.dtype], bool] = {}
 
 
-def _int8_kernel_works(dtype: torch.dtype) -> bool:
-    """torch ships a CPU int8 weight-only matmul; check once that it exists here."""
-    if dtype not in _INT8_KERNEL:
+def _int8_kernel_dtype(device: torch.device, weight_dtype: torch.dtype) -> torch.dtype:
+    """The activation dtype Int8Linear hands torch's int8 kernel: bf16 for float32 models on the CPU."""
+    return torch.bfloat16 if weight_dtype == torch.float32 and torch.device(device).type == "cpu" else weight_dtype
+
+
+def _int8_kernel_works(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether torch's int8 weight-only matmul (``torch._weight_int8pack_mm``) runs and is
+    right for `dtype` activations on `device`: probed there, on that device's tensors,
+    once per (device, dtype). Its kernels are per device (the CPU's everywhere, others
+    depending on the torch version) and per dtype (the CPU one refuses float64), so a probe elsewhere
+    proves nothing about the tensors the drafter will multiply."""
+    device = torch.device(device)
+    key = (str(device), dtype)
+    if key not in _INT8_KERNEL:
         try:
-            x = torch.randn(2, 64).to(dtype)
-            w = torch.randint(-127, 127, (32, 64), dtype=torch.int8)
-            s = torch.rand(32).to(dtype)
+            gen = torch.Generator().manual_seed(0)  # drawn on the CPU, then moved: same inputs everywhere
+            x = torch.randn(2, 64, generator=gen).to(device=device, dtype=dtype)
+            w = torch.randint(-127, 127, (32, 64), generator=gen, dtype=torch.int8).to(device)
+            s = torch.rand(32, generator=gen).to(device=device, dtype=dtype)
             got = torch._weight_int8pack_mm(x, w, s)
             ref = F.linear(x.float(), w.float()) * s.float()
-            _INT8_KERNEL[dtype] = bool(torch.allclose(got.float(), ref, rtol=2e-2, atol=2e-1))
-        except (RuntimeError, AttributeError):
-            _INT8_KERNEL[dtype] = False
-    return _INT8_KERNEL[dtype]
+            _INT8_KERNEL[key] = bool(torch.allclose(got.float(), ref, rtol=2e-2, atol=2e-1))
+        except (RuntimeError, AttributeError, NotImplementedError, TypeError):
+            _INT8_KERNEL[key] = False
+    return _INT8_KERNEL[key]
+
+
+def int8_refusal(device: torch.device | str, dtype: torch.dtype) -> str:
+    """The ValueError message for an int8 drafter on a device without torch's int8 kernel."""
+    device = torch.device(device)
+    return (
+        f"int8 drafting needs torch's int8 weight-only matmul (torch._weight_int8pack_mm) for {dtype} "
+        f"activations on {device}, which torch {torch.__version__} does not provide there; "
+        "choose ngram, suffix or eagle"
+    )
+
+
+def check_int8_device(device: torch.device | str, weight_dtype: torch.dtype) -> None:
+    """Raise ValueError, before any weight is quantised, where Int8Linear would have no int8
+    path for `weight_dtype` weights on `device`. The CPU always has one (our kernel, torch's,
+    or dequantising); elsewhere torch's kernel must work there (probed on that device)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return
+    dtype = _int8_kernel_dtype(device, weight_dtype)
+    if not _int8_kernel_works(device, dtype):
+        raise ValueError(int8_refusal(device, dtype))
 
 
 class Q4Linear:
