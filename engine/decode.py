@@ -12,13 +12,11 @@ committed tokens but the last one, the *pending* token. Each step:
 4. the accepted path stays in the target's cache, the drafter is told the path
    (``Drafter.accept``), and a step event records every decision (``engine.events``).
 
-With no drafter the tree is empty and each pass emits exactly one (bonus) token:
-that is the plain autoregressive baseline, same model, same cache code, same events.
-Stopping: EOS, max_new_tokens, or the caller closing the generator.
-
-Around the loop, each in its own module: prompts (``engine.prompts``), drafters by name
-(``engine.drafters.registry``), the fixed-shape runners and what the host measured
-(``engine.model.runners``); lab sampling lives with the exactness tools (``engine.tools.samples``).
+With no drafter the tree is empty and each pass emits exactly one (bonus) token: that is the plain
+autoregressive baseline, same model, same cache code, same events. Stopping: EOS, max_new_tokens, or
+the caller closing the generator. Around the loop, each in its own module: prompts (``engine.prompts``),
+drafters by name (``engine.drafters.registry``), the fixed-shape runners and what the host measured
+(``engine.model.runners``), lab sampling beside the exactness tools (``engine.tools.samples``).
 """
 
 from __future__ import annotations
@@ -38,7 +36,8 @@ from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape, Ve
 from engine.drafters.registry import DrafterRegistry
 from engine.host import host_info
 from engine.kernels import cpu_kernels
-from engine.metrics import summarize_steps
+from engine.kernels.batched_verifier import warm_up
+from engine.metrics import cpu_share, summarize_steps
 from engine.model.loading import LoadedModel, load_model
 from engine.model.runners import MeasuredCosts, RunnerPool
 from engine.model.static_pass import StaticPasses
@@ -74,11 +73,22 @@ class DecodeState:
     static: StaticPasses | None = None
     batch_chains: bool = False
     prefill_s: float = 0.0
+    pass_path_reason: str = ""  # why the target's passes take the path they take (the finish metrics say it)
 
     @property
     def width(self) -> int:
         """Tokens per target pass at most: the pending token plus the draft budget."""
         return self.shape.max_tokens + 1
+
+    @property
+    def pass_path(self) -> tuple[str, str]:
+        """How the run's target passes ran, and why: "cuda-graph" (recorded once per width, replayed), "static"
+        (the fixed-shape path uncaptured; also after a capture failed, which the reason names) or "eager"."""
+        if self.static is None:
+            return "eager", self.pass_path_reason
+        if self.static.capture_error:
+            return "static", self.static.capture_error
+        return ("cuda-graph" if self.static.capture else "static"), self.pass_path_reason
 
 
 @dataclass
@@ -121,16 +131,12 @@ class SpeculativeEngine:
         self.drafters = DrafterRegistry(target, frozenset(self.special_ids), allow_remote_code)
         self.runners = RunnerPool(target.context_window)
         self.costs = MeasuredCosts(target.model)
+        if target.model.device.type == "cuda":  # the Triton chain verifier, compiled before any pass needs it
+            warm_up(target.model.device, target.model.cfg.vocab_size)
 
     @classmethod
-    def load(
-        cls,
-        target: str = "default",
-        dtype: str = "auto",
-        progress=None,
-        device: str = "auto",
-        allow_remote_code: bool = False,
-    ) -> SpeculativeEngine:
+    def load(cls, target="default", dtype="auto", progress=None, device="auto", allow_remote_code=False):
+        """The target by name (a preset, Hub id or folder; "default": the offline default model)."""
         loaded = load_model(target, dtype, progress, allow_remote_code=allow_remote_code, device=device)
         return cls(loaded, allow_remote_code)
 
@@ -147,9 +153,6 @@ class SpeculativeEngine:
 
     def token_text(self, token_id: int) -> str:
         return self.prompts.token_text(token_id)
-
-    def measured_costs(self) -> dict[str, dict]:
-        return self.costs.drafter_costs()
 
     @staticmethod
     def level_nodes(drafter: Drafter, shape: TreeShape) -> int:
@@ -207,7 +210,7 @@ class SpeculativeEngine:
         capacity = len(prompt_ids) + extra + width + 1
         model = self.target.model
         strict = settings.strict
-        static = self.runners.target_runner(model, settings.pass_graphs, strict, capacity + width, width)
+        static, why = self.runners.target_runner(model, settings.pass_graphs, strict, capacity + width, width)
         try:
             if static is not None:
                 strict, cache = True, static.cache
@@ -224,7 +227,18 @@ class SpeculativeEngine:
             batch_chains = mode == "batch" or (mode == "auto" and model.device.type == "cuda")
             gen = torch.Generator().manual_seed(seed)
             yield DecodeState(
-                list(prompt_ids), drafter, shape, params, gen, cache, strict, adaptive, static, batch_chains, prefill_s
+                list(prompt_ids),
+                drafter,
+                shape,
+                params,
+                gen,
+                cache,
+                strict,
+                adaptive,
+                static,
+                batch_chains,
+                prefill_s,
+                why,
             )
         finally:
             if static is not None:
@@ -319,23 +333,13 @@ class SpeculativeEngine:
                     break
             k = shape.k if drafter.drafts else 0
             metrics = summarize_steps(steps, k, time.perf_counter() - started, state.prefill_s)
-            metrics["cpu_share"] = self._cpu_share(time.process_time() - cpu_started, metrics["wall_s"])
+            on_cpu = self.target.model.device.type == "cpu"  # (on a GPU the CPU mostly waits: no share)
+            cpu_s = time.process_time() - cpu_started
+            metrics["cpu_share"] = cpu_share(cpu_s, metrics["wall_s"], torch.get_num_threads()) if on_cpu else None
             self.costs.note_run(drafter.name, drafter.drafts, metrics)
-            # How the target's passes ran: "cuda-graph" (recorded once per width, replayed), "static" (the
-            # fixed-shape path without capture) or "eager".
-            metrics["pass_path"] = (
-                "eager" if state.static is None else "cuda-graph" if state.static.capture else "static"
-            )
+            metrics["pass_path"], metrics["pass_path_reason"] = state.pass_path
             text = self.tokenizer.decode(generated, skip_special_tokens=True)
         yield events.finish_event(stop_reason, text, generated, metrics)
-
-    def _cpu_share(self, cpu_s: float, wall_s: float) -> float | None:
-        """The share of the cores it asked for (torch's threads) that this process got during a run: ~1 on a
-        quiet machine, ~0.5 on 2 cores while two other processes run (measured on this host). Other runs in
-        the same process count as its own. None on a GPU, where the CPU mostly waits."""
-        if self.target.model.device.type != "cpu" or wall_s <= 0:
-            return None
-        return round(min(1.0, cpu_s / (wall_s * torch.get_num_threads())), 3)
 
     def step(self, state: DecodeState, verify_node: Callable | None = None) -> StepResult:
         """One target pass: draft, verify, keep the accepted path in the caches (and let an adaptive

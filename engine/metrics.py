@@ -32,6 +32,7 @@ __all__ = [
     "batch_throughputs",
     "busy_machine",
     "compare_speedups",
+    "cpu_share",
     "draft_cost_ratio",
     "draft_ms_per_position",
     "draft_token_cost",
@@ -526,6 +527,15 @@ def speedup_ceiling(baseline: dict, run: dict) -> float | None:
     ratio above this ceiling is the machine's doing (another process paused one run more than the other)."""
     base, this = baseline.get("tokens_per_pass") or 0.0, run.get("tokens_per_pass") or 0.0
     return this / base if base > 0 and this > 0 else None
+
+
+def cpu_share(cpu_s: float, wall_s: float, threads: int) -> float | None:
+    """The share of the cores a run asked for (its threads) that its process got: CPU seconds ÷ (wall seconds ×
+    threads), at most 1. ~1 on a quiet machine, ~0.5 on 2 cores while two other processes run (measured on a
+    2-core host); other runs in the same process count as its own. None without a wall time."""
+    if wall_s <= 0 or threads < 1:
+        return None
+    return round(min(1.0, cpu_s / (wall_s * threads)), 3)
 
 
 def modelled_speedup(tokens_per_pass: float, plain_pass_ms: float, pass_ms: float) -> float | None:

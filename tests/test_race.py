@@ -112,7 +112,7 @@ if __name__ == "__main__":
 
 def _spinners() -> int:
     """How many spinning processes load this host as two loaded the 2-core CI host: a run's cpu_share is the CPU
-    time its process got over torch's threads (engine/decode.py _cpu_share), and with torch's n threads and s
+    time its process got over torch's threads (engine.metrics.cpu_share), and with torch's n threads and s
     spinners on the c cores this process may use, each gets c / (n + s) of a core. s = 2c - n (at least c)
     leaves the run about half the cores it asks for, whatever c and n are."""
     import torch

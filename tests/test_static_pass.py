@@ -98,6 +98,28 @@ def test_static_pass_refuses_what_it_cannot_run():
         StaticPasses(model, 32, capture=True) if not capture_available(model.device) else pytest.skip("has CUDA")
 
 
+@pytest.mark.skipif(capture_available(torch.device("cuda")), reason="a capture here would succeed")
+def test_a_failed_capture_leaves_the_runner_uncaptured_for_good_with_the_reason():
+    """Where recording a graph fails (here: no CUDA at all, so the capture's first CUDA call raises), the pass
+    still runs, uncaptured and with the same bits, the runner never tries again, and it says why (the finish
+    metrics' pass_path_reason reads capture_error)."""
+    model = _torch_ops_target()
+    plain = StaticPasses(model, 32, max_width=4, capture=False)
+    failing = StaticPasses(model, 32, max_width=4, capture=False)
+    failing.capture = True  # a runner set to capture on a device where capturing then fails
+    mask = _tree_mask(2, 0, 32, [-1])
+    outs = []
+    for runner in (plain, failing):
+        runner.acquire(32)
+        outs.append(runner.run([1, 2], [0, 1], mask).logits)
+    assert torch.equal(outs[0], outs[1])
+    assert failing.capture is False and failing.captured == 0
+    assert failing.capture_error and failing.capture_error.startswith("CUDA graph capture failed")
+    failing.cache.length = 0
+    failing.run([1, 2], [0, 1], mask)  # no second attempt: still uncaptured, still the same reason
+    assert failing.captured == 0 and failing.capture is False
+
+
 @pytest.fixture(scope="module")
 def torch_ops_engine(default_tokenizer):
     engine = SpeculativeEngine(LoadedModel("tiny-torch-ops", _torch_ops_target(), default_tokenizer, torch.float32))

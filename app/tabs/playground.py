@@ -139,7 +139,7 @@ DRAFTER_INFO = (
 def drafter_info(engine=None) -> str:
     """DRAFTER_INFO with c as measured: this server's runs so far, else the examples' recorded figures (with
     their machine), never a fixed word like "cheap"."""
-    measured = engine.measured_costs() if engine is not None else {}
+    measured = engine.costs.drafter_costs() if engine is not None else {}
     if measured:
         costs = ", ".join(
             f"{name} {m['c']:.2f} ({m['runs']} run{'s' if m['runs'] != 1 else ''})" for name, m in measured.items()

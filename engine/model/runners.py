@@ -63,14 +63,23 @@ class RunnerPool:
             return runner
 
     def target_runner(self, model: Transformer, mode: str, strict: bool, needed: int, width: int):
-        """A runner of the target held for one run, or None (the eager path): for every run where CUDA graphs
-        record it ("auto" on CUDA), for strict runs under "static"."""
+        """(A runner of the target held for one run, or None for the eager path; why): a runner for every run
+        where CUDA graphs record it ("auto" on CUDA), for strict runs under "static"."""
         if mode not in PASS_GRAPHS:
             raise ValueError(f"pass_graphs must be auto, static or off; got {mode!r}")
         graphs = mode == "auto" and capture_available(model.device)
+        if mode == "off":
+            return None, "the run's pass_graphs setting is off"
         if not (graphs or (mode == "static" and strict)):
-            return None
-        return self.acquire(model, graphs, needed, width)
+            why = f"no CUDA graphs on {model.device}" if mode == "auto" else "static passes serve strict runs only"
+            return None, why
+        runner = self.acquire(model, graphs, needed, width)
+        if runner is None:
+            return None, f"all {self.size} fixed-shape runners were held by other runs, or the run needs more room"
+        return (
+            runner,
+            "CUDA graphs, recorded once per width and replayed" if graphs else "fixed-shape passes, uncaptured",
+        )
 
     def held(self, model: Transformer) -> list[StaticPasses]:
         """The runners built for these weights so far (tests and the memory plan read them)."""

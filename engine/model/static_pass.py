@@ -44,6 +44,8 @@ from engine.model.transformer import KVCache, PassOutput, Transformer, check_fea
 
 __all__ = ["StaticPasses", "capture_available"]
 
+_CAPTURE_LOCK = threading.Lock()
+
 
 def capture_available(device: torch.device) -> bool:
     """Whether CUDA graphs can record passes on `device` (a CUDA device with torch's graph support)."""
@@ -79,6 +81,8 @@ class StaticPasses:
     _pool: object = field(default=None, init=False, repr=False)
     passes: int = field(default=0, init=False)  # passes run (replays, or eager runs without capture)
     captured: int = field(default=0, init=False)  # graphs recorded
+    # Why this runner stopped capturing, for good (its passes then run the same function uncaptured), or None.
+    capture_error: str | None = field(default=None, init=False)
 
     def __post_init__(self):
         if not 1 <= self.max_width <= self.capacity:
@@ -154,8 +158,8 @@ class StaticPasses:
         if x_in is not None:
             self.x_in[:w].copy_(x_in)
         key = (w, layers, features, x_in is not None)
-        if self.capture:
-            recorded = self._graphs.get(key) or self._record(key)
+        recorded = self._recorded(key) if self.capture else None
+        if recorded is not None:
             recorded.graph.replay()
             out = recorded.output
         else:
@@ -185,6 +189,20 @@ class StaticPasses:
             hidden = torch.cat([captured[i] for i in layers[:-1]] + [x], dim=-1) if keep else x
         return PassOutput(model.logits_of(x, to_host=False), hidden)
 
+    def _recorded(self, key) -> _Recorded | None:
+        """This width's graph, recorded at its first use; None once a capture has failed: the runner then stays
+        uncaptured for good (``capture_error`` says why; the run's finish metrics report it), instead of
+        trying again at every pass."""
+        recorded = self._graphs.get(key)
+        if recorded is not None:
+            return recorded
+        with _CAPTURE_LOCK:  # one capture at a time in the process (other runs may be recording too)
+            try:
+                return self._graphs.get(key) or self._record(key)
+            except Exception as exc:  # a capture that fails leaves no graph: run uncaptured from now on
+                self.capture, self.capture_error = False, f"CUDA graph capture failed: {type(exc).__name__}: {exc}"
+                return None
+
     def _record(self, key) -> _Recorded:
         """Capture one width's pass: warm it up on a side stream (allocations, lazy inits), then record.
         The warm-up and recording passes write K/V at the buffers' slots, past the committed length, where
@@ -198,7 +216,9 @@ class StaticPasses:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every width's graph
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: CUDA work other threads do meanwhile (other visitors' eager runs) is not captured, and
+        # does not invalidate this capture.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             output = self._compute(*key)
         recorded = _Recorded(graph, output)
         self._graphs[key] = recorded
