@@ -16,7 +16,7 @@ What goes through here, and what does not:
   CPU kernel's description (`engine.kernels.cpu_kernels.describe`).
 - called directly on an engine obtained here: the measurement tools the labs exist to show
   (`engine.tools.parity.parity_check`, `engine.model.pass_timing.measure_pass_times`,
-  `engine.vllm.batch.measure_batches`) and `SpeculativeEngine.sample_next_tokens` (Lossless lab);
+  `engine.vllm.batch.measure_batches`) and `engine.tools.samples.sample_next_tokens` (Lossless lab);
   their ValueErrors are turned into gr.Error by the lab that calls them.
 """
 
@@ -181,14 +181,17 @@ class Generation:
         self.close()
 
 
-def start_generation(engine, prompt, drafter: str, settings) -> Generation:
+def start_generation(engine, prompt, drafter: str, settings, worker: bool = True) -> Generation:
     """Start a run: the prompt, drafter and settings are checked now, before anything runs. On a ZeroGPU
-    Space the run then goes to the GPU worker (app/zerogpu.py); the checks stay here, on the CPU engine."""
+    Space the run then goes to the GPU worker (app/zerogpu.py); the checks stay here, on the CPU engine.
+    worker=False keeps the run on `engine` there too: what a run is compared with (the Race's pairs, a lab's
+    measurements) runs on this process's CPU engine, so every run of a comparison is measured on one device."""
     try:
         events = engine.generate(prompt, drafter, settings)
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    if zerogpu.active():
+    if worker and zerogpu.active():
         events.close()  # checked, never started
-        events = zerogpu.gpu_events(engine.target.name, prompt, drafter, settings, engine.allow_remote_code)
+        remote_code = engine.drafters.allow_remote_code  # what the engine was loaded with
+        events = zerogpu.gpu_events(engine.target.name, prompt, drafter, settings, remote_code)
     return Generation(events)

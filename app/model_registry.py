@@ -8,6 +8,9 @@ must not be shared by two runs at once. The engine already gives every run a fre
 around shared, read-only drafter weights, so a loaded engine is safe to use from concurrent
 runs; ``prepare_drafter`` only builds those weights (int8 quantisation, loading a draft model)
 ahead of the run, so that a bad drafter spec fails before anything runs.
+
+The engines load on ``zerogpu.app_device()``: "auto" (CUDA when a GPU is visible), or "cpu" on a ZeroGPU
+Space, whose app process must never initialise CUDA although ``torch.cuda.is_available()`` says True there.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from . import zerogpu
 from .config import trust_remote_code
 
 __all__ = ["ModelRegistry", "REGISTRY", "preload", "prepare_drafter", "resolve_dtype_name"]
@@ -70,7 +74,11 @@ class ModelRegistry:
             engine = self._engines.get(key)
             if engine is None:
                 engine = SpeculativeEngine.load(
-                    key[0], key[1], progress=progress, allow_remote_code=trust_remote_code()
+                    key[0],
+                    key[1],
+                    progress=progress,
+                    device=zerogpu.app_device(),
+                    allow_remote_code=trust_remote_code(),
                 )
                 self._engines[key] = engine
         return engine

@@ -20,6 +20,7 @@ from ..engine_access import builds_on_first_use, get_engine, is_loaded, use_draf
 from ..inputs import number
 from ..stopping import show_progress, stop_requested
 from ..wiring import run_stop_buttons
+from ..zerogpu import measured_on
 from .panels import lab_tab, results_table, status_box, wire_lab_run
 
 __all__ = ["build_tab", "default_parity_prompts", "run_parity"]
@@ -98,7 +99,7 @@ def _summary(results: list[dict], lab: dict, seconds: float) -> str:
     summary = (
         f"**{len(results)} prompts: {same} identical, {ties} numerical near-tie{'s' if ties != 1 else ''}, "
         f"{bugs} real mismatch{'es' if bugs != 1 else ''}** ({lab['dtype']}, {lab['drafter']}, K = {lab['k']}, "
-        f"{lab['max_new']} new tokens, {mode}; {seconds:.0f} s)."
+        f"{lab['max_new']} new tokens, {mode}; {seconds:.0f} s, {measured_on(lab['device'])})."
     )
     if bugs:
         return summary + " A real mismatch means the target clearly preferred the baseline's token: that is a bug."
@@ -149,6 +150,7 @@ def run_parity(
     if not is_loaded("default", dtype):
         yield f"Loading the model in {dtype} (once per server)…", gr.skip()
     engine = get_engine("default", dtype, progress)
+    lab["device"] = engine.target.model.device
     if builds_on_first_use(drafter):
         yield f"Preparing drafter **{drafter}** (first use builds it)…", gr.skip()
     use_drafter(engine, drafter)

@@ -127,7 +127,8 @@ def api_race(
         settings.seed = random_seed()  # every run shares one seed
     engine = get_engine("default", "auto")
     use_drafter(engine, drafter)
-    start_generation(engine, prompt, drafter, settings).close()  # a bad prompt fails before any run
+    # Checked here; on ZeroGPU the pairs run on this CPU engine too (engine.tools.race), all on one device.
+    start_generation(engine, prompt, drafter, settings, worker=False).close()  # a bad prompt fails before any run
     try:
         result = race(engine, prompt, drafter, settings, pairs)
     except ValueError as exc:

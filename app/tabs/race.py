@@ -26,6 +26,7 @@ from ..inputs import random_seed
 from ..stopping import stop_requested
 from ..traces import load_recorded
 from ..wiring import PRIVATE, end_run, pack, run_stop_buttons, wire_run_and_stop
+from ..zerogpu import measured_on
 from .playground import DRAFTER_CHOICES, drafter_info
 
 __all__ = [
@@ -114,7 +115,7 @@ def _race_results(base: list[dict], spec: list[dict], comparison: dict | None = 
         *_verdict_lines(comparison, speedup),
         "",
         f"The streamed pair: speculative {s['tokens_per_s']:.1f} tokens/s ÷ baseline {b['tokens_per_s']:.1f} "
-        "tokens/s, both measured, same machine.",
+        f"tokens/s, both {measured_on(base[0].get('device') if base else None)}, same machine.",
         "",
         f"| | Baseline (no drafter) | Speculative ({s['drafter']}) |",
         "|---|---|---|",
@@ -127,7 +128,7 @@ def _race_results(base: list[dict], spec: list[dict], comparison: dict | None = 
         f"| time drafting | — | {s['draft_s']:.2f} s |",
     ]
     verdict = (comparison or {}).get("verdict")
-    if verdict in ("slower", "no clear difference") or (verdict is None and speedup <= 1.0):
+    if verdict in ("slower", "no clear difference"):  # the pairs' verdict, never one pair's ratio
         lines.append(
             "\nFewer target passes only pay off when a pass costs much more than drafting. On a small model on a "
             "CPU, drafting and the larger verification pass can eat the gain; n-gram drafting on text that repeats "
@@ -242,7 +243,9 @@ def _run_phase(engine, phase: str, prompt, drafter: str, settings, runs: dict, r
     trace = runs[phase]
     label = BASELINE_LABEL if phase == "base" else f"2/2 Speculative ({drafter})"
     next_text = next_figure = 0.0
-    with start_generation(engine, prompt, drafter if phase == "spec" else "none", settings) as events:
+    # worker=False: on ZeroGPU too, both streamed runs and the pairs after them run on this CPU engine.
+    spec = drafter if phase == "spec" else "none"
+    with start_generation(engine, prompt, spec, settings, worker=False) as events:
         for event in events:
             trace.append(event)
             if stop_requested(run_id):
@@ -295,7 +298,7 @@ def _prepare(drafter, prompt, settings, progress):
     if builds_on_first_use(drafter):
         yield pack(RACE_KEYS, {"race_status": f"Preparing drafter **{drafter}** (first use builds it)…"})
     use_drafter(engine, drafter)
-    start_generation(engine, prompt, drafter, settings).close()  # a bad prompt fails now, not after the baseline
+    start_generation(engine, prompt, drafter, settings, worker=False).close()  # a bad prompt fails now
     return engine
 
 
