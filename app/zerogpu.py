@@ -15,10 +15,10 @@ fails ("CUDA must not be initialized in the main process"). So:
   ``@spaces.GPU(duration=gpu_seconds)``: inside, the target loads on the GPU (once per worker process,
   ``_gpu_engine``) and the engine's events are yielded back as they come. They are plain JSON already, so
   nothing of the GPU leaves the call;
-- what compares runs with each other (the Race, ``/race``, the Lossless, Batch and Parity labs) stays on
+- what compares runs with each other (the Race, ``/race``, the Drafters, Lossless, Batch and Parity labs) stays on
   the CPU engine (``start_generation(..., worker=False)``, or the engine's tools called directly), every
   run of a comparison on one device; ``measured_on`` is the phrase that says which device measured a
-  figure. (The Drafters lab's single runs still take ``start_generation``'s default, the worker.);
+  figure;
 - the duration asked for follows the requested tokens (``gpu_seconds``): ZeroGPU schedules shorter
   calls first and counts them against the visitor's daily quota.
 

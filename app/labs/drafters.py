@@ -179,7 +179,7 @@ def pick_example(name):
 def _timed_run(engine, prompt: str, spec: str, settings, tracker) -> list[dict]:
     """One run's events; `tracker(tokens, max)` after each pass (it raises Stopped on Stop)."""
     trace: list[dict] = []
-    with start_generation(engine, prompt, spec, settings) as events:
+    with start_generation(engine, prompt, spec, settings, worker=False) as events:  # every run on one device
         for event in events:
             trace.append(event)
             if event["type"] == "step":
@@ -191,7 +191,7 @@ def _one_run(engine, prompt: str, spec: str, settings, tracker) -> list[dict]:
     """Build the drafter (int8 on first use), warm it up untimed, then the timed run."""
     use_drafter(engine, spec)
     warm = settings.merged({"max_new_tokens": WARMUP_TOKENS, "payload": "off"})
-    with start_generation(engine, prompt, spec, warm) as events:
+    with start_generation(engine, prompt, spec, warm, worker=False) as events:
         for _ in events:
             pass
     return _timed_run(engine, prompt, spec, settings, tracker)
@@ -394,7 +394,9 @@ def run_drafters(prompt, drafters, k, max_new, greedy, run_id: str = "", progres
         yield "Loading the model (once per server)…", *skip
     engine = get_engine("default", "auto", progress)
     try:
-        start_generation(engine, lab["prompt"], BASELINE, settings).close()  # a prompt over the limit: say so now
+        start_generation(
+            engine, lab["prompt"], BASELINE, settings, worker=False
+        ).close()  # a prompt over the limit: say so now
     except gr.Error as exc:
         gr.Warning(exc.message)
         yield f"⚠ {exc.message}", *skip

@@ -28,7 +28,7 @@ from visuals.run_charts import (
     kv_cache_figure,
 )
 
-from .. import config, render
+from .. import config, render, zerogpu
 from ..config import MAX_NEW_TOKENS
 from ..engine_access import (
     VLLM_DRAFTER,
@@ -597,6 +597,7 @@ def memory_plan(target, drafter, dtype, k, topk, budget, max_new_tokens) -> str:
             target or "default",
             (drafter or "none").strip(),
             dtype=dtype or "auto",
+            device=zerogpu.app_device(),  # (on ZeroGPU the app's engine is the CPU one)
             k=as_int(k, "K"),
             topk=as_int(topk, "tree topk"),
             num_draft_tokens=as_int(budget, "tree budget") or None,

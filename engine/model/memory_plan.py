@@ -120,7 +120,9 @@ def available_memory(device: str = "cpu") -> int:
         if index not in memory:
             raise MemoryPlanError(f"no GPU {index} is visible")
         return int(memory[index])
-    free = int(get_max_memory().get("cpu", 0))
+    import psutil  # (not accelerate's get_max_memory here: it probes every CUDA device it believes exists)
+
+    free = int(psutil.virtual_memory().available)
     limit = _cgroup_room()
     return min(free, limit) if limit is not None else free
 
