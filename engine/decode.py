@@ -130,7 +130,7 @@ class SpeculativeEngine:
         self.special_ids = set(self.prompts.special_ids) | set(self.eos_ids)
         self.drafters = DrafterRegistry(target, frozenset(self.special_ids), allow_remote_code)
         self.runners = RunnerPool(target.context_window)
-        self.costs = MeasuredCosts(target.model)
+        self.costs = MeasuredCosts(target.model, self.runners)
         if target.model.device.type == "cuda":  # the Triton chain verifier, compiled before any pass needs it
             warm_up(target.model.device, target.model.cfg.vocab_size)
 
@@ -160,15 +160,12 @@ class SpeculativeEngine:
         each, a model drafter expands its topk best nodes into topk children each (EAGLE-2)."""
         return shape.topk if drafter.needs.point_mass else shape.topk**2
 
-    def adaptive_policy(self, settings, shape: TreeShape, drafter: Drafter, strict: bool):
-        """(A fresh K policy for one run, the measured pass ms by width it weighs), or (None, None) when not
-        adaptive or for the baseline, which drafts nothing. Strict runs pad every pass to the full width,
-        so every depth costs that width's pass."""
+    def adaptive_policy(self, settings, shape: TreeShape, drafter: Drafter):
+        """(A fresh K policy for one run, the measured pass ms by width it weighs: on the path its passes take,
+        MeasuredCosts.weighed_pass_ms), or (None, None) when not adaptive or for the baseline (no drafts)."""
         if not settings.adaptive or not drafter.drafts:
             return None, None
-        width = shape.max_tokens + 1
-        costs = self.costs.pass_ms(width)
-        pass_ms = [costs[-1]] * width if strict else costs
+        pass_ms = self.costs.weighed_pass_ms(shape.max_tokens + 1, settings.pass_graphs, settings.strict)
         return settings.adaptive_depth(shape, pass_ms, self.level_nodes(drafter, shape)), pass_ms
 
     # --------------------------------------------------------------- the loop
@@ -293,7 +290,7 @@ class SpeculativeEngine:
     def _run(self, prompt, prompt_ids, drafter: Drafter, settings, params, shape, seed) -> Iterator[dict]:
         max_new = min(settings.max_new_tokens, self.target.context_window - len(prompt_ids))
         # Measured before the run's clock starts (the first adaptive run on an engine, ~1 s).
-        adaptive, pass_ms = self.adaptive_policy(settings, shape, drafter, strict=settings.strict)
+        adaptive, pass_ms = self.adaptive_policy(settings, shape, drafter)
         started, cpu_started = time.perf_counter(), time.process_time()
         info = self._start_info(drafter, settings, params, shape, seed, max_new)
         if adaptive is not None:  # what the K policy weighs, recorded: a trace replays it on its own

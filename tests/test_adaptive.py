@@ -131,6 +131,22 @@ def test_the_engine_measures_pass_costs_once(tiny_engine):
     assert tiny_engine.costs.pass_ms(5) == costs
 
 
+def test_the_policy_weighs_the_passes_the_run_takes(tiny_engine):
+    """A run whose passes run on the fixed-shape runner (graph replays on CUDA; here "static" strict passes)
+    pads every pass to its full width: every depth is weighed at that runner's own pass, timed on a runner.
+    An eager run weighs the eager pass of each width, an eager strict run the eager pass of the full width."""
+    settings = dict(max_new_tokens=6, k=3, adaptive=True, chat=False)
+    fixed = tiny_engine.run(PROMPT, "ngram", strict=True, pass_graphs="static", **settings)
+    weighed = fixed["events"][0]["adaptive"]["pass_ms"]
+    assert len(weighed) == 4 and len(set(weighed)) == 1 and weighed[0] > 0
+    assert weighed[0] == tiny_engine.costs._fixed_ms[(False, 4)]  # the runner's pass, measured once
+    assert fixed["metrics"]["pass_path"] == "static"
+    eager = tiny_engine.run(PROMPT, "ngram", pass_graphs="off", **settings)["events"][0]["adaptive"]["pass_ms"]
+    assert eager == tiny_engine.costs.pass_ms(4)
+    strict = tiny_engine.run(PROMPT, "ngram", strict=True, pass_graphs="off", **settings)
+    assert strict["events"][0]["adaptive"]["pass_ms"] == [tiny_engine.costs.pass_ms(4)[-1]] * 4
+
+
 def test_wide_shapes_get_interpolated_costs_and_adapt(tiny_engine):
     """Widths past the measured ones are interpolated / extrapolated (a 129-token pass is not timed
     four times at every width), and a wide model-drafter tree adapts without error, its start event

@@ -17,6 +17,9 @@ from __future__ import annotations
 import math
 import statistics
 import threading
+import time
+
+import torch
 
 from engine.model.pass_timing import pass_costs_ms
 from engine.model.static_pass import StaticPasses, capture_available
@@ -90,9 +93,11 @@ class RunnerPool:
 class MeasuredCosts:
     """What this process measured of its host (see the module's docstring). Thread-safe."""
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, runners: RunnerPool):
         self.model = model
+        self.runners = runners
         self._pass_ms: list[float] = []  # target pass ms by width (index w - 1)
+        self._fixed_ms: dict[tuple[bool, int], float] = {}  # (captured, width) -> ms of a fixed-shape pass
         self.quickest_pass_ms: float | None = None  # the quickest mean baseline pass of any run
         self._c: dict[str, list[float]] = {}  # c (a draft token's cost in target passes) of each run, by drafter
         self._lock = threading.Lock()
@@ -104,6 +109,45 @@ class MeasuredCosts:
             if len(self._pass_ms) < max_width:
                 self._pass_ms = pass_costs_ms(self.model, max_width)
             return self._pass_ms[:max_width]
+
+    def weighed_pass_ms(self, width: int, pass_graphs: str, strict: bool) -> list[float]:
+        """The pass ms by width (index w - 1, w up to `width`) that a run's adaptive K policy weighs, measured
+        on the path its passes take: a run on the fixed-shape runner (graph replays on CUDA, "static" strict
+        runs) pads every pass to `width`, so every depth costs that runner's pass of `width`, timed on a
+        runner; an eager strict run every depth the eager pass of `width`; else the eager pass of each width."""
+        graphs = pass_graphs == "auto" and capture_available(self.model.device)
+        if graphs or (pass_graphs == "static" and strict):
+            fixed = self._fixed_pass_ms(graphs, width)
+            if fixed is not None:
+                return [fixed] * width
+        costs = self.pass_ms(width)  # (no runner free: the run takes the eager path too)
+        return [costs[-1]] * width if strict else costs
+
+    def _fixed_pass_ms(self, graphs: bool, width: int, prefix: int = 64, repeats: int = 3) -> float | None:
+        """Median ms of a fixed-shape pass of `width` rows after a `prefix`, on a runner of the pool (recorded and
+        replayed where graphs); None when every runner is held (the caller weighs the eager pass instead)."""
+        key = (graphs, width)
+        if key in self._fixed_ms:
+            return self._fixed_ms[key]
+        runner = self.runners.acquire(self.model, graphs, prefix + width, width)
+        if runner is None:
+            return None
+        try:
+            mask = torch.zeros(width, runner.capacity, dtype=torch.bool)
+            mask[:, :prefix] = True
+            mask[:, prefix : prefix + width] = torch.tril(torch.ones(width, width, dtype=torch.bool))
+            times = []
+            for _ in range(repeats + 1):  # the first one warms up (and records the graph)
+                runner.cache.length = prefix
+                t0 = time.perf_counter()
+                runner.run([0] * width, list(range(prefix, prefix + width)), mask, to_host=False)
+                if self.model.device.type == "cuda":
+                    torch.cuda.synchronize(self.model.device)
+                times.append((time.perf_counter() - t0) * 1000.0)
+        finally:
+            runner.release()
+        self._fixed_ms[key] = round(statistics.median(times[1:]), 3)
+        return self._fixed_ms[key]
 
     def note_run(self, drafter: str, drafts: bool, metrics: dict) -> None:
         """Learn from a finished run's metrics: its c (speculative runs), its mean pass (baseline runs)."""

@@ -51,8 +51,8 @@ def sample_next_tokens(
     if len(prompt_ids) + n_tokens + shape.max_tokens + 2 >= engine.target.context_window:
         raise ValueError("prompt too long for the context window")
     seed = settings.seed if settings.seed is not None else 0
-    adaptive, _ = engine.adaptive_policy(settings, shape, drafter_obj, strict=False)
     settings = settings.merged({"strict": False})  # (samples need no shape-invariant passes)
+    adaptive, _ = engine.adaptive_policy(settings, shape, drafter_obj)
     samples: list[tuple[int, ...]] = []
     extra = n_tokens + shape.max_tokens + 1
     with engine.running(prompt_ids, drafter_obj, settings, shape, params, seed, extra, adaptive) as state:
