@@ -1,6 +1,7 @@
-"""Command line: ``python -m engine {generate,parity,bench,prepare,train-head}``.
+"""Command line: ``python -m engine {generate,parity,bench,train-head,launch-command,analyze,prepare,selfcheck}``.
 
-Bad arguments exit with status 2 and a one-line message; model problems exit 1.
+Bad arguments exit with status 2 and a one-line message; model problems, a real mismatch in parity and a
+failed selfcheck exit 1.
 """
 
 from __future__ import annotations
@@ -53,10 +54,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m engine", description="SpecLens speculative decoding engine")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
+def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -87,6 +85,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "$SPECLENS_VLLM_URL. The server's model and speculative config apply (--target, --drafter, --k ignored)",
     )
 
+
+def _add_parity(sub) -> None:
     par = sub.add_parser("parity", help="greedy parity: speculative vs baseline, diagnosed")
     src = par.add_mutually_exclusive_group()
     src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
@@ -94,6 +94,8 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_generation_args(par)
     par.add_argument("--json", action="store_true")
 
+
+def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="benchmark suite: engine systems vs transformers, one table")
     b.add_argument("--quick", action="store_true", help="one prompt per workload, 32 tokens, 1 repeat (CI smoke)")
     b.add_argument("--repeats", type=int, default=None)
@@ -106,6 +108,8 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-events-check", action="store_true", help="skip the event-stream cost measurement")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
 
+
+def _add_train_head(sub) -> None:
     th = sub.add_parser(
         "train-head", help="train the EAGLE drafting head for a target, on the CPU or a GPU (resumable)"
     )
@@ -138,6 +142,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     th.add_argument("--quick", action="store_true", help="tiny random target, a few prompts: seconds (tests)")
 
+
+def _add_launch_command(sub) -> None:
     lc = sub.add_parser(
         "launch-command", help="the command that turns this drafting on in vLLM, SGLang, llama.cpp or transformers"
     )
@@ -151,6 +157,8 @@ def _build_parser() -> argparse.ArgumentParser:
     lc.add_argument("--adaptive", action="store_true", help="drafting depth that adapts (where the engine has it)")
     lc.add_argument("--json", action="store_true", help="print the result as JSON")
 
+
+def _add_analyze(sub) -> None:
     an = sub.add_parser("analyze", help="does speculation pay on your server? two scrapes of its /metrics")
     an.add_argument("source", help="a server's URL (vLLM, llama.cpp or SpecLens) or a file saved with --save")
     an.add_argument("--interval", type=float, default=60.0, help="seconds between the two scrapes (default 60)")
@@ -177,8 +185,41 @@ def _build_parser() -> argparse.ArgumentParser:
     an.add_argument("--save", default=None, metavar="FILE", help="also save the two scrapes (for offline use)")
     an.add_argument("--json", action="store_true", help="print the analysis as JSON")
 
+
+def _add_selfcheck(sub) -> None:
+    sc = sub.add_parser(
+        "selfcheck", help="trust your install: greedy parity and a chi-square test with its control (<60 s)"
+    )
+    sc.add_argument("--dtype", default="auto", choices=list(_dtypes()), help="the default model's dtype (default auto)")
+    sc.add_argument(
+        "--seed", type=int, default=0, help="the samplers' seed (default 0; rerun with another if the exact rule fails)"
+    )
+    sc.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _add_prepare(sub) -> None:
     prep = sub.add_parser("prepare", help="build the default model cache (once) and report its timing")
     prep.add_argument("--dtype", default="auto", choices=list(_dtypes()))
+
+
+# The subcommands, in the order --help lists them.
+_SUBCOMMANDS = (
+    _add_generate,
+    _add_parity,
+    _add_bench,
+    _add_train_head,
+    _add_launch_command,
+    _add_analyze,
+    _add_prepare,
+    _add_selfcheck,
+)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m engine", description="SpecLens speculative decoding engine")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in _SUBCOMMANDS:
+        add(sub)
     return parser
 
 
@@ -464,6 +505,16 @@ def _train_head(args) -> int:
     return 0
 
 
+def _selfcheck(args) -> int:
+    from engine.tools.selfcheck import format_report, run_selfcheck
+
+    if not 0 <= args.seed < 2**63:
+        raise ValueError(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
+    result = run_selfcheck(args.dtype, args.seed, log=lambda line: print(f"selfcheck: {line}…", file=sys.stderr))
+    print(json.dumps(result, ensure_ascii=False) if args.json else format_report(result))
+    return 0 if result["passed"] else 1
+
+
 def _check_adaptive(args) -> None:
     from engine.drafters.adaptive import check_min_confidence
 
@@ -501,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
             return _launch_command(args)
         if args.command == "analyze":
             return _analyze(args)
+        if args.command == "selfcheck":
+            return _selfcheck(args)
         if args.command in ("generate", "parity"):
             _check_adaptive(args)  # before any model loads: a bad threshold fails in a moment
         from engine.decode import SpeculativeEngine
