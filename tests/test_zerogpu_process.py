@@ -84,34 +84,16 @@ def test_the_app_never_initialises_cuda_in_zerogpus_main_process():
     assert report["cuda_attempts"] == [], report["cuda_attempts"]
     assert report["app_engines"] and set(report["app_engines"].values()) == {"cpu"}, report["app_engines"]
     steps = report["steps"]
-    assert set(steps) == {
-        "/generate",
-        "playground",
-        "race",
-        "/race",
-        "drafters lab",
-        "lossless lab",
-        "batch lab",
-        "parity lab",
-        "explain lab",
-        "deployment lab",
-    }, steps
+    # What compares runs: every run of a comparison on the app's CPU engine, one device.
+    one_device = ("race", "/race", "drafters lab", "lossless lab", "batch lab", "parity lab")
+    one_device += ("explain lab", "deployment lab")
+    assert set(steps) == {"/generate", "playground", *one_device}, steps
     failed = {name: step for name, step in steps.items() if step.get("error")}
     assert not failed, failed
     # The Playground's runs went through the GPU worker, asking for the time their tokens need (its engine
     # loaded on this machine's CPU: no GPU here). What compares runs stayed on the app's CPU engine, every run of
     # a comparison on one device.
     assert steps["/generate"]["worker_calls"] == 1 and steps["playground"]["worker_calls"] == 1, steps
-    one_device = (
-        "race",
-        "/race",
-        "drafters lab",
-        "lossless lab",
-        "batch lab",
-        "parity lab",
-        "explain lab",
-        "deployment lab",
-    )
     assert all(steps[name]["worker_calls"] == 0 for name in one_device), steps
     assert report["gpu_seconds"] and all(s >= 1 for s in report["gpu_seconds"]), report["gpu_seconds"]
     assert report["worker_engines"] and set(report["worker_engines"].values()) == {"cpu"}, report["worker_engines"]
