@@ -120,6 +120,22 @@ def test_a_failed_capture_leaves_the_runner_uncaptured_for_good_with_the_reason(
     assert failing.captured == 0 and failing.capture is False
 
 
+def test_the_pool_keeps_a_runner_whose_capture_failed_and_builds_no_more_than_its_size():
+    from engine.model.runners import RunnerPool
+
+    model = _torch_ops_target()
+    pool = RunnerPool(context_window=30, size=1)
+    runner = pool.acquire(model, False, 8)
+    runner.capture = True  # set to capture on a device where capturing then fails (no CUDA here)
+    runner.run([1, 2], [0, 1], _tree_mask(2, 0, runner.capacity, [-1]))
+    runner.release()
+    assert runner.capture_error
+    # A run that asks for graphs gets the same runner, uncaptured for good, never a new one to try again.
+    assert pool.acquire(model, True, 8) is runner and pool.acquire(model, True, 8) is None
+    runner.release()
+    assert pool.held(model) == [runner]
+
+
 @pytest.fixture(scope="module")
 def torch_ops_engine(default_tokenizer):
     engine = SpeculativeEngine(LoadedModel("tiny-torch-ops", _torch_ops_target(), default_tokenizer, torch.float32))

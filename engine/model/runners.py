@@ -54,11 +54,14 @@ class RunnerPool:
             return None
         with self._lock:
             runners = self._runners.setdefault(id(model), [])
-            runners[:] = [r for r in runners if r.model is model and r.capture == capture]
-            for runner in runners:
+            runners[:] = [r for r in runners if r.model is model]  # (an id reused by other weights)
+            # A runner whose capture failed stays in the pool, uncaptured for good: it still serves runs (and the
+            # pool never builds more than `size` to try capturing again).
+            kind = [r for r in runners if r.capture == capture or r.capture_error]
+            for runner in kind:
                 if runner.acquire(needed) is not None:
                     return runner
-            if len(runners) >= self.size:
+            if len(kind) >= self.size:
                 return None
             runner = StaticPasses(model, self.slots, STATIC_MAX_WIDTH, capture=capture)
             runners.append(runner)
