@@ -328,13 +328,13 @@ def test_payload_off_yields_start_and_finish_only(tiny_engine):
 @pytest.mark.real_model
 def test_a_long_chain_projects_only_the_rows_its_walk_reads(monkeypatch):
     """A chain's pass on the CPU kernels computes the logits of its first rows and projects the
-    others only when the walk reaches them (decode.CHAIN_LOGITS_FIRST): the same tokens and
+    others only when the walk reaches them (tree_pass.CHAIN_LOGITS_FIRST): the same tokens and
     events as projecting every row with the pass."""
     from conftest import tiny_hf_model
 
-    from engine import decode
     from engine.decode import SpeculativeEngine
     from engine.kernels import cpu_kernels
+    from engine.model import tree_pass
     from engine.model.loading import LoadedModel, load_model
     from engine.model.transformer import ModelConfig, Transformer
 
@@ -348,15 +348,15 @@ def test_a_long_chain_projects_only_the_rows_its_walk_reads(monkeypatch):
     prompt = [1, 504, 2741, 314, 253, 1345, 28, 504, 2741, 314, 253, 1345, 28, 504, 2741, 314]
     chains = []
 
-    class Counted(decode._ChainLogits):
+    class Counted(tree_pass._ChainLogits):
         def __init__(self, *args):
             super().__init__(*args)
             chains.append(self)
 
-    monkeypatch.setattr(decode, "_ChainLogits", Counted)
+    monkeypatch.setattr(tree_pass, "_ChainLogits", Counted)
     runs = {}
     for first in (5, 100):  # lazy, then every row with the pass
-        monkeypatch.setattr(decode, "CHAIN_LOGITS_FIRST", first)
+        monkeypatch.setattr(tree_pass, "CHAIN_LOGITS_FIRST", first)
         for temperature in (0.0, 1.0):
             run = engine.run(prompt, "ngram", max_new_tokens=24, k=12, temperature=temperature, seed=3)
             runs[first, temperature] = [e["emitted"] for e in run["events"] if e["type"] == "step"]
