@@ -123,7 +123,8 @@ class MeasuredCosts:
             fixed = self._fixed_pass_ms(graphs, width)
             if fixed is not None:
                 return [fixed] * width
-        costs = self.pass_ms(width)  # (no runner free: the run takes the eager path too)
+        # Eager passes (also where every runner was held: the run then takes the eager path too).
+        costs = self.pass_ms(width)
         return [costs[-1]] * width if strict else costs
 
     def _fixed_pass_ms(self, graphs: bool, width: int, prefix: int = 64, repeats: int = 3) -> float | None:
