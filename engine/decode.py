@@ -46,7 +46,7 @@ from engine.model.tree_pass import target_pass
 from engine.prompts import PromptEncoder
 from engine.sampling import SamplingParams
 from engine.settings import GenerationSettings
-from engine.verification import Verdict, verify_chain_batched, walk_tree
+from engine.verification import Verdict, verify_chain_batched, verify_chain_greedy, walk_tree
 
 __all__ = ["DecodeState", "GenerationSettings", "OutOfMemory", "SpeculativeEngine", "StepResult"]
 
@@ -73,6 +73,7 @@ class DecodeState:
     static: StaticPasses | None = None
     batch_chains: bool = False
     prefill_s: float = 0.0
+    tops: bool = False  # the verifier keeps the top entries of p, q and the residual (full payloads draw them)
     pass_path_reason: str = ""  # why the target's passes take the path they take (the finish metrics say it)
 
     @property
@@ -222,7 +223,7 @@ class SpeculativeEngine:
             drafter.start(prompt_ids, capacity + width + 1, runner, features)
             mode = settings.chain_verifier
             batch_chains = mode == "batch" or (mode == "auto" and model.device.type == "cuda")
-            gen = torch.Generator().manual_seed(seed)
+            gen = torch.Generator(device=model.device).manual_seed(seed)  # draws stay on the model's device
             yield DecodeState(
                 list(prompt_ids),
                 drafter,
@@ -236,6 +237,7 @@ class SpeculativeEngine:
                 batch_chains,
                 prefill_s,
                 why,
+                settings.payload == "full",
             )
         finally:
             if static is not None:
@@ -353,11 +355,13 @@ class SpeculativeEngine:
         cache = state.cache
         base = cache.length  # == len(context) - 1: the pending token's position
         n = len(tree)
-        batched = verify_node is None and state.batch_chains and n and not state.params.greedy and tree.is_chain
-        # 2. Target pass: the pending token and every draft node in one forward.
+        batched = verify_node is None and state.batch_chains and n and tree.is_chain
+        # 2. Target pass: the pending token and every draft node in one forward. The logits stay on the model's
+        # device (on the CPU the walk may leave a long chain's last rows unprojected: tree_pass.CHAIN_LOGITS_FIRST).
+        on_cpu = self.target.model.device.type == "cpu"
         try:
             logits, hidden = target_pass(
-                self.target.model, state, tree, to_host=not batched
+                self.target.model, state, tree, to_host=on_cpu and not batched
             )  # [1 + n, V], [1 + n, E] or None
         except torch.OutOfMemoryError as exc:
             raise OutOfMemory(
@@ -365,10 +369,12 @@ class SpeculativeEngine:
             ) from exc
         # 3. Acceptance: the rule walks the tree (or a sampled chain on CUDA, in one kernel launch; trees:
         # siblings are verified one after another, see engine/kernels/batched_verifier.py).
-        if batched:
-            verdict = verify_chain_batched(logits, tree, state.params, state.gen)
+        if batched and state.params.greedy:
+            verdict = verify_chain_greedy(logits, tree, state.params, state.tops)
+        elif batched:
+            verdict = verify_chain_batched(logits, tree, state.params, state.gen, state.tops)
         else:
-            verdict = walk_tree(logits, tree, state.params, state.gen, verify_node or verify_children)
+            verdict = walk_tree(logits, tree, state.params, state.gen, verify_node or verify_children, state.tops)
         # 4. Caches: keep the pending token and the accepted path in the target cache; drop the rest.
         cache.length = base + 1 + n
         rows = [0] + [1 + i for i in verdict.path]

@@ -3,7 +3,8 @@
 Each event is built once, from decisions already made (a ``verification.Verdict``)
 and the loop's bookkeeping, and is not edited afterwards. Numbers are rounded to
 ``PROB_DIGITS`` decimals; full payloads add token texts and the top ``TOP_N``
-entries of p, q and the residual, which is what the app draws.
+entries of p, q and the residual (the verifier kept them, ``Verdict.tops``), which
+is what the app draws.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import torch
-
-from engine.trace import EVENT_VERSION
+from engine.trace import EVENT_VERSION, TOP_N
 
 if TYPE_CHECKING:  # read, never built, here: the schema needs neither the verifier nor its kernels
     from engine.drafters.base import DraftTree
@@ -32,7 +31,6 @@ __all__ = [
     "top_list",
 ]
 
-TOP_N = 10  # entries of p, q and the residual kept per position in full payloads
 PROB_DIGITS = 6
 PROMPT_TAIL = 8  # prompt tokens shown as "what the first pass continues from"
 
@@ -44,10 +42,9 @@ def rounded(prob: float | None) -> float | None:
     return None if prob is None else round(float(prob), PROB_DIGITS)
 
 
-def top_list(probs: torch.Tensor, token_text: TokenText) -> list[list]:
-    """[V] probabilities -> [[token_id, text, prob], ...] for the TOP_N largest positive entries."""
-    values, ids = torch.topk(probs, min(TOP_N, probs.shape[-1]))
-    return [[int(i), token_text(int(i)), rounded(v)] for v, i in zip(values, ids) if v > 0]
+def top_list(top: list[tuple[int, float]], token_text: TokenText) -> list[list]:
+    """The TOP_N largest positive entries a Verdict kept, [(token_id, prob)] -> [[token_id, text, prob], ...]."""
+    return [[int(i), token_text(int(i)), rounded(v)] for i, v in top]
 
 
 def start_event(run: dict, prompt, prompt_ids: list[int], token_text: TokenText) -> dict:
@@ -67,15 +64,14 @@ def start_event(run: dict, prompt, prompt_ids: list[int], token_text: TokenText)
 
 
 def _node(tree: DraftTree, verdict: Verdict, i: int, dropped: bool, token_text: TokenText | None) -> dict:
-    parent = tree.parents[i]
-    p_parent = verdict.p_rows.get(parent)
+    p_token = verdict.p_token[i]
     item = {
         "id": i,
-        "parent": parent,
+        "parent": tree.parents[i],
         "depth": tree.depths[i],
         "token_id": tree.tokens[i],
         "q": round(tree.q_token[i], PROB_DIGITS),
-        "p": round(float(p_parent[tree.tokens[i]]), PROB_DIGITS) if p_parent is not None else None,
+        "p": round(p_token, PROB_DIGITS) if p_token is not None else None,
         "decision": verdict.decisions[i],
     }
     rec = verdict.records[i]
@@ -96,13 +92,16 @@ def _node(tree: DraftTree, verdict: Verdict, i: int, dropped: bool, token_text: 
 
 def _dists(tree: DraftTree, verdict: Verdict, token_text: TokenText) -> list[dict]:
     """p (and q) at every visited position: the root, then each accepted node."""
+    tops = verdict.tops
+    if tops is None:
+        raise ValueError("a full payload needs the verifier's top entries: verify with tops=True")
     out = []
     for node in [-1, *verdict.path]:
-        q = tree.q_dists.get(node)
+        q = tops["q"].get(node)
         out.append(
             {
                 "node": node,
-                "p_top": top_list(verdict.p_rows[node], token_text),
+                "p_top": top_list(tops["p"][node], token_text),
                 "q_top": top_list(q, token_text) if q is not None else None,
             }
         )
@@ -141,7 +140,7 @@ def step_event(
         if full:
             item["text"] = token_text(item["token_id"])
     if full and kept == len(emitted) and verdict.extra["kind"] == "resampled" and not verdict.greedy:
-        kept_items[-1]["residual_top"] = top_list(verdict.extra_dist, token_text)
+        kept_items[-1]["residual_top"] = top_list(verdict.tops["residual"], token_text)
     return step_record(
         number=number,
         nodes=nodes,

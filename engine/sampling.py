@@ -2,8 +2,13 @@
 
 Temperature / top-k / top-p are applied identically to the target's logits (p)
 and the drafter's (q), so both live on the same support before verification.
-Draws take an explicit ``torch.Generator`` so that a run replays exactly. The
-acceptance rule itself lives in ``engine.acceptance``.
+Draws take an explicit ``torch.Generator`` so that a run replays exactly, on the
+device the distribution lives on (a run's generator is made on its model's device),
+and are exponential races: the winner of argmax(w / E) with E ~ Exp(1) per entry
+is drawn from w / sum(w) (``engine.kernels.batched_verifier``'s docstring has the
+proof), so a draw needs no host synchronisation, no normalisation and no
+summation order, and the top n of the same race are n draws without replacement.
+The acceptance rule itself lives in ``engine.acceptance``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import torch
 __all__ = [
     "SamplingParams",
     "apply_filters",
+    "draw",
+    "exponentials",
     "probs_from_logits",
     "sample",
     "sample_without_replacement",
@@ -103,27 +110,33 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     return torch.softmax(apply_filters(logits, params), dim=-1)
 
 
+def exponentials(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Exp(1) draws, float32, one per entry of `like` and on its device (the generator's)."""
+    return torch.empty(like.shape, dtype=torch.float32, device=like.device).exponential_(generator=generator)
+
+
+def _race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """[..., V] weights >= 0 -> [..., V] race scores: w / E where w > 0, else -1 (never wins)."""
+    w = weights.float()
+    return torch.where(w > 0, w / exponentials(w, generator), -1.0)
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw from [V] (or per row of [..., V]) non-negative weights, normalised or not: an exponential
+    race on their device, returned there as int64 ([] or [...]); no host synchronisation."""
+    return _race(weights, generator).argmax(dim=-1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from a [V] distribution (inverse CDF with one uniform)."""
-    u = torch.rand((), generator=generator, dtype=torch.float64).item()
-    cdf = torch.cumsum(probs.double(), dim=0)
-    idx = int(torch.searchsorted(cdf, torch.tensor([u * cdf[-1].item()], dtype=torch.float64)).item())
-    # searchsorted can land on a zero-probability entry only at the very end due
-    # to rounding; step back to the last token with positive mass.
-    idx = min(idx, probs.shape[0] - 1)
-    while probs[idx] <= 0 and idx > 0:
-        idx -= 1
-    return idx
+    """One draw from a [V] distribution (``draw``), as a Python int."""
+    return int(draw(probs, generator))
 
 
 def sample_without_replacement(probs: torch.Tensor, n: int, generator: torch.Generator | None) -> list[int]:
-    """n distinct tokens drawn one after the other from [V] probs, each from q
-    renormalised over the tokens not drawn yet (what the tree verifier assumes)."""
-    remaining = probs.clone()
-    out: list[int] = []
-    support = int((probs > 0).sum().item())
-    for _ in range(min(n, support)):
-        idx = sample(remaining / remaining.sum(), generator)
-        out.append(idx)
-        remaining[idx] = 0.0
-    return out
+    """n distinct tokens from [V] probs, in the order successive draws without replacement would give them
+    (each from probs renormalised over the tokens not drawn yet, what the tree verifier assumes): the top n of
+    one exponential race, whose order is distributed exactly so (the race is memoryless). At most as many as
+    the support holds."""
+    score = _race(probs, generator)  # [V]
+    top = torch.topk(score, min(n, score.shape[-1]))
+    return [int(i) for v, i in zip(top.values.tolist(), top.indices.tolist()) if v >= 0]

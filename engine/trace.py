@@ -35,6 +35,7 @@ TRACE_FORMAT = "speclens-trace"
 # 2: every tried node records ``adjusted`` (its test used p′/q′ after earlier sibling rejections).
 # 3: the start event's ``tree`` names K and the budget as the settings do: ``k``, ``num_draft_tokens``.
 EVENT_VERSION = 3
+TOP_N = 10  # entries of p, q and the residual a full payload keeps per position (the verifier picks them)
 MAX_TRACE_BYTES = 20 * 1024 * 1024
 _MAX_MIB = MAX_TRACE_BYTES // (1024 * 1024)
 

@@ -8,14 +8,31 @@ rule of ``engine.acceptance`` and nothing else:
   ``acceptance.verify_children``; on an acceptance descend into that child, on a
   rejection of every child draw the extra token (*resampled*) from the
   distribution the rule left, and when the walk runs off the tree draw a *bonus*
-  token from p. Greedy, sampled, chains, trees and point-mass drafts alike.
+  token from p. Greedy, sampled, chains, trees and point-mass drafts alike. It
+  runs where the logits live (on CUDA a scalar is read back per test; trees are
+  small, and their siblings are verified one after another, see
+  engine/kernels/batched_verifier.py).
 * ``verify_chain_batched``: a sampled chain in one call of
   ``batched_verifier.verify_batch`` (the Triton kernel where the logits live on
   CUDA, its torch reference elsewhere), which mirrors the same rule and returns
   the accept probabilities it tested, so the Verdict is built from its numbers.
+* ``verify_chain_greedy``: a greedy chain as one argmax per row and a running
+  product of matches, the walk's greedy decisions without a test per node.
+
+The two chain verifiers stay on the logits' device: uniforms and the race's
+exponentials are drawn there with the run's generator (made on that device),
+q is stacked there, and what the Verdict and the events record (the accepted
+count, the extra token, every tested number, and with ``tops`` the top
+``TOP_N`` entries of p, q and the residual) comes back in one host copy per
+pass, never a [K+1, V] row.
 
 A Verdict holds every decision and the numbers it was made from; ``engine.events``
 records it and nothing downstream decides again.
+
+Glossary: p the target's distribution, q the drafter's; *drafted* the K tokens
+proposed, *accepted* the verified prefix, *resampled* the extra token drawn from
+the residual norm(max(0, p - q)) after a rejection, *bonus* the extra token drawn
+from p when every draft was accepted.
 """
 
 from __future__ import annotations
@@ -25,16 +42,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.acceptance import residual, verify_children
+from engine.acceptance import verify_children
 from engine.drafters.base import DraftTree
-from engine.kernels.batched_verifier import verify_batch
-from engine.sampling import SamplingParams, probs_from_logits, sample
+from engine.kernels.batched_verifier import extra_distribution, verify_batch
+from engine.sampling import SamplingParams, draw, exponentials, probs_from_logits
+from engine.trace import TOP_N
 
-__all__ = ["Verdict", "verify_chain_batched", "walk_tree"]
+__all__ = ["Verdict", "top_entries", "verify_chain_batched", "verify_chain_greedy", "walk_tree"]
 
 # Uniforms are drawn in float64 and used in float32 by the batched verifier; this
 # keeps them strictly below 1 after the cast (a float32 1.0 would reject everything).
 _BELOW_ONE_F32 = 1.0 - 2**-24
+
+Top = list[tuple[int, float]]  # [(token_id, probability)], largest first, positive entries only
 
 
 @dataclass
@@ -46,11 +66,13 @@ class Verdict:
                p_eff, q_eff, adjusted), None for nodes never tried
     path:      accepted node ids, root to leaf
     extra:     the one token the target adds itself: {"token_id", "kind"
-               ("resampled" after a rejection, "bonus" past the last draft), "from_node"}
-    extra_dist: [V] the distribution the extra token was drawn from (the residual
-               after a sampled rejection, p for a bonus; a one-hot when greedy)
-    p_rows:    node -> [V] float32 target probabilities at that node, for the
-               visited nodes (-1 = the root, then the accepted path)
+               ("resampled" after a rejection, "bonus" past the last draft), "from_node", "p"
+               (its probability under p at its position)}
+    p_token:   [n] p of each node's token at its parent, for nodes whose parent was visited (the root
+               and the accepted path), else None
+    tops:      with ``tops`` asked, {"p": {node: Top}, "q": {node: Top or None}, "residual": Top or None}:
+               the top TOP_N entries of p and q at each visited node (-1 = the root) and of the
+               distribution a resampled token was drawn from (None after a bonus or when greedy)
     greedy:    decided by argmax (no uniforms, no residual)
     """
 
@@ -58,8 +80,8 @@ class Verdict:
     records: list[dict | None]
     path: list[int]
     extra: dict
-    extra_dist: torch.Tensor
-    p_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    p_token: list[float | None]
+    tops: dict | None = field(default=None)
     greedy: bool = False
 
     def emitted(self, tree: DraftTree) -> list[dict]:
@@ -68,12 +90,24 @@ class Verdict:
         return accepted + [{**self.extra, "node": None}]
 
 
+def top_entries(probs: torch.Tensor) -> Top:
+    """[V] probabilities -> the TOP_N largest positive entries as (token_id, probability)."""
+    values, ids = torch.topk(probs, min(TOP_N, probs.shape[-1]))
+    return [(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist()) if v > 0]
+
+
+def _uniform(gen: torch.Generator) -> float:
+    """One uniform in [0, 1), drawn on the generator's device."""
+    return float(torch.rand((), generator=gen, dtype=torch.float64, device=gen.device))
+
+
 def walk_tree(
     logits: torch.Tensor,
     tree: DraftTree,
     params: SamplingParams,
     gen: torch.Generator,
     verify_node: Callable = verify_children,
+    tops: bool = False,
 ) -> Verdict:
     """Walk the draft tree from the root with exact (recursive) rejection sampling.
 
@@ -81,30 +115,43 @@ def walk_tree(
     verify_node: the test of one node's children, ``acceptance.verify_children`` (the exact rule);
     the Lossless lab and the negative-control tests pass a lossy one
     (``engine.tools.exactness.verify_children_ignoring_q``) to show what a shortcut does.
+    tops: keep the top entries of p, q and the residual (``Verdict.tops``).
     """
     n = len(tree)
-    p_rows: dict[int, torch.Tensor] = {}
     decisions = ["not_reached"] * n
     records: list[dict | None] = [None] * n
+    p_token: list[float | None] = [None] * n
+    top_p: dict[int, Top] = {}
+    top_q: dict[int, Top | None] = {}
+    residual_top = None
     path: list[int] = []
     node = -1
     while True:
-        p = p_rows[node] = probs_from_logits(logits[node + 1], params)  # [V]
+        p = probs_from_logits(logits[node + 1], params)  # [V]
         children = tree.children(node)
-        if not children:
-            token = int(p.argmax()) if params.greedy else sample(p, gen)
-            extra, dist = {"token_id": token, "kind": "bonus", "from_node": node}, p
-            break
-        u = [] if params.greedy else [float(torch.rand((), generator=gen, dtype=torch.float64)) for _ in children]
         q = tree.q_dists.get(node)
+        if tops:
+            top_p[node] = top_entries(p)
+            top_q[node] = top_entries(q) if q is not None else None
+        if children:
+            picked = p[torch.tensor([tree.tokens[c] for c in children], device=p.device)].tolist()
+            for c, value in zip(children, picked):
+                p_token[c] = value
+        if not children:
+            token = int(p.argmax()) if params.greedy else int(draw(p, gen))
+            extra = {"token_id": token, "kind": "bonus", "from_node": node}
+            break
+        u = [] if params.greedy else [_uniform(gen) for _ in children]
         chosen, dist, recs = verify_node(
             p, q if q is not None else p, [tree.tokens[c] for c in children], u, params.greedy, tree.point_mass
         )
         for c, rec in zip(children, recs):
             records[c], decisions[c] = rec, "rejected"
         if chosen is None:
-            token = int(dist.argmax()) if params.greedy else sample(dist, gen)
+            token = int(dist.argmax()) if params.greedy else int(draw(dist, gen))
             extra = {"token_id": token, "kind": "resampled", "from_node": node}
+            if tops and not params.greedy:
+                residual_top = top_entries(dist)
             break
         node = children[chosen]
         decisions[node] = "accepted"
@@ -112,50 +159,141 @@ def walk_tree(
             records[c], decisions[c] = None, "not_reached"
         path.append(node)
     extra["p"] = float(p[token])
-    return Verdict(decisions, records, path, extra, dist, p_rows, params.greedy)
+    kept = {"p": top_p, "q": top_q, "residual": residual_top} if tops else None
+    return Verdict(decisions, records, path, extra, p_token, kept, params.greedy)
+
+
+def _chain_q(tree: DraftTree, device: torch.device) -> torch.Tensor | None:
+    """[K, V] the drafter's q at each drafted position, stacked on `device` (None for point masses)."""
+    if tree.point_mass:
+        return None
+    return torch.stack([tree.q_dists[i - 1] for i in range(len(tree))]).to(device)
+
+
+def _tops_on_device(p, q, dist) -> list[torch.Tensor]:
+    """The top TOP_N (values, ids) of p [K+1, V], q [K, V] or None and dist [V] or None, flattened."""
+    n = min(TOP_N, p.shape[-1])
+    out = []
+    for rows in (p, q, None if dist is None else dist[None]):
+        if rows is not None and rows.shape[0]:
+            values, ids = torch.topk(rows, n, dim=-1)  # [R, n], [R, n]
+            out += [values.double().flatten(), ids.double().flatten()]
+    return out
+
+
+def _unpack_tops(flat: list[float], k: int, n: int, with_q: bool, with_dist: bool) -> dict:
+    """The inverse of ``_tops_on_device`` on the host: node -> Top for p and q, and the residual's."""
+    at = 0
+
+    def rows(count: int) -> list[Top]:
+        nonlocal at
+        values = flat[at : at + count * n]
+        ids = flat[at + count * n : at + 2 * count * n]
+        at += 2 * count * n
+        return [
+            [(int(i), v) for v, i in zip(values[r * n : (r + 1) * n], ids[r * n : (r + 1) * n]) if v > 0]
+            for r in range(count)
+        ]
+
+    p_rows = rows(k + 1)
+    q_rows = rows(k) if with_q and k else [None] * k
+    residual_top = rows(1)[0] if with_dist else None
+    return {
+        "p": {i - 1: p_rows[i] for i in range(k + 1)},
+        "q": {i - 1: q_rows[i] for i in range(k)} | {k - 1: None},
+        "residual": residual_top,
+    }
+
+
+def _chain_verdict(tree, accepted, token, tested, u, p_eff, q_eff, p_extra, greedy, kept) -> Verdict:
+    """A chain's Verdict from the numbers one host copy brought back (lists of floats)."""
+    k = len(tree)
+    decisions = ["accepted"] * accepted + ["rejected"] * (accepted < k) + ["not_reached"] * (k - accepted - 1)
+    records: list[dict | None] = [None] * k
+    for i in range(min(accepted + 1, k)):  # the tests that ran: every accepted draft and the first rejected one
+        records[i] = {
+            "accept_prob": tested[i],
+            "u": None if greedy else u[i],
+            "p_eff": p_eff[i],
+            "q_eff": q_eff[i],
+            "adjusted": False,  # a chain has no siblings
+        }
+    p_token = [p_eff[i] if i <= accepted else None for i in range(k)]
+    if accepted < k:
+        extra = {"token_id": token, "kind": "resampled", "from_node": accepted - 1}
+    else:
+        extra = {"token_id": token, "kind": "bonus", "from_node": k - 1}
+    extra["p"] = p_extra
+    if kept is not None:  # only the visited positions: the root and the accepted path
+        kept["p"] = {node: top for node, top in kept["p"].items() if node < accepted}
+        kept["q"] = {node: top for node, top in kept["q"].items() if node < accepted}
+    return Verdict(decisions, records, list(range(accepted)), extra, p_token, kept, greedy)
 
 
 def verify_chain_batched(
-    logits: torch.Tensor, tree: DraftTree, params: SamplingParams, gen: torch.Generator
+    logits: torch.Tensor, tree: DraftTree, params: SamplingParams, gen: torch.Generator, tops: bool = False
 ) -> Verdict:
-    """A sampled chain of K drafts in one call of ``verify_batch`` (B = 1).
+    """A sampled chain of K drafts in one call of ``verify_batch`` (B = 1), on the logits' device.
 
-    logits: [K+1, V] on the model's device (the Triton kernel runs where they live).
-    The uniforms come from ``gen`` in a different order than the walk's, so one seed
-    gives a different (equally exact) sample.
+    logits: [K+1, V] on the model's device (the Triton kernel runs where they live); gen: on the same device.
+    The uniforms come from ``gen`` in a different order than the walk's, so one seed gives a different
+    (equally exact) sample.
     """
     k = len(tree)
     device = logits.device
     p = probs_from_logits(logits, params)  # [K+1, V] float32 target probabilities
-    ids = torch.tensor(tree.tokens, dtype=torch.long)  # [K] drafted ids
-    q = None if tree.point_mass else torch.stack([tree.q_dists[i - 1] for i in range(k)]).to(device)  # [K, V]
-    u = torch.rand(k, generator=gen, dtype=torch.float64).float().clamp_(max=_BELOW_ONE_F32)  # [K]
-    u_sample = torch.rand(1, generator=gen, dtype=torch.float64).float().clamp_(max=_BELOW_ONE_F32)  # [1]
+    ids = torch.tensor(tree.tokens, dtype=torch.long, device=device)  # [K] drafted ids
+    q = _chain_q(tree, device)  # [K, V] or None
+    u = torch.rand(k, generator=gen, dtype=torch.float64, device=device).float().clamp_(max=_BELOW_ONE_F32)  # [K]
+    e = exponentials(p[:1], gen)  # [1, V] the race that draws the extra token
     num_accepted, next_token, accept_prob = verify_batch(
-        p[None], None if q is None else q[None], ids[None].to(device), u[None].to(device), u_sample.to(device)
+        p[None], None if q is None else q[None], ids[None], u[None], e
     )  # [1], [1], [1, K]
-    accepted, token = int(num_accepted[0]), int(next_token[0])
-    p_host = p.cpu()  # [K+1, V]
-    accept_prob = accept_prob[0].cpu()  # [K]
-    decisions = ["accepted"] * accepted + ["rejected"] * (accepted < k) + ["not_reached"] * (k - accepted - 1)
-    records: list[dict | None] = [None] * k
-    for i in range(min(accepted + 1, k)):  # the tests that ran: every accepted draft and the first rejected one
-        x = tree.tokens[i]
-        records[i] = {
-            "accept_prob": float(accept_prob[i]),
-            "u": float(u[i]),
-            "p_eff": float(p_host[i, x]),
-            "q_eff": 1.0 if q is None else float(tree.q_dists[i - 1][x]),
-            "adjusted": False,  # a chain has no siblings
-        }
-    p_rows = {i - 1: p_host[i] for i in range(accepted + 1)}
-    if accepted < k:
-        q_row = tree.q_dists[accepted - 1] if q is not None else torch.zeros_like(p_host[accepted])
-        if q is None:
-            q_row[tree.tokens[accepted]] = 1.0  # the point mass of the rejected draft
-        extra = {"token_id": token, "kind": "resampled", "from_node": accepted - 1}
-        dist = residual(p_host[accepted], q_row.cpu())
-    else:
-        extra, dist = {"token_id": token, "kind": "bonus", "from_node": k - 1}, p_host[k]
-    extra["p"] = float(p_host[accepted, token])
-    return Verdict(decisions, records, list(range(accepted)), extra, dist, p_rows)
+    rows = torch.arange(k, device=device)
+    p_eff = p[rows, ids]  # [K] p_i(x_i)
+    q_eff = torch.ones_like(p_eff) if q is None else q[rows, ids]  # [K] q_i(x_i)
+    p_extra = p[num_accepted, next_token]  # [1] p of the extra token at its position
+    packed = [num_accepted.double(), next_token.double(), accept_prob[0].double(), u.double()]
+    packed += [p_eff.double(), q_eff.double(), p_extra.double()]
+    if tops:
+        dist = extra_distribution(p[None], None if q is None else q[None], ids[None], num_accepted)[0]  # [V]
+        packed += _tops_on_device(p, q, dist / dist.sum())
+    host = torch.cat(packed).tolist()  # the pass's one host copy
+    accepted, token = int(host[0]), int(host[1])
+    tested, u_h, p_h, q_h = (host[2 + j * k : 2 + (j + 1) * k] for j in range(4))
+    p_extra_h = host[2 + 4 * k]
+    kept = None
+    if tops:
+        kept = _unpack_tops(host[3 + 4 * k :], k, min(TOP_N, p.shape[-1]), q is not None, True)
+        if accepted == k:
+            kept["residual"] = None  # a bonus: drawn from p itself
+    return _chain_verdict(tree, accepted, token, tested, u_h, p_h, q_h, p_extra_h, False, kept)
+
+
+def verify_chain_greedy(logits: torch.Tensor, tree: DraftTree, params: SamplingParams, tops: bool = False) -> Verdict:
+    """A greedy chain of K drafts on the logits' device: draft i is accepted while it is the argmax of p at its
+    position (the walk's greedy test, ``acceptance.verify_children``), the extra token is the argmax at the first
+    mismatch (or past the last draft). The same Verdict as the walk's, in one host copy.
+
+    logits: [K+1, V] on the model's device."""
+    k = len(tree)
+    device = logits.device
+    p = probs_from_logits(logits, params)  # [K+1, V] (greedy: the softmax of the raw logits, for the record)
+    best = p.argmax(dim=-1)  # [K+1] the target's choice at each position
+    ids = torch.tensor(tree.tokens, dtype=torch.long, device=device)  # [K]
+    match = best[:k] == ids  # [K]
+    accepted_t = torch.cumprod(match.long(), dim=0).sum(dim=0, keepdim=True)  # [1] the matching prefix
+    token_t = best[accepted_t]  # [1]
+    q = _chain_q(tree, device)
+    rows = torch.arange(k, device=device)
+    p_eff = p[rows, ids]  # [K]
+    q_eff = torch.ones_like(p_eff) if q is None else q[rows, ids]  # [K]
+    packed = [accepted_t.double(), token_t.double(), match.double(), p_eff.double(), q_eff.double()]
+    packed += [p[accepted_t, token_t].double()]
+    if tops:
+        packed += _tops_on_device(p, q, None)
+    host = torch.cat(packed).tolist()  # the pass's one host copy
+    accepted, token = int(host[0]), int(host[1])
+    tested, p_h, q_h = (host[2 + j * k : 2 + (j + 1) * k] for j in range(3))
+    kept = _unpack_tops(host[3 + 3 * k :], k, min(TOP_N, p.shape[-1]), q is not None, False) if tops else None
+    return _chain_verdict(tree, accepted, token, tested, None, p_h, q_h, host[2 + 3 * k], True, kept)

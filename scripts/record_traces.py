@@ -11,7 +11,9 @@ first runs are also saved as traces in assets/traces/ (the app shows them before
 model loads; the tests use them as fixtures), the first example's baseline as the
 recorded Race's opponent, and the Drafters lab's default comparison on the first
 example in assets/traces/drafters-lab/ (alone: --drafters-lab-only). With --only LESSON, only that
-lesson's examples are measured, and nothing else is written.
+lesson's examples are measured, and nothing else is written. With --sampled-traces-only, only the
+traces of sampled (seeded) runs are recorded again, from their examples' and EXTRA_TRACES' settings (what
+a change to the random draws asks for; the greedy traces and every measurement stay as they are).
 """
 
 from __future__ import annotations
@@ -124,6 +126,23 @@ def record_drafters_lab(engine: SpeculativeEngine, prompt: str) -> None:
         print(f"drafters lab: {label} -> {folder.name}/{index:02d}.json", flush=True)
 
 
+def record_sampled_traces(engine: SpeculativeEngine) -> None:
+    """The shipped traces whose runs sample (temperature > 0), run again with their recorded settings."""
+    examples = json.loads(EXAMPLES.read_text(encoding="utf-8"))
+    for index, name in EXAMPLE_TRACES.items():
+        example = examples[index]
+        if example["settings"].get("temperature", 0.0) > 0:
+            trace_io.save(
+                engine.run(example["prompt"], example["drafter"], **example["settings"])["events"], TRACES / name
+            )
+            print(f"recorded {name}", flush=True)
+    workloads = json.loads((ROOT / "assets" / "workloads.json").read_text(encoding="utf-8"))
+    for name, (workload, drafter, settings) in EXTRA_TRACES.items():
+        if settings.get("temperature", 0.0) > 0:
+            trace_io.save(engine.run(workloads[workload][0], drafter, **settings)["events"], TRACES / name)
+            print(f"recorded {name}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -132,8 +151,14 @@ def main() -> int:
     parser.add_argument(
         "--only", metavar="LESSON", help="measure only the examples of this lesson (e.g. does-not-pay); no traces"
     )
+    parser.add_argument(
+        "--sampled-traces-only", action="store_true", help="record again only the traces of sampled runs"
+    )
     args = parser.parse_args()
     engine = SpeculativeEngine.load(dtype=args.dtype)
+    if args.sampled_traces_only:
+        record_sampled_traces(engine)
+        return 0
     if args.drafters_lab_only:
         record_drafters_lab(engine, json.loads(EXAMPLES.read_text(encoding="utf-8"))[0]["prompt"])
         return 0

@@ -2,7 +2,7 @@
 
 (a) The torch reference agrees with ``acceptance.verify_chain`` (same uniforms: same
     number of accepted drafts, same extra-token distribution, and the drawn token
-    is the module's inverse-CDF draw on that distribution).
+    is the module's exponential race on that distribution).
 (b) The Triton kernel equals the reference exactly (counts and token ids) on CPU,
     under Triton's interpreter.
 (c) The same on CUDA, compiled, when a GPU is present.
@@ -24,10 +24,10 @@ file in a fresh ``python -m pytest`` with TRITON_INTERPRET=1; in this process
 they are skipped. Running ``TRITON_INTERPRET=1 pytest tests/test_batched_verifier.py``
 directly runs them in-process instead.
 
-Token ids can only differ between implementations when the inverse-CDF target
-lies within float32 rounding of a CDF boundary (the summation order differs), so
-the inputs here redraw any uniform that lands within 1e-4 (relative) of a
-boundary or of an acceptance threshold: agreement is then required exactly.
+The race is elementwise (correctly rounded divisions) and a max, so the kernel and
+the reference agree bit for bit on any input: no input is redrawn for the draw. The
+accept uniforms are kept 1e-4 (relative) away from their thresholds only so that
+``acceptance.verify_chain`` (float64 tests) takes the same decisions in (a).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from scipy.stats import chisquare
 
 from engine.acceptance import verify_chain
 from engine.kernels import batched_verifier as kernels
-from engine.kernels.batched_verifier import extra_distribution, inverse_cdf, verify_batch, verify_batch_reference
+from engine.kernels.batched_verifier import exponential_race, extra_distribution, verify_batch, verify_batch_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 MARGIN = 1e-4  # relative distance kept between a uniform and any decision boundary
@@ -89,19 +89,9 @@ def _safe_accept_uniforms(p_draft, q_draft, gen):
     raise AssertionError("could not draw safe uniforms")
 
 
-def _safe_sample_uniforms(dist: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """[B] uniforms whose inverse-CDF target is at least MARGIN * total from every CDF boundary."""
-    cdf = torch.cumsum(dist.double(), dim=-1)  # [B, V]
-    total = cdf[:, -1:]
-    su = torch.rand(dist.shape[0], generator=gen)
-    for _ in range(1000):
-        t = su.double()[:, None] * total
-        gap = torch.cat([t, (cdf - t).abs()], dim=-1).amin(dim=-1)  # include the boundary at 0
-        bad = gap < MARGIN * total[:, 0]
-        if not bool(bad.any()):
-            return su
-        su = torch.where(bad, torch.rand(su.shape, generator=gen), su)
-    raise AssertionError("could not draw safe sample uniforms")
+def _exponentials(b: int, v: int, gen: torch.Generator) -> torch.Tensor:
+    """[B, V] Exp(1) draws for the race."""
+    return torch.empty(b, v).exponential_(generator=gen)
 
 
 def make_case(seed: int, b: int, k: int, v: int, with_q: bool, zeros: float = 0.0):
@@ -124,10 +114,7 @@ def make_case(seed: int, b: int, k: int, v: int, with_q: bool, zeros: float = 0.
     p_draft = p[:, :k].gather(-1, ids).squeeze(-1)
     q_draft = q.gather(-1, ids).squeeze(-1) if with_q else torch.ones_like(p_draft)
     uniforms = _safe_accept_uniforms(p_draft, q_draft, gen)
-    num_accepted, _, _ = verify_batch_reference(p, draft_probs, draft_ids, uniforms, torch.zeros(b))
-    dist = extra_distribution(p, draft_probs, draft_ids, num_accepted)
-    sample_uniforms = _safe_sample_uniforms(dist, gen)
-    return p, draft_probs, draft_ids, uniforms, sample_uniforms
+    return p, draft_probs, draft_ids, uniforms, _exponentials(b, v, gen)
 
 
 def _onehot_q(draft_ids: torch.Tensor, v: int) -> torch.Tensor:
@@ -149,7 +136,7 @@ def test_reference_matches_verify_chain(b, k, v, with_q, zeros):
         assert n == int(num_accepted[row])
         saw.add("bonus" if n == k else "resampled")
         torch.testing.assert_close(dist, dist_ref[row] / dist_ref[row].sum(), rtol=1e-5, atol=1e-7)
-        assert int(inverse_cdf(dist[None], su[row : row + 1])) == int(token[row])
+        assert int(exponential_race(dist_ref[row : row + 1], su[row : row + 1])) == int(token[row])
         assert float(dist[token[row]]) > 0, "drew a token without mass"
     assert "resampled" in saw  # the inputs exercise rejections
 
@@ -170,7 +157,7 @@ def test_reference_residual_zero_falls_back_to_p():
     p[:, :2, 0] = 0.0  # and p has zeros
     ids = torch.multinomial(q.reshape(-1, 7), 1, generator=gen).reshape(16, 2)
     u = torch.rand(16, 2, generator=gen)
-    num_accepted, token, _ = verify_batch_reference(p, q, ids, u, torch.rand(16, generator=gen))
+    num_accepted, token, _ = verify_batch_reference(p, q, ids, u, _exponentials(16, 7, gen))
     rejected = num_accepted < 2
     assert bool(rejected.any())
     for row in torch.nonzero(rejected).flatten().tolist():
@@ -179,12 +166,29 @@ def test_reference_residual_zero_falls_back_to_p():
         assert int(token[row]) != 0  # p has no mass there
 
 
-def test_inverse_cdf_definition():
+def test_exponential_race_definition():
     dist = torch.tensor([[0.0, 0.2, 0.0, 0.3, 0.5, 0.0, 0.0]])
-    below_one = torch.nextafter(torch.tensor(1.0), torch.tensor(0.0))
-    for u, expected in [(0.0, 1), (0.19, 1), (0.21, 3), (0.49, 3), (0.51, 4), (float(below_one), 4)]:
-        assert int(inverse_cdf(dist, torch.tensor([u]))) == expected, u
-    assert int(inverse_cdf(torch.zeros(1, 5), torch.tensor([0.5]))) == 0  # degenerate: all zero
+    ones = torch.ones(1, 7)
+    assert int(exponential_race(dist, ones)) == 4  # equal exponentials: the heaviest entry
+    e = torch.tensor([[1.0, 0.1, 1.0, 1.0, 1.0, 1.0, 1.0]])
+    assert int(exponential_race(dist, e)) == 1  # 0.2 / 0.1 = 2 beats 0.5
+    zero_e = torch.tensor([[0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]])  # E = 0 on entries without mass: never chosen
+    assert int(exponential_race(dist, zero_e)) == 4
+    tie = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0, 0.0]])
+    assert int(exponential_race(tie, ones)) == 1  # a tie goes to the first index
+    assert int(exponential_race(torch.zeros(1, 5), torch.ones(1, 5))) == 0  # degenerate: all zero
+
+
+def test_exponential_race_draws_from_the_distribution():
+    # Chi-square of 20000 races against the weights (unnormalised, with zeros), and a negative control:
+    # the same race with uniforms instead of exponentials is biased and must be flagged.
+    gen = torch.Generator().manual_seed(5)
+    w = torch.tensor([0.6, 0.0, 0.3, 0.15, 0.45, 0.0, 0.1])
+    n = 20000
+    race = exponential_race(w.expand(n, -1), _exponentials(n, 7, gen))
+    assert _p_value(torch.bincount(race, minlength=7).float(), w) > 1e-3
+    biased = exponential_race(w.expand(n, -1), torch.rand(n, 7, generator=gen))
+    assert _p_value(torch.bincount(biased, minlength=7).float(), w) < 1e-6
 
 
 def test_reference_validates_shapes():
@@ -193,7 +197,7 @@ def test_reference_validates_shapes():
         verify_batch_reference(p, q, ids[:, :2], u, su)
     with pytest.raises(ValueError, match="draft_probs"):
         verify_batch_reference(p, q[:, :2], ids, u, su)
-    with pytest.raises(ValueError, match="sample_uniforms"):
+    with pytest.raises(ValueError, match="exponentials"):
         verify_batch_reference(p, q, ids, u, su[:1])
 
 
@@ -230,7 +234,7 @@ def test_module_imports_without_triton():
         "import torch\n"
         "p = torch.softmax(torch.randn(2, 3, 5), -1)\n"
         "ids = torch.zeros(2, 2, dtype=torch.long)\n"
-        "n, t, a = kernels.verify_batch(p, None, ids, torch.rand(2, 2), torch.rand(2))\n"
+        "n, t, a = kernels.verify_batch(p, None, ids, torch.rand(2, 2), torch.ones(2, 5))\n"
         "assert n.shape == (2,) and t.shape == (2,) and a.shape == (2, 2)\n"
         "print('ok')\n"
     )
@@ -346,7 +350,7 @@ def test_interp_kernel_equals_reference(b, k, v, with_q):
 @needs_interpreter
 @pytest.mark.parametrize(("v", "block_v"), [(1000, 128), (203, 16)])
 def test_interp_kernel_streams_over_blocks(v, block_v):
-    # Several V blocks (V not a multiple of the block): the running CDF carry must be right.
+    # Several V blocks (V not a multiple of the block): the carried best score and index must be right.
     for seed, with_q in ((5, True), (6, False)):
         case = make_case(seed + v, 6, 3, v, with_q, zeros=0.3)
         _assert_same(kernels.verify_batch_triton(*case, block_v=block_v), verify_batch_reference(*case))
@@ -360,21 +364,28 @@ def test_interp_kernel_edge_cases():
     p = torch.cat([0.5 * q, torch.softmax(torch.randn(6, 1, 7, generator=gen), -1)], dim=1)
     ids = torch.multinomial(q.reshape(-1, 7), 1, generator=gen).reshape(6, 2)
     u = torch.tensor([[0.9, 0.1]] * 3 + [[0.1, 0.9]] * 3)
-    su = torch.tensor([0.05, 0.35, 0.65, 0.15, 0.55, 0.85])
-    _assert_same(kernels.verify_batch_triton(p, q, ids, u, su), verify_batch_reference(p, q, ids, u, su))
-    # u at the extremes of [0, 1): never a token without mass, even past the last CDF step.
+    e = _exponentials(6, 7, gen)
+    _assert_same(kernels.verify_batch_triton(p, q, ids, u, e), verify_batch_reference(p, q, ids, u, e))
+    # Exponentials at the extremes (0: that entry wins if it has mass; huge: it loses): never a token without mass.
     dist = torch.tensor([0.0, 0.2, 0.0, 0.3, 0.5, 0.0, 0.0])
     p = dist.expand(4, 2, 7).contiguous()
     ids = torch.full((4, 1), 5)  # p = 0 there: always rejected
     u = torch.zeros(4, 1)
-    su = torch.tensor([0.0, 0.3, 0.9, float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))])
+    e = torch.ones(4, 7)
+    e[0, 1] = 0.0  # token 1 wins outright
+    e[1, 4] = 1e30  # token 4 cannot win: token 3 does
+    e[2, :] = 0.0  # every entry ties at inf (with mass) or has none: the first entry with mass
+    e[3, 0] = 0.0  # E = 0 on an entry without mass: still never drawn
     for q in (None, torch.full((4, 1, 7), 1.0 / 7)):
-        n, t, _ = kernels.verify_batch_triton(p, q, ids, u, su)
-        assert n.tolist() == [0] * 4 and t.tolist() == [1, 3, 4, 4]
+        n, t, _ = kernels.verify_batch_triton(p, q, ids, u, e)
+        assert n.tolist() == [0] * 4 and t.tolist() == [1, 3, 1, 4]
+        _assert_same((n, t, _), verify_batch_reference(p, q, ids, u, e))
     # K = 0: bonus only.
     p0 = dist.expand(2, 1, 7).contiguous()
     empty = torch.zeros(2, 0)
-    n, t, _ = kernels.verify_batch_triton(p0, None, empty.long(), empty, torch.tensor([0.1, 0.6]))
+    e0 = torch.ones(2, 7)
+    e0[0, 1] = 0.01
+    n, t, _ = kernels.verify_batch_triton(p0, None, empty.long(), empty, e0)
     assert n.tolist() == [0, 0] and t.tolist() == [1, 4]
     # A q that was actually used must be read at the rejected position only (not at the bonus).
     case = make_case(12, 8, 4, 50, True)
@@ -404,7 +415,7 @@ def test_interp_kernel_equals_reference_for_every_k(v):
 def test_interp_warm_up():
     # It launches the kernel once per draft kind and checks it against the reference.
     assert kernels.warm_up("cpu", 1000) == 2
-    for v in (1, 2, 3):  # tiny vocabularies: the exact-sum inputs still make sense
+    for v in (1, 2, 3):  # tiny vocabularies
         assert kernels.warm_up("cpu", v) == 2
 
 
@@ -453,7 +464,7 @@ def _emitted_counts(verify, rows: int, seed: int, lie_about_q: bool = False, dev
     q = STAT_Q.expand(rows, STAT_K, v).contiguous()
     ids = torch.multinomial(STAT_Q, rows * STAT_K, replacement=True, generator=gen).reshape(rows, STAT_K)
     u = torch.rand(rows, STAT_K, generator=gen)
-    su = torch.rand(rows, generator=gen)
+    su = _exponentials(rows, v, gen)
     reported_q = p[:, :STAT_K].contiguous() if lie_about_q else q
     args = (p, reported_q, ids, u, su)
     n, token, _ = verify(*(a.to(device) for a in args))

@@ -317,6 +317,23 @@ def test_batched_chain_verification_emits_the_same_events_as_the_walk(tiny_engin
     assert calls == []
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "int8"])
+def test_greedy_chains_verified_on_the_device_equal_the_walk(tiny_engine, drafter):
+    # verification.verify_chain_greedy (what a CUDA run takes for greedy chains: one argmax per row, one host
+    # copy) records exactly what the walk records: every node, decision, number and top entry.
+    runs = {
+        mode: tiny_engine.run(PROMPT, drafter, max_new_tokens=20, k=4, chain_verifier=mode, pass_graphs="off")
+        for mode in ("walk", "batch")
+    }
+    steps = {mode: [e for e in run["events"] if e["type"] == "step"] for mode, run in runs.items()}
+    assert runs["walk"]["token_ids"] == runs["batch"]["token_ids"]
+    keys = ("nodes", "emitted", "dists", "accepted_len", "extra_kind")
+    for a, b in zip(steps["walk"], steps["batch"], strict=True):
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+    kinds = {s["extra_kind"] for s in steps["walk"]}
+    assert kinds == ({"resampled", "bonus"} if drafter == "ngram" else {"bonus"})  # (int8 is right every time here)
+
+
 def test_payload_off_yields_start_and_finish_only(tiny_engine):
     events = list(tiny_engine.generate(PROMPT, "int8", max_new_tokens=12, k=3, payload="off"))
     assert [e["type"] for e in events] == ["start", "finish"]

@@ -50,6 +50,7 @@ class ModelDrafter(Drafter):
         T fits it (mask [T, A] or None for causal, padded to the runner's span), else the eager pass.
         last_only: the logits of the last row alone are wanted (the eager pass projects only that one)."""
         t = tokens.shape[0]
+        on_host = self.model.device.type == "cpu"  # q stays on the drafter's device (the run's generator is there)
         if self.static is not None and t <= self.static.max_width:
             start, span = self.cache.length, self.static.capacity
             full = torch.zeros(t, span, dtype=torch.bool)
@@ -58,10 +59,12 @@ class ModelDrafter(Drafter):
                 full[:, start : start + t] = torch.tril(torch.ones(t, t, dtype=torch.bool))
             else:
                 full[:, : mask.shape[1]] = mask.cpu()
-            return self.static.run(tokens.tolist(), positions.tolist(), full, features=features, x_in=x_in)
+            return self.static.run(
+                tokens.tolist(), positions.tolist(), full, features=features, x_in=x_in, to_host=on_host
+            )
         rows = torch.tensor([t - 1]) if last_only else None
         return self.model.run_pass(
-            tokens, positions, self.cache, mask=mask, logits_rows=rows, x_in=x_in, features=features
+            tokens, positions, self.cache, mask=mask, logits_rows=rows, x_in=x_in, features=features, to_host=on_host
         )
 
     def rewind(self, length: int) -> None:

@@ -44,48 +44,41 @@ The maths (p = target, q = drafter), row b, positions i = 0 .. K-1
    everywhere, i.e. (for normalised rows) p == q, where a rejection has
    probability zero; it just keeps the draw well defined.
 
-3. Inverse-CDF draw with one uniform u = sample_uniforms[b] in [0, 1), all in
-   float32::
+3. The draw, an exponential race with one Exp(1) variable per vocabulary entry,
+   e = exponentials[b] (float32, > 0; a zero only makes its entry win)::
 
-       total = sum_j dist[j]
-       t     = u * total
-       cdf   = running sum of dist
-       next_token = the smallest j with cdf[j] > t
-                    (if none, which rounding can cause when u is within one ulp
-                    of 1: the largest j with dist[j] > 0; 0 if dist is all zero)
+       score[j]   = dist[j] / e[j]   if dist[j] > 0   else -1      (IEEE division)
+       next_token = argmax_j score[j]                   (the first index on a tie)
 
-   Because ``>`` is strict, the selected j always has dist[j] > 0: a token
-   without mass is never drawn.
+   Why it is exact: with E_j ~ Exp(1) independent, E_j / w_j ~ Exp(w_j), and the
+   smallest of independent exponentials with rates w_j is the j-th with
+   probability w_j / sum(w): the race draws from dist / sum(dist) without summing
+   anything. A token without mass scores -1 and never wins (unless every entry is
+   zero, where token 0 is returned and no caller reaches it). It needs no host
+   synchronisation, no normalisation and no summation order.
 
 Exactness between the two implementations
 -----------------------------------------
-Steps 1 and 2 are elementwise and correctly rounded in both (the kernel uses
-``div_rn``), so ``num_accepted`` and ``dist`` agree bit for bit. The float32
-summation order of ``total`` and ``cdf`` cannot be made identical: torch's CPU
-cumsum accumulates in float64, the interpreter uses numpy, and on a GPU
-``tl.cumsum``/``tl.sum`` are parallel scans/trees. The *selected token id* is
-what must match, and it does unless t falls between the two implementations'
-float32 values of one CDF boundary. Each boundary is off by its accumulated
-rounding (~sqrt(V) * 2**-24 of total for a random walk, V * 2**-24 at worst),
-and t can land in any of the V gaps, so the chance per draw is the *sum* of
-those gaps: ~1e-2 at V = 151936 with the GPU's parallel scan against
-torch.cumsum (measured on an H200: 1 row in 64 and 3 in 256). The tests
-exclude it by construction (they redraw uniforms that land within 1e-4 of any
-boundary); scripts/gpu_check.sh checks each differing row against a float64
-CDF instead.
+Every step is elementwise and correctly rounded in both (the kernel uses
+``div_rn``) and the reductions are a max and a min of exact values, so the
+kernel and the reference agree bit for bit: ``num_accepted``, ``next_token``
+and ``accept_prob``, on any device and any V block. (The inverse-CDF draw this
+replaced depended on the float32 summation order of its CDF, which a GPU's
+parallel scan and torch's CPU cumsum do not share: ~1 row in 100 differed at
+V = 151936 on an H200.)
 
 The kernel
 ----------
 One program per batch row. It runs the K accept tests as one vector (K
 independent gathers of p_i(x_i), q_i(x_i) and u_i; the first rejection is a
 min-reduction, which is the same as looping and stopping), then streams the one
-relevant row of p (and q) over V in blocks of BLOCK_V, twice: pass 1 sums the
-residual and p, pass 2 runs a blocked cumsum with a running carry, keeps the
-first index whose CDF exceeds t and the last index with mass (the fallback).
-Nothing of size V is written anywhere; memory traffic is ~4 row reads.
-Draft point masses (``draft_probs=None``) are a constexpr flag: q is then
-built in registers as ``offs == x_i``. Greedy decoding does not need the
-kernel (it is an argmax; see ``acceptance.verify_children``).
+relevant row of p (and q) and the row's exponentials over V in blocks of
+BLOCK_V, once, running two races side by side (over the residual and over p)
+with a carried best score and index, and keeps the residual's winner unless the
+residual had no mass. Nothing of size V is written anywhere; memory traffic is
+three row reads. Draft point masses (``draft_probs=None``) are a constexpr flag:
+q is then built in registers as ``offs == x_i``. Greedy chains are verified by
+an argmax beside it (``engine.verification.verify_chain_greedy``).
 
 One compiled kernel per vocabulary and draft kind, whatever K
 ------------------------------------------------------------
@@ -152,7 +145,7 @@ __all__ = [
     "MAX_K",
     "compile_key",
     "extra_distribution",
-    "inverse_cdf",
+    "exponential_race",
     "triton_interpret_requested",
     "triton_language_interpreted",
     "verify_batch",
@@ -176,7 +169,7 @@ except Exception:  # pragma: no cover - depends on the install
 
 
 # --------------------------------------------------------------- validation
-def _check(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms) -> tuple[int, int, int]:
+def _check(target_probs, draft_probs, draft_ids, uniforms, exponentials) -> tuple[int, int, int]:
     if target_probs.dim() != 3:
         raise ValueError(f"target_probs must be [B, K+1, V], got shape {tuple(target_probs.shape)}")
     b, k1, v = target_probs.shape
@@ -187,32 +180,25 @@ def _check(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms) -> t
         raise ValueError(f"draft_ids must be [B, K] = {(b, k)}, got {tuple(draft_ids.shape)}")
     if tuple(uniforms.shape) != (b, k):
         raise ValueError(f"uniforms must be [B, K] = {(b, k)}, got {tuple(uniforms.shape)}")
-    if tuple(sample_uniforms.shape) != (b,):
-        raise ValueError(f"sample_uniforms must be [B] = {(b,)}, got {tuple(sample_uniforms.shape)}")
+    if tuple(exponentials.shape) != (b, v):
+        raise ValueError(f"exponentials must be [B, V] = {(b, v)}, got {tuple(exponentials.shape)}")
     if draft_probs is not None and tuple(draft_probs.shape) != (b, k, v):
         raise ValueError(f"draft_probs must be [B, K, V] = {(b, k, v)} or None, got {tuple(draft_probs.shape)}")
     return b, k, v
 
 
 # ---------------------------------------------------------------- reference
-def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The module's inverse-CDF draw, row by row, in float32.
+def exponential_race(dist: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """The module's draw (step 3), row by row, in float32.
 
-    dist: [B, V] non-negative weights (need not sum to 1)
-    u:    [B]    uniforms in [0, 1)
-    Returns [B] int64: the smallest j with cumsum(dist)[j] > u * sum(dist); if
-    there is none, the largest j with dist[j] > 0 (0 if the row is all zero).
+    dist:         [B, V] non-negative weights (need not sum to 1)
+    exponentials: [B, V] Exp(1) draws (``sampling.exponentials``)
+    Returns [B] int64: argmax_j of dist[j] / e[j] over the entries with mass (the first on a tie;
+    0 if the row is all zero).
     """
     dist = dist.float()
-    v = dist.shape[-1]
-    total = dist.sum(dim=-1)  # [B]
-    t = u.float() * total  # [B]
-    cdf = torch.cumsum(dist, dim=-1)  # [B, V]
-    hit = cdf > t[:, None]  # [B, V]
-    first = hit.int().argmax(dim=-1)  # [B]: first True (0 when none)
-    idx = torch.arange(v, device=dist.device)
-    last_pos = torch.where(dist > 0, idx, -1).amax(dim=-1).clamp_min(0)  # [B]
-    return torch.where(hit.any(dim=-1), first, last_pos).long()
+    score = torch.where(dist > 0, dist / exponentials.float(), -1.0)  # [B, V]
+    return score.argmax(dim=-1)
 
 
 def _accept_counts(target_probs, draft_probs, draft_ids, uniforms) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,7 +258,7 @@ def verify_batch_reference(
     draft_probs: torch.Tensor | None,
     draft_ids: torch.Tensor,
     uniforms: torch.Tensor,
-    sample_uniforms: torch.Tensor,
+    exponentials: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact rejection sampling over a batch of draft chains, in pure torch.
 
@@ -281,17 +267,17 @@ def verify_batch_reference(
                                           point-mass drafts (n-gram): q_i = onehot(draft_ids[:, i])
     draft_ids:       [B, K]      int64    drafted token ids
     uniforms:        [B, K]      float32  in [0, 1), one accept test per draft
-    sample_uniforms: [B]         float32  in [0, 1), one inverse-CDF draw per row
+    exponentials:    [B, V]      float32  Exp(1), the race that draws the extra token
     Returns (num_accepted [B] int64, next_token [B] int64, accept_prob [B, K]
     float32): the number of accepted drafts, the resampled (or bonus) token that
     follows them, and min(1, p_i(x_i)/q_i(x_i)) of every draft (the number each
     test compared its uniform with; positions past the first rejection were
     computed but not tested).
     """
-    _check(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
+    _check(target_probs, draft_probs, draft_ids, uniforms, exponentials)
     num_accepted, accept_prob = _accept_counts(target_probs, draft_probs, draft_ids, uniforms)  # [B], [B, K]
     dist = extra_distribution(target_probs, draft_probs, draft_ids, num_accepted)  # [B, V]
-    return num_accepted, inverse_cdf(dist, sample_uniforms), accept_prob
+    return num_accepted, exponential_race(dist, exponentials), accept_prob
 
 
 # ------------------------------------------------------------------- triton
@@ -305,7 +291,7 @@ def _verify_kernel(
     q_ptr,  # [B, K, V]   float32 draft probs (contiguous; unused when HAS_Q is False)
     draft_ptr,  # [B, K]  int64 drafted ids (contiguous)
     u_ptr,  # [B, K]      float32 accept uniforms (contiguous)
-    su_ptr,  # [B]        float32 sample uniforms
+    e_ptr,  # [B, V]      float32 Exp(1) draws of the race (contiguous)
     num_acc_ptr,  # [B]   int64 out: number of accepted drafts
     token_ptr,  # [B]     int64 out: resampled / bonus token
     acc_prob_ptr,  # [B, K] float32 out: min(1, p_i(x_i) / q_i(x_i)) of every draft
@@ -353,43 +339,37 @@ def _verify_kernel(
     v_q = tl.where(not_bonus, V, 0)  # q is read only at a rejection (the bonus row uses q = 0)
     x_rej = tl.load(d_base + qpos, mask=not_bonus, other=-1)  # the rejected draft (point-mass q)
 
-    # pass 1: the masses of the residual max(0, p - q) and of p.
-    sum_r = tl.full((), 0.0, tl.float32)
-    sum_p = tl.full((), 0.0, tl.float32)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)  # [BLOCK_V]
-        p = tl.load(pk_base + offs, mask=offs < V, other=0.0)  # [BLOCK_V]
-        if HAS_Q:
-            q = tl.load(q_base + offs, mask=offs < v_q, other=0.0)  # [BLOCK_V]
-        else:
-            q = tl.where(offs == x_rej, 1.0, 0.0)  # [BLOCK_V] onehot(x_i), zero for the bonus
-        sum_r += tl.sum(tl.maximum(p - q, 0.0), axis=0)
-        sum_p += tl.sum(p, axis=0)
-
-    use_r = sum_r > 0.0  # the residual has mass somewhere (a sum of non-negatives)
-    total = tl.where(use_r, sum_r, sum_p)
-    t = tl.load(su_ptr + row) * total  # the inverse-CDF target
-
-    # pass 2: blocked cumsum with a running carry. One min-reduction finds both the
-    # first index with cdf > t (keys 0 .. V-1) and, failing that (rounding only), the
-    # last index with mass (keys 2V - j in V+1 .. 2V); 3V marks neither.
-    carry = tl.full((), 0.0, tl.float32)
-    best = tl.full((), 0, tl.int32) + 3 * V
+    # one pass: two exponential races side by side, over the residual max(0, p - q) and over p,
+    # each with a carried best score (strict >: the first block wins a tie) and the first index
+    # within a block that reaches the block's best (the first index overall on a tie).
+    e_base = e_ptr + row * V
+    best_r = tl.full((), -2.0, tl.float32)
+    best_p = tl.full((), -2.0, tl.float32)
+    idx_r = tl.full((), 0, tl.int32)
+    idx_p = tl.full((), 0, tl.int32)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)  # [BLOCK_V]
         inb = offs < V
         p = tl.load(pk_base + offs, mask=inb, other=0.0)  # [BLOCK_V]
+        e = tl.load(e_base + offs, mask=inb, other=1.0)  # [BLOCK_V]
         if HAS_Q:
             q = tl.load(q_base + offs, mask=offs < v_q, other=0.0)  # [BLOCK_V]
         else:
-            q = tl.where(offs == x_rej, 1.0, 0.0)  # [BLOCK_V]
-        d = tl.where(use_r, tl.maximum(p - q, 0.0), p)  # [BLOCK_V] dist, 0 out of bounds
-        cdf = tl.cumsum(d, axis=0) + carry  # [BLOCK_V]
-        key = tl.where((cdf > t) & inb, offs, tl.where(d > 0.0, 2 * V - offs, 3 * V))  # [BLOCK_V]
-        best = tl.minimum(best, tl.min(key, axis=0))
-        carry += tl.sum(d, axis=0)
+            q = tl.where(offs == x_rej, 1.0, 0.0)  # [BLOCK_V] onehot(x_i), zero for the bonus
+        r = tl.maximum(p - q, 0.0)  # [BLOCK_V] the residual, 0 out of bounds
+        score_r = tl.where(r > 0.0, tl.math.div_rn(r, e), -1.0)  # [BLOCK_V]
+        score_p = tl.where(p > 0.0, tl.math.div_rn(p, e), -1.0)  # [BLOCK_V]
+        top_r = tl.max(score_r, axis=0)
+        top_p = tl.max(score_p, axis=0)
+        at_r = tl.min(tl.where(score_r == top_r, offs, V), axis=0)
+        at_p = tl.min(tl.where(score_p == top_p, offs, V), axis=0)
+        idx_r = tl.where(top_r > best_r, at_r, idx_r)
+        idx_p = tl.where(top_p > best_p, at_p, idx_p)
+        best_r = tl.maximum(best_r, top_r)
+        best_p = tl.maximum(best_p, top_p)
 
-    token = tl.where(best < V, best, tl.where(best < 3 * V, 2 * V - best, 0))
+    # the residual has mass somewhere iff its best score is positive (else p itself, as the reference)
+    token = tl.where(best_r > 0.0, idx_r, idx_p)
     tl.store(num_acc_ptr + row, num_acc.to(tl.int64))
     tl.store(token_ptr + row, token.to(tl.int64))
 
@@ -440,11 +420,11 @@ def _default_block_v(v: int) -> int:
     return min(triton.next_power_of_2(v), 1024)
 
 
-def _launch(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms, block_v):
+def _launch(target_probs, draft_probs, draft_ids, uniforms, exponentials, block_v):
     """(args, kwargs, outputs) of one kernel launch; the tensors it passes are contiguous
     float32 / int64 on the device of target_probs. The one place the launch is built, so
     that ``compile_key`` sees exactly what ``verify_batch_triton`` launches."""
-    b, k, v = _check(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
+    b, k, v = _check(target_probs, draft_probs, draft_ids, uniforms, exponentials)
     if k > MAX_K:
         raise ValueError(f"the Triton verifier takes chains of at most K = {MAX_K} drafts, got K = {k}")
     if block_v is None:
@@ -457,11 +437,11 @@ def _launch(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms, blo
     q = draft_probs.to(device=device, dtype=torch.float32).contiguous() if has_q else p  # p: any valid pointer
     ids = draft_ids.to(device=device, dtype=torch.int64).contiguous()
     u = uniforms.to(device=device, dtype=torch.float32).contiguous()
-    su = sample_uniforms.to(device=device, dtype=torch.float32).contiguous()
+    e = exponentials.to(device=device, dtype=torch.float32).contiguous()
     num_accepted = torch.empty(b, dtype=torch.int64, device=device)
     next_token = torch.empty(b, dtype=torch.int64, device=device)
     accept_prob = torch.empty(b, k, dtype=torch.float32, device=device)
-    args = (p, q, ids, u, su, num_accepted, next_token, accept_prob, k)
+    args = (p, q, ids, u, e, num_accepted, next_token, accept_prob, k)
     kwargs = {"V": v, "HAS_Q": has_q, "BLOCK_K": BLOCK_K, "BLOCK_V": block_v}
     return args, kwargs, (num_accepted, next_token, accept_prob)
 
@@ -471,7 +451,7 @@ def compile_key(
     draft_probs: torch.Tensor | None,
     draft_ids: torch.Tensor,
     uniforms: torch.Tensor,
-    sample_uniforms: torch.Tensor,
+    exponentials: torch.Tensor,
     *,
     block_v: int | None = None,
 ) -> tuple:
@@ -491,7 +471,7 @@ def compile_key(
 
     jit = _KERNELS.get(False) or JITFunction(_verify_kernel, do_not_specialize=NO_SPECIALIZE)
     binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
-    args, kwargs, _ = _launch(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms, block_v)
+    args, kwargs, _ = _launch(target_probs, draft_probs, draft_ids, uniforms, exponentials, block_v)
     _, specialization, options = binder(*args, **kwargs)
     return tuple((name, *spec) for name, spec in zip(jit.arg_names, specialization)) + tuple(sorted(options.items()))
 
@@ -501,7 +481,7 @@ def verify_batch_triton(
     draft_probs: torch.Tensor | None,
     draft_ids: torch.Tensor,
     uniforms: torch.Tensor,
-    sample_uniforms: torch.Tensor,
+    exponentials: torch.Tensor,
     *,
     interpret: bool | None = None,
     block_v: int | None = None,
@@ -512,7 +492,7 @@ def verify_batch_triton(
     draft_probs:     [B, K, V]   float32 or None (point-mass drafts)
     draft_ids:       [B, K]      int64
     uniforms:        [B, K]      float32 in [0, 1)
-    sample_uniforms: [B]         float32 in [0, 1)
+    exponentials:    [B, V]      float32 Exp(1) draws
     K is at most MAX_K (32) and any K in 0 .. MAX_K runs the same compiled kernel
     (per V, block_v and draft kind), see ``compile_key``.
     interpret: None (default) runs in the mode triton was imported in (see the
@@ -521,7 +501,7 @@ def verify_batch_triton(
                The compiled kernel needs CUDA tensors; the interpreter takes
                tensors on any device (it copies them to the host).
     block_v:   the V block size, a power of two (default min(next_pow2(V), 1024));
-               results do not depend on it beyond float32 rounding of the CDF.
+               results do not depend on it (bit for bit).
     Returns (num_accepted [B] int64, next_token [B] int64, accept_prob [B, K]
     float32) on the input device.
     """
@@ -530,7 +510,7 @@ def verify_batch_triton(
     device = target_probs.device
     if interpret is None:
         interpret = triton_language_interpreted()
-    args, kwargs, outputs = _launch(target_probs, draft_probs, draft_ids, uniforms, sample_uniforms, block_v)
+    args, kwargs, outputs = _launch(target_probs, draft_probs, draft_ids, uniforms, exponentials, block_v)
     if not interpret and device.type != "cuda":
         raise ValueError(f"the compiled Triton kernel needs CUDA tensors, got device {device}")
     kernel = _kernel(bool(interpret))
@@ -544,8 +524,7 @@ def warm_up(device: torch.device | str, vocab: int, *, block_v: int | None = Non
     """Compile (or, under the interpreter, run) the kernel for a vocabulary before decoding.
 
     Launches it once per draft kind (model drafts with q, point-mass drafts without)
-    on a small batch whose answer is exact in float32 (masses that are powers of two,
-    so every CDF sum is exact), and checks it against the torch reference: a kernel
+    on a small batch, and checks it bit for bit against the torch reference: a kernel
     that miscompiles or fails to launch on this device is found here, at load, not in
     the first verification pass. As the compiled kernel does not depend on K, no later
     pass compiles again. Call it once per model on CUDA (the engine's load path); it is
@@ -568,12 +547,12 @@ def warm_up(device: torch.device | str, vocab: int, *, block_v: int | None = Non
     q[:, :, 0] = 1.0  # every draft is token 0 with q = 1
     ids = torch.zeros(2, k, dtype=torch.int64)
     u = torch.tensor([[0.9, 0.0, 0.0], [0.0, 0.0, 0.0]])  # row 0 rejects at once, row 1 accepts all
-    su = torch.tensor([0.3, 0.7])
+    e = torch.empty(2, v).exponential_(generator=torch.Generator().manual_seed(0))  # [2, V]
     launches = 0
     for draft_probs in (q, None):
-        case = [None if x is None else x.to(device) for x in (p, draft_probs, ids, u, su)]
+        case = [None if x is None else x.to(device) for x in (p, draft_probs, ids, u, e)]
         got = verify_batch_triton(*case, interpret=interpreted, block_v=block_v)
-        ref = verify_batch_reference(p, draft_probs, ids, u, su)
+        ref = verify_batch_reference(p, draft_probs, ids, u, e)
         launches += 1
         if not all(torch.equal(g.cpu(), r) for g, r in zip(got, ref)):
             kind = "q" if draft_probs is not None else "point-mass"
@@ -591,13 +570,13 @@ Tensor = torch.Tensor
 
 
 def verify_batch(
-    target_probs: Tensor, draft_probs: Tensor | None, draft_ids: Tensor, uniforms: Tensor, sample_uniforms: Tensor
+    target_probs: Tensor, draft_probs: Tensor | None, draft_ids: Tensor, uniforms: Tensor, exponentials: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Dispatch: the Triton kernel on CUDA tensors (or under the interpreter
     env vars) when triton imports and K <= MAX_K, else the torch reference. Shapes as in
     ``verify_batch_reference``; returns (num_accepted [B], next_token [B], accept_prob [B, K])."""
     global _warned
-    args = (target_probs, draft_probs, draft_ids, uniforms, sample_uniforms)
+    args = (target_probs, draft_probs, draft_ids, uniforms, exponentials)
     fits = target_probs.dim() == 3 and target_probs.shape[1] - 1 <= MAX_K
     if HAS_TRITON and fits:
         interpreted = triton_language_interpreted()
