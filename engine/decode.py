@@ -161,12 +161,21 @@ class SpeculativeEngine:
         each, a model drafter expands its topk best nodes into topk children each (EAGLE-2)."""
         return shape.topk if drafter.needs.point_mass else shape.topk**2
 
-    def adaptive_policy(self, settings, shape: TreeShape, drafter: Drafter):
+    def run_slots(self, prompt_len: int, extra: int, shape: TreeShape) -> tuple[int, int]:
+        """(The cache slots a run of a `prompt_len`-token prompt and `extra` new tokens uses: the prompt, the new
+        tokens, one pass and a slot of slack; the slots a strict run's cache needs: one pass more, as every
+        pass is padded to the widest). The runner the run gets is sized to the bucket of the latter."""
+        width = shape.max_tokens + 1
+        capacity = prompt_len + extra + width + 1
+        return capacity, capacity + width
+
+    def adaptive_policy(self, settings, shape: TreeShape, drafter: Drafter, needed: int = 1):
         """(A fresh K policy for one run, the measured pass ms by width it weighs: on the path its passes take,
-        MeasuredCosts.weighed_pass_ms), or (None, None) when not adaptive or for the baseline (no drafts)."""
+        MeasuredCosts.weighed_pass_ms, on a runner of the run's size, `needed` slots), or (None, None) when not
+        adaptive or for the baseline (no drafts)."""
         if not settings.adaptive or not drafter.drafts:
             return None, None
-        pass_ms = self.costs.weighed_pass_ms(shape.max_tokens + 1, settings.pass_graphs, settings.strict)
+        pass_ms = self.costs.weighed_pass_ms(shape.max_tokens + 1, settings.pass_graphs, settings.strict, needed)
         return settings.adaptive_depth(shape, pass_ms, self.level_nodes(drafter, shape)), pass_ms
 
     # --------------------------------------------------------------- the loop
@@ -205,15 +214,15 @@ class SpeculativeEngine:
         held where the run gets one (and its drafter's), the prompt prefilled but for its last token (the
         pending one); on leaving, the runners released and the drafter closed, whatever happened."""
         width = shape.max_tokens + 1
-        capacity = len(prompt_ids) + extra + width + 1
+        capacity, needed = self.run_slots(len(prompt_ids), extra, shape)
         model = self.target.model
         strict = settings.strict
-        static, why = self.runners.target_runner(model, settings.pass_graphs, strict, capacity + width, width)
+        static, why = self.runners.target_runner(model, settings.pass_graphs, strict, needed, width)
         try:
             if static is not None:
                 strict, cache = True, static.cache
-            else:
-                cache = model.new_cache(capacity + (width if strict else 0))
+            else:  # (a strict run attends over its whole cache: the runner's bucket, so both give the same bits)
+                cache = model.new_cache(self.runners.bucket(needed) if strict else capacity)
             t0 = time.perf_counter()
             features = self._prefill(prompt_ids, drafter, cache)
             prefill_s = time.perf_counter() - t0
@@ -292,7 +301,9 @@ class SpeculativeEngine:
     def _run(self, prompt, prompt_ids, drafter: Drafter, settings, params, shape, seed) -> Iterator[dict]:
         max_new = min(settings.max_new_tokens, self.target.context_window - len(prompt_ids))
         # Measured before the run's clock starts (the first adaptive run on an engine, ~1 s).
-        adaptive, pass_ms = self.adaptive_policy(settings, shape, drafter)
+        adaptive, pass_ms = self.adaptive_policy(
+            settings, shape, drafter, self.run_slots(len(prompt_ids), max_new, shape)[1]
+        )
         started, cpu_started = time.perf_counter(), time.process_time()
         info = self._start_info(drafter, settings, params, shape, seed, max_new)
         if adaptive is not None:  # what the K policy weighs, recorded: a trace replays it on its own

@@ -133,13 +133,14 @@ def test_the_engine_measures_pass_costs_once(tiny_engine):
 
 def test_the_policy_weighs_the_passes_the_run_takes(tiny_engine):
     """A run whose passes run on the fixed-shape runner (graph replays on CUDA; here "static" strict passes)
-    pads every pass to its full width: every depth is weighed at that runner's own pass, timed on a runner.
+    pads every pass to its full width: every depth is weighed at that runner's own pass, timed on a runner of
+    the run's size (its bucket).
     An eager run weighs the eager pass of each width, an eager strict run the eager pass of the full width."""
     settings = dict(max_new_tokens=6, k=3, adaptive=True, chat=False)
     fixed = tiny_engine.run(PROMPT, "ngram", strict=True, pass_graphs="static", **settings)
     weighed = fixed["events"][0]["adaptive"]["pass_ms"]
     assert len(weighed) == 4 and len(set(weighed)) == 1 and weighed[0] > 0
-    assert weighed[0] == tiny_engine.costs._fixed_ms[(False, 4)]  # the runner's pass, measured once
+    assert weighed[0] == tiny_engine.costs._fixed_ms[(False, 4, 256)]  # the run's bucket's runner, measured once
     assert fixed["metrics"]["pass_path"] == "static"
     eager = tiny_engine.run(PROMPT, "ngram", pass_graphs="off", **settings)["events"][0]["adaptive"]["pass_ms"]
     assert eager == tiny_engine.costs.pass_ms(4)

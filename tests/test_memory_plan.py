@@ -53,3 +53,25 @@ def test_a_run_that_cannot_fit_is_refused_with_numbers(tmp_path):
         plan_memory("default", "warp", dtype="float32", device="cpu")
     with pytest.raises(ValueError, match="max_new_tokens"):
         plan_memory("default", "ngram", dtype="float32", device="cpu", max_new_tokens=0)
+
+
+def test_the_plan_counts_fixed_shape_runners_and_graph_pools():
+    from engine.model.runners import run_bucket
+
+    args = dict(dtype="bfloat16", k=4, max_new_tokens=64, prompt_tokens=100, available_bytes=64 * 2**30)
+    eager = plan_memory("default", "int8", device="cpu", **args)
+    assert eager.runner_bytes == 0  # eager passes: no runner
+    static = plan_memory("default", "int8", device="cpu", pass_graphs="static", strict=True, **args)
+    graphs = plan_memory("default", "int8", device="cuda", **args)
+    slots = run_bucket(eager.context_tokens, 10**9)
+    assert slots == 256 and eager.context_tokens < slots
+    # The runner's cache is the bucket's, for the target and the int8 drafter alike.
+    assert static.kv_bytes == eager.kv_bytes // eager.context_tokens * slots
+    assert static.drafter_kv_bytes == static.kv_bytes
+    assert 0 < static.runner_bytes < graphs.runner_bytes  # graph pools add the recorded widths' outputs
+    assert static.steady_bytes - eager.steady_bytes >= static.runner_bytes
+    assert "fixed-shape runners" in graphs.describe() and any("graph pools" in n for n in graphs.notes)
+    two = plan_memory("default", "int8", device="cuda", concurrent_runs=2, **args)
+    assert two.runner_bytes == 2 * graphs.runner_bytes  # one runner per concurrent run
+    wide = plan_memory("default", "int8", device="cuda", **{**args, "k": 40})
+    assert wide.runner_bytes == 0  # wider than any runner: eager passes

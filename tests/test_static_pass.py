@@ -249,3 +249,32 @@ def test_cuda_graph_replays_equal_the_uncaptured_pass(width):
         got, want = graphs.run(tokens, positions, mask), plain.run(tokens, positions, mask)
         assert torch.equal(got.logits, want.logits)
     assert graphs.captured == 1 and graphs.passes == 3
+
+
+def test_runners_are_sized_to_the_run_in_buckets():
+    from engine.model.runners import RUN_BUCKET_MIN, RunnerPool, run_bucket
+
+    assert [run_bucket(n, 10_000) for n in (1, 256, 257, 600, 1024, 1025)] == [256, 256, 512, 1024, 1024, 2048]
+    assert run_bucket(5000, 4130) == 5000  # past the pool's room: no runner (acquire refuses), the eager cache
+    assert run_bucket(4100, 4130) == 4130  # the last bucket is the context window's room, not the next power
+    with pytest.raises(ValueError):
+        run_bucket(0, 100)
+    model = _torch_ops_target()
+    pool = RunnerPool(context_window=2000, size=1)
+    short = pool.acquire(model, False, 40)
+    long = pool.acquire(model, False, 700)
+    assert (short.capacity, long.capacity) == (RUN_BUCKET_MIN, 1024)
+    # A run of a held bucket never takes a runner of another (its span would round differently): eager instead.
+    assert pool.acquire(model, False, 100) is None and pool.acquire(model, False, 900) is None
+    short.release()
+    assert pool.acquire(model, False, 100) is short
+    assert pool.acquire(model, False, pool.max_slots + 1) is None
+
+
+def test_a_run_attends_over_its_bucket_not_the_context_window(torch_ops_engine):
+    engine = torch_ops_engine
+    run = engine.run(PROMPT, "int8", max_new_tokens=12, k=3, pass_graphs="static", strict=True)
+    assert run["metrics"]["pass_path"] == "static"
+    target_runners = engine.runners.held(engine.target.model)
+    assert target_runners and {r.capacity for r in target_runners} == {256}
+    assert engine.target.context_window + 34 > 256  # (what every runner held before: the whole window)

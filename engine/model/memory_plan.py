@@ -16,6 +16,12 @@
   drafter has its own;
 * working memory: one target pass's logits and the target's p rows kept per tree
   node (vocabulary-sized float32 rows);
+* fixed-shape runners (``engine.model.runners``), where the run's passes take them (every run on CUDA with
+  ``pass_graphs="auto"``, strict runs with ``"static"``): each run's target cache (and a model drafter's) is
+  then its runner's, sized to the run's bucket (``run_bucket``: a power of two from 256 slots) instead of the
+  exact slots; each runner adds its fixed buffers (the [16, S] mask, the logits and feature rows of the widest
+  pass) and, with CUDA graphs, a graph memory pool shared by its widths that keeps every recorded width's
+  outputs and one widest pass's activations (an estimate: the allocator's rounding is not counted);
 * the load peak: the checkpoint's tensors and our converted copy coexist briefly.
 
 The memory available comes from accelerate's ``get_max_memory`` (free GPU memory
@@ -59,6 +65,7 @@ class MemoryPlan:
     kv_bytes: int
     drafter_kv_bytes: int
     working_bytes: int
+    runner_bytes: int  # fixed-shape runners' buffers and graph pools (0 where the run's passes are eager)
     load_peak_bytes: int  # transient, during the load
     available_bytes: int
     context_tokens: int
@@ -66,7 +73,8 @@ class MemoryPlan:
 
     @property
     def steady_bytes(self) -> int:
-        return self.target_bytes + self.drafter_bytes + self.kv_bytes + self.drafter_kv_bytes + self.working_bytes
+        parts = (self.target_bytes, self.drafter_bytes, self.kv_bytes, self.drafter_kv_bytes, self.working_bytes)
+        return sum(parts) + self.runner_bytes
 
     @property
     def needed_bytes(self) -> int:
@@ -97,6 +105,8 @@ class MemoryPlan:
             f"KV cache {_gib(self.kv_bytes + self.drafter_kv_bytes)} ({self.context_tokens} tokens)",
             f"working {_gib(self.working_bytes)}",
         ]
+        if self.runner_bytes:
+            parts.append(f"fixed-shape runners {_gib(self.runner_bytes)}")
         peak = f", load peak {_gib(self.load_peak_bytes)}" if self.load_peak_bytes > self.steady_bytes else ""
         return (
             f"{self.target} + {self.drafter} in {self.dtype} on {self.device}: needs {_gib(self.needed_bytes)} "
@@ -203,9 +213,15 @@ def _weights(target: str) -> dict:
     }
 
 
-def _resolve(dtype: str, device: str) -> tuple[str, str]:
+def _resolve(dtype: str, device: str, planned_elsewhere: bool = False) -> tuple[str, str]:
+    """The plan's dtype and device. planned_elsewhere (the caller gave the memory available): a CUDA device
+    may be planned for from a machine without one (sizing a GPU deployment from a laptop; "auto" is bf16 there)."""
+    import torch
+
     from engine.model.loading import resolve_device, resolve_dtype
 
+    if planned_elsewhere and str(device).startswith("cuda") and not torch.cuda.is_available():
+        return str(resolve_dtype(dtype, str(device))).removeprefix("torch."), str(device)
     device = resolve_device(device)
     return str(resolve_dtype(dtype, device)).removeprefix("torch."), device
 
@@ -223,14 +239,19 @@ def plan_memory(
     prompt_tokens: int = 512,
     concurrent_runs: int = 1,
     available_bytes: int | None = None,
+    pass_graphs: str = "auto",
+    strict: bool = False,
 ) -> MemoryPlan:
     """What a run of `target` with `drafter` needs, by part, before anything is loaded.
 
     k, topk, num_draft_tokens: the tree (budget = num_draft_tokens or k * topk nodes per pass).
     concurrent_runs: runs sharing the loaded weights, each with its own caches (app sessions).
-    available_bytes: override what the device has free (default: measured now).
+    available_bytes: override what the device has free (default: measured now); given, a CUDA device can be
+                     planned for on a machine without one.
+    pass_graphs, strict: the run's settings (``GenerationSettings``): whether its passes take fixed-shape
+    runners (CUDA graphs on a CUDA device with "auto", uncaptured strict passes with "static").
     """
-    dtype, device = _resolve(dtype, device)
+    dtype, device = _resolve(dtype, device, available_bytes is not None)
     if dtype not in _DTYPE_BYTES:
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     for name, value in (
@@ -274,6 +295,22 @@ def plan_memory(
         raise ValueError(f"unknown drafter {drafter!r}; choose none, ngram, suffix, int8 or model:<id>")
     # One pass's logits plus the p rows kept per tree position (float32, vocabulary-sized).
     working = (2 * width) * w["vocab"] * 4 * concurrent_runs
+    from engine.model.runners import STATIC_MAX_WIDTH, run_bucket  # (torch: imported when a plan is made)
+
+    runner_bytes = 0
+    graphs = pass_graphs == "auto" and device.startswith("cuda")
+    if (graphs or (pass_graphs == "static" and strict)) and width <= STATIC_MAX_WIDTH:
+        slots = run_bucket(context, (w["max_positions"] or context) + 2 * STATIC_MAX_WIDTH + 2)
+        models = [w] + ([dw] if drafter.startswith("model:") else [w] if drafter == "int8" else [])
+        kv = kv_per_token * slots * concurrent_runs  # the runner's cache replaces the exact one
+        if drafter_kv:
+            drafter_kv = drafter_kv // context * slots
+        for m in models:
+            runner_bytes += concurrent_runs * _runner_bytes(m, slots, wbytes, graphs, STATIC_MAX_WIDTH)
+        notes.append(
+            f"fixed-shape runners of {slots} slots (the run's bucket)"
+            + (", with CUDA graph pools (an estimate)" if graphs else "")
+        )
     stored = _DTYPE_BYTES.get(w["stored_dtype"] or "", wbytes)
     load_peak = w["params"] * stored + target_bytes + drafter_bytes  # checkpoint tensors + our copy
     if device.startswith("cuda"):
@@ -289,11 +326,27 @@ def plan_memory(
         kv_bytes=int(kv),
         drafter_kv_bytes=int(drafter_kv),
         working_bytes=int(working),
+        runner_bytes=int(runner_bytes),
         load_peak_bytes=int(load_peak),
         available_bytes=avail,
         context_tokens=int(context),
         notes=notes,
     )
+
+
+def _runner_bytes(m: dict, slots: int, wbytes: int, graphs: bool, w_max: int) -> int:
+    """One fixed-shape runner of `slots` slots (engine/model/static_pass.py), beside its cache: the mask [W, S]
+    (bool), the widest pass's logits [W, V] (float32) and feature rows [W, E]; with graphs, the pool of its
+    recorded widths: every width's logits kept as its output (sum of w over 1..W rows) and one widest pass's
+    activations (the MLP's [W, 4E] and the attention's scores [W, heads, S] float32, roughly)."""
+    rows_v = m["vocab"] * 4
+    fixed = w_max * slots + w_max * rows_v + w_max * m["hidden"] * wbytes
+    if not graphs:
+        return fixed
+    outputs = sum(range(1, w_max + 1)) * (rows_v + m["hidden"] * wbytes)
+    heads = max(1, m["hidden"] // max(1, m["head_dim"]))
+    activations = w_max * 4 * m["hidden"] * 4 + w_max * heads * slots * 4
+    return fixed + outputs + activations
 
 
 def check_memory(*args, **kwargs) -> MemoryPlan:

@@ -52,9 +52,11 @@ def sample_next_tokens(
         raise ValueError("prompt too long for the context window")
     seed = settings.seed if settings.seed is not None else 0
     settings = settings.merged({"strict": False})  # (samples need no shape-invariant passes)
-    adaptive, _ = engine.adaptive_policy(settings, shape, drafter_obj)
     samples: list[tuple[int, ...]] = []
     extra = n_tokens + shape.max_tokens + 1
+    adaptive, _ = engine.adaptive_policy(
+        settings, shape, drafter_obj, engine.run_slots(len(prompt_ids), extra, shape)[1]
+    )
     with engine.running(prompt_ids, drafter_obj, settings, shape, params, seed, extra, adaptive) as state:
         base = state.cache.length
         for index in range(n_samples):
