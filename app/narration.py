@@ -146,10 +146,38 @@ def _sampled_decision(node: dict, token: str, verdict: str) -> str:
     return text + f" → {verdict}."
 
 
+BLOCK_HINT = (
+    "  *Block verification: every prefix of the drafts is tested at once. The test of the prefix ending at "
+    "draft i is u < h, where h comes from the running joint ratio min(1, p/q × the previous one) and the mass "
+    "the target still has beyond the drafter after that prefix; the **longest** prefix that passes is kept, so a "
+    "draft can be kept although its own prefix failed (a later one passed). Exact, like the token rule, and "
+    "never fewer tokens on average.*"
+)
+
+
+def _block_decision(node: dict, token: str, verdict: str, kept: int) -> str:
+    passed = node.get("u") is not None and node["u"] < (node.get("accept_prob") or 0.0)
+    text = (
+        f"- Drafted {token} with q = {fmt_num(node.get('q_eff'))}; target gives p = {fmt_num(node.get('p_eff'))}; "
+        f"joint ratio {fmt_num(node.get('joint'))}; the prefix ending here: h = {fmt_num(node.get('accept_prob'))}, "
+        f"u = {fmt_num(node.get('u'))} → prefix {'passes' if passed else 'fails'}"
+    )
+    if node.get("decision") == "accepted" and not passed:
+        text += f" (kept anyway: the prefix of {kept} passed)"
+    return text + f" → {verdict}."
+
+
 def _decisions(pp: _Pass) -> list[str]:
     """One line per tried draft, shallowest first."""
     tried = [n for n in pp.step.get("nodes") or [] if n.get("decision") in ("accepted", "rejected")]
     tried.sort(key=lambda n: (n.get("depth") or 0, n.get("id") or 0))
+    if pp.step.get("verify") == "block" and tried:
+        kept = pp.step.get("accepted_len", 0)
+        lines = [BLOCK_HINT]
+        for node in tried:
+            verdict = f"{MARKS[node['decision']]} **{node['decision']}**"
+            lines.append(_block_decision(node, md_token(node.get("text")), verdict, kept))
+        return lines
     lines = [GREEDY_HINT] if pp.greedy and tried else []
     for node in tried:
         token = md_token(node.get("text"))
@@ -167,6 +195,11 @@ def _resampled(pp: _Pass, last: dict, token: str, p_text: str) -> list[str]:
     mark = MARKS["resampled"]
     if pp.greedy:
         return [f"- {mark} Instead the target's own top token {token} is emitted (**resampled**)."]
+    if pp.step.get("verify") == "block" and pp.step.get("accepted_len", 0) > 0:
+        return [
+            f"- {mark} **Resampled** {token} from the block rule's residual norm(max(0, joint × p − q)) after the "
+            f"kept prefix of {pp.step['accepted_len']}{p_text}."
+        ]
     if pp.point_mass:
         return [
             f"- {mark} **Resampled** {token} from the residual norm(max(0, p − q)): with "

@@ -39,6 +39,13 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--strict", action="store_true", help="shape-invariant target passes (bitwise greedy parity)")
     p.add_argument(
+        "--verify",
+        choices=["token", "block"],
+        default="token",
+        help="a sampled chain's acceptance rule: token (draft by draft) or block (the drafted prefix by its joint "
+        "ratio: exact too, never fewer tokens on average); trees and greedy passes take the token rule",
+    )
+    p.add_argument(
         "--adaptive",
         action="store_true",
         help="drafting that adapts: each pass drafts the depth in [1, --k] with the most expected tokens per "
@@ -266,6 +273,7 @@ def settings_from_args(args):
         strict=args.strict,
         adaptive=args.adaptive,
         adaptive_min_confidence=args.adaptive_min_confidence,
+        verify=getattr(args, "verify", "token"),
     )
 
 

@@ -46,7 +46,7 @@ from engine.model.tree_pass import target_pass
 from engine.prompts import PromptEncoder
 from engine.sampling import SamplingParams
 from engine.settings import GenerationSettings
-from engine.verification import Verdict, verify_chain_batched, verify_chain_greedy, walk_tree
+from engine.verification import Verdict, verify_chain_batched, verify_chain_block, verify_chain_greedy, walk_tree
 
 __all__ = ["DecodeState", "GenerationSettings", "OutOfMemory", "SpeculativeEngine", "StepResult"]
 
@@ -74,6 +74,7 @@ class DecodeState:
     batch_chains: bool = False
     prefill_s: float = 0.0
     tops: bool = False  # the verifier keeps the top entries of p, q and the residual (full payloads draw them)
+    verify: str = "token"  # a sampled chain's acceptance rule (GenerationSettings.verify)
     pass_path_reason: str = ""  # why the target's passes take the path they take (the finish metrics say it)
 
     @property
@@ -245,8 +246,9 @@ class SpeculativeEngine:
                 static,
                 batch_chains,
                 prefill_s,
-                why,
-                settings.payload == "full",
+                pass_path_reason=why,
+                tops=settings.payload == "full",
+                verify=settings.verify,
             )
         finally:
             if static is not None:
@@ -367,12 +369,13 @@ class SpeculativeEngine:
         base = cache.length  # == len(context) - 1: the pending token's position
         n = len(tree)
         batched = verify_node is None and state.batch_chains and n and tree.is_chain
+        block = verify_node is None and state.verify == "block" and n and tree.is_chain and not state.params.greedy
         # 2. Target pass: the pending token and every draft node in one forward. The logits stay on the model's
         # device (on the CPU the walk may leave a long chain's last rows unprojected: tree_pass.CHAIN_LOGITS_FIRST).
         on_cpu = self.target.model.device.type == "cpu"
         try:
             logits, hidden = target_pass(
-                self.target.model, state, tree, to_host=on_cpu and not batched
+                self.target.model, state, tree, to_host=on_cpu and not (batched or block)
             )  # [1 + n, V], [1 + n, E] or None
         except torch.OutOfMemoryError as exc:
             raise OutOfMemory(
@@ -380,7 +383,9 @@ class SpeculativeEngine:
             ) from exc
         # 3. Acceptance: the rule walks the tree (or a sampled chain on CUDA, in one kernel launch; trees:
         # siblings are verified one after another, see engine/kernels/batched_verifier.py).
-        if batched and state.params.greedy:
+        if block:  # (a sampled chain's prefix by its joint ratio, on the logits' device)
+            verdict = verify_chain_block(logits, tree, state.params, state.gen, state.tops)
+        elif batched and state.params.greedy:
             verdict = verify_chain_greedy(logits, tree, state.params, state.tops)
         elif batched:
             verdict = verify_chain_batched(logits, tree, state.params, state.gen, state.tops)

@@ -83,6 +83,8 @@ def _node(tree: DraftTree, verdict: Verdict, i: int, dropped: bool, token_text: 
             q_eff=round(rec["q_eff"], PROB_DIGITS),
             adjusted=rec["adjusted"],
         )
+        if "joint" in rec:  # block verification: the running joint ratio after this node
+            item["joint"] = round(rec["joint"], PROB_DIGITS)
     if dropped:
         item["dropped"] = True
     if token_text is not None:
@@ -158,6 +160,7 @@ def step_event(
         elapsed_s=elapsed_s,
         truncated=kept < len(emitted),
         kv=kv,
+        verify=verdict.rule,
     )
 
 
@@ -179,6 +182,7 @@ def step_record(
     truncated: bool = False,
     draft: dict | None = None,
     kv: dict | None = None,
+    verify: str | None = None,
 ) -> dict:
     """The step event's one layout (docs/events.md), for our engine's passes (``step_event``) and for a
     production engine's reported steps (``engine.vllm.backend``, which knows counts and p but not q).
@@ -195,6 +199,7 @@ def step_record(
         **({"draft": draft} if draft is not None else {}),
         "accepted_len": accepted_len,
         "extra_kind": extra_kind,
+        **({"verify": verify} if verify is not None else {}),
         "draft_ms": None if draft_ms is None else round(draft_ms, 3),
         "verify_ms": None if verify_ms is None else round(verify_ms, 3),
         "target_passes": number,

@@ -36,6 +36,7 @@ __all__ = [
     "draft_cost_ratio",
     "draft_ms_per_position",
     "draft_token_cost",
+    "rules_on_same_drafts",
     "draft_token_cost_of",
     "expected_tokens_per_pass",
     "fastest",
@@ -332,6 +333,41 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
         "prefill_s": prefill_s,
         "wall_s": wall_s,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+        "rules_on_same_drafts": rules_on_same_drafts(steps),
+    }
+
+
+def rules_on_same_drafts(steps: list[dict]) -> dict | None:
+    """Over a run's block-verified passes ("verify": "block", whose nodes record every prefix's test): the
+    expected tokens per pass of both acceptance rules on the very drafts those passes verified, computed from
+    the recorded numbers alone (no sampling noise between the rules):
+        token rule:  1 + sum_i prod_{j<=i} min(1, p_j / q_j)          (p_eff, q_eff of each draft)
+        block rule:  1 + sum_i i * h_i * prod_{j>i} (1 - h_j)          (h_i = the node's accept_prob)
+    {"passes", "token_tokens_per_pass", "block_tokens_per_pass"}, or None when no pass was block-verified."""
+    token_e, block_e = [], []
+    for s in steps:
+        nodes = s.get("nodes") or []
+        if s.get("verify") != "block" or not nodes or any(n.get("accept_prob") is None for n in nodes):
+            continue
+        kept, run = 0.0, 1.0
+        for n in nodes:
+            run *= min(1.0, n["p_eff"] / max(n["q_eff"], 1e-30))
+            kept += run
+        token_e.append(1.0 + kept)
+        h = [n["accept_prob"] for n in nodes]
+        block = 0.0
+        for i in range(len(h)):
+            later = 1.0
+            for hj in h[i + 1 :]:
+                later *= 1.0 - hj
+            block += (i + 1) * h[i] * later
+        block_e.append(1.0 + block)
+    if not token_e:
+        return None
+    return {
+        "passes": len(token_e),
+        "token_tokens_per_pass": sum(token_e) / len(token_e),
+        "block_tokens_per_pass": sum(block_e) / len(block_e),
     }
 
 

@@ -12,9 +12,10 @@ from engine.drafters.adaptive import AdaptiveDepth, check_min_confidence
 from engine.drafters.base import TreeShape
 from engine.sampling import SamplingParams
 
-__all__ = ["MAX_HISTORY_DOCS", "MAX_NEW_TOKENS", "GenerationSettings", "check_history"]
+__all__ = ["MAX_HISTORY_DOCS", "MAX_NEW_TOKENS", "VERIFY_RULES", "GenerationSettings", "check_history"]
 
 MAX_NEW_TOKENS = 4096
+VERIFY_RULES = ("token", "block")  # GenerationSettings.verify: the acceptance rule of a sampled chain
 
 
 MAX_HISTORY_DOCS = 16
@@ -74,6 +75,11 @@ class GenerationSettings:
     # they draw their uniforms in a different order, so one seed gives different (equally exact) samples.
     pass_graphs: str = "auto"
     chain_verifier: str = "auto"
+    # The acceptance rule of a sampled chain: "token" (accept draft by draft, min(1, p/q)) or "block" (the
+    # drafted prefix by a joint ratio, acceptance.block_verify_chain; exact too, never fewer tokens on
+    # average). Trees and greedy passes take the token rule whatever this says; each step event records the
+    # rule that decided it ("verify").
+    verify: str = "token"
 
     def validate(self) -> tuple[SamplingParams, TreeShape]:
         params = SamplingParams(self.temperature, self.top_k, self.top_p)
@@ -96,6 +102,8 @@ class GenerationSettings:
             raise ValueError(f"pass_graphs must be auto, static or off; got {self.pass_graphs!r}")
         if self.chain_verifier not in ("auto", "batch", "walk"):
             raise ValueError(f"chain_verifier must be auto, batch or walk; got {self.chain_verifier!r}")
+        if self.verify not in VERIFY_RULES:
+            raise ValueError(f"verify must be token or block; got {self.verify!r}")
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
         self.adaptive_min_confidence = check_min_confidence(self.adaptive_min_confidence)

@@ -18,6 +18,9 @@ rule of ``engine.acceptance`` and nothing else:
   the accept probabilities it tested, so the Verdict is built from its numbers.
 * ``verify_chain_greedy``: a greedy chain as one argmax per row and a running
   product of matches, the walk's greedy decisions without a test per node.
+* ``verify_chain_block``: a sampled chain by block verification
+  (``acceptance.block_verify_chain``): the drafted prefix accepted by a joint
+  ratio; every prefix length is tested, the longest that passes is kept.
 
 The two chain verifiers stay on the logits' device: uniforms and the race's
 exponentials are drawn there with the run's generator (made on that device),
@@ -42,13 +45,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.acceptance import verify_children
+from engine.acceptance import block_verify_chain, verify_children
 from engine.drafters.base import DraftTree
 from engine.kernels.batched_verifier import extra_distribution, verify_batch
 from engine.sampling import SamplingParams, draw, exponentials, probs_from_logits
 from engine.trace import TOP_N
 
-__all__ = ["Verdict", "top_entries", "verify_chain_batched", "verify_chain_greedy", "walk_tree"]
+__all__ = [
+    "Verdict",
+    "top_entries",
+    "verify_chain_batched",
+    "verify_chain_block",
+    "verify_chain_greedy",
+    "walk_tree",
+]
 
 # Uniforms are drawn in float64 and used in float32 by the batched verifier; this
 # keeps them strictly below 1 after the cast (a float32 1.0 would reject everything).
@@ -74,6 +84,9 @@ class Verdict:
                the top TOP_N entries of p and q at each visited node (-1 = the root) and of the
                distribution a resampled token was drawn from (None after a bonus or when greedy)
     greedy:    decided by argmax (no uniforms, no residual)
+    rule:      the acceptance rule that decided: "token" (draft by draft) or "block" (a chain's prefix by its
+               joint ratio: a record's accept_prob is then the test h of the prefix ending at that node, and
+               its joint the running joint ratio; an accepted node's own test may have failed)
     """
 
     decisions: list[str]
@@ -83,6 +96,7 @@ class Verdict:
     p_token: list[float | None]
     tops: dict | None = field(default=None)
     greedy: bool = False
+    rule: str = "token"
 
     def emitted(self, tree: DraftTree) -> list[dict]:
         """The tokens this pass adds to the output: the accepted path, then the extra token."""
@@ -297,3 +311,54 @@ def verify_chain_greedy(logits: torch.Tensor, tree: DraftTree, params: SamplingP
     tested, p_h, q_h = (host[2 + j * k : 2 + (j + 1) * k] for j in range(3))
     kept = _unpack_tops(host[3 + 3 * k :], k, min(TOP_N, p.shape[-1]), q is not None, False) if tops else None
     return _chain_verdict(tree, accepted, token, tested, None, p_h, q_h, host[2 + 3 * k], True, kept)
+
+
+def verify_chain_block(
+    logits: torch.Tensor, tree: DraftTree, params: SamplingParams, gen: torch.Generator, tops: bool = False
+) -> Verdict:
+    """A sampled chain of K drafts by block verification, on the logits' device, in one host copy.
+
+    logits: [K+1, V]; gen: on the same device. Every prefix length is tested (u_i against h_i); the longest
+    that passes is kept, so nodes before it are accepted even where their own test failed, and every node
+    after it is rejected (tested, failed)."""
+    k = len(tree)
+    device = logits.device
+    p = probs_from_logits(logits, params)  # [K+1, V]
+    ids = torch.tensor(tree.tokens, dtype=torch.long, device=device)  # [K]
+    q = _chain_q(tree, device)  # [K, V] or None
+    q_rows = torch.nn.functional.one_hot(ids, p.shape[-1]).float() if q is None else q  # [K, V]
+    u = torch.rand(k, generator=gen, dtype=torch.float64, device=device)  # [K]
+    num_accepted, h, joint, dist = block_verify_chain(p, q_rows, ids, u)  # [], [K], [K], [V]
+    token = draw(dist, gen)  # [] the extra token
+    rows = torch.arange(k, device=device)
+    p_eff, q_eff = p[rows, ids], q_rows[rows, ids]  # [K], [K]
+    packed = [num_accepted[None].double(), token[None].double(), h.double(), u, p_eff.double(), q_eff.double()]
+    packed += [joint.double(), p[num_accepted, token][None].double()]
+    if tops:
+        packed += _tops_on_device(p, q, dist / dist.sum())
+    host = torch.cat(packed).tolist()  # the pass's one host copy
+    accepted, token_id = int(host[0]), int(host[1])
+    tested, u_h, p_h, q_h, joint_h = (host[2 + j * k : 2 + (j + 1) * k] for j in range(5))
+    decisions = ["accepted"] * accepted + ["rejected"] * (k - accepted)
+    records: list[dict | None] = [
+        {
+            "accept_prob": tested[i],
+            "u": u_h[i],
+            "p_eff": p_h[i],
+            "q_eff": q_h[i],
+            "adjusted": False,
+            "joint": joint_h[i],
+        }
+        for i in range(k)
+    ]
+    kind = "bonus" if accepted == k else "resampled"
+    extra = {"token_id": token_id, "kind": kind, "from_node": accepted - 1, "p": host[2 + 5 * k]}
+    kept = None
+    if tops:
+        kept = _unpack_tops(host[3 + 5 * k :], k, min(TOP_N, p.shape[-1]), q is not None, True)
+        kept["p"] = {node: top for node, top in kept["p"].items() if node < accepted}
+        kept["q"] = {node: top for node, top in kept["q"].items() if node < accepted}
+        if accepted == k:
+            kept["residual"] = None
+    p_token = [p_h[i] if i <= accepted else None for i in range(k)]
+    return Verdict(decisions, records, list(range(accepted)), extra, p_token, kept, False, "block")

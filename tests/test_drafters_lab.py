@@ -57,7 +57,12 @@ def test_rows_measure_each_drafter_against_the_baseline(runs):
         assert row["alpha"] == s["position_acceptance"] and row["tokens_per_pass"] == s["tokens_per_pass"]
         assert row["cost"] == draft_token_cost(step_events(trace), step_events(runs[0]))
         assert math.isclose(row["surface"], wall_clock_speedup(row["alpha"], row["k"], row["cost"]))
-        assert row["k_used"] is None and row["stops"] == {}  # recorded before adaptive depth existed
+        infos = [st["draft"] for st in step_events(trace) if "draft" in st]  # (older traces have none)
+        if not infos:
+            assert row["k_used"] is None and row["stops"] == {}
+        else:
+            assert row["k_used"] == pytest.approx(sum(i["k"] for i in infos) / len(infos))
+            assert sum(row["stops"].values()) == len(infos)
     assert rows[1]["cost"] < 0.01 < rows[2]["cost"]  # a lookup against a network pass
     with pytest.raises(ValueError, match="baseline"):
         comparison_rows(runs[1:])

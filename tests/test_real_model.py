@@ -141,13 +141,18 @@ def test_bfloat16_parity_is_bitwise_without_strict_mode_on_our_cpu_kernels():
         assert all(r["identical"] for r in results), (drafter, shape, results)
 
 
-@pytest.mark.parametrize("chain_verifier", ["walk", "batch"])
-def test_speculative_sampling_matches_target_distribution_on_real_model(served_engine, chain_verifier):
+@pytest.mark.parametrize(
+    ("chain_verifier", "verify"),
+    [("walk", "token"), ("batch", "token"), ("auto", "block")],
+    ids=["walk", "batch", "block"],
+)
+def test_speculative_sampling_matches_target_distribution_on_real_model(served_engine, chain_verifier, verify):
     """First two generated tokens: speculative samples (int8 drafter, K=2) against the
     exact p computed from the target's logits, chi-square, on the engine the app serves. "batch" verifies each chain in
-    one call of batched_verifier.verify_batch (what the GPU path runs, here its torch reference)."""
+    one call of batched_verifier.verify_batch (what the GPU path runs, here its torch reference); "block" by block
+    verification (acceptance.block_verify_chain)."""
     prompt = "Name a colour."
-    settings = dict(temperature=1.0, top_k=4, k=2, seed=123, chain_verifier=chain_verifier)
+    settings = dict(temperature=1.0, top_k=4, k=2, seed=123, chain_verifier=chain_verifier, verify=verify)
     n = 300
     samples = sample_next_tokens(served_engine, prompt, "int8", n_samples=n, n_tokens=2, **settings)
     p1 = next_token_distribution(served_engine, prompt, temperature=1.0, top_k=4)

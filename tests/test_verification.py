@@ -114,3 +114,20 @@ def test_the_sampled_chain_verdict_records_what_it_tested():
             assert residual and sum(v for _, v in residual) <= 1.0 + 1e-6
             assert verdict.extra["token_id"] in {i for i, _ in residual} or len(residual) == 10
     assert kinds == {"bonus", "resampled"}
+
+
+@pytest.mark.parametrize("payload", ["full", "reduced"])
+def test_a_run_asks_for_top_entries_only_for_full_payloads(tiny_engine, payload):
+    from engine.settings import GenerationSettings
+
+    settings = GenerationSettings(payload=payload, temperature=1.0, verify="block", k=2)
+    params, shape = settings.validate()
+    drafter = tiny_engine.run_drafter("int8", settings)
+    ids = tiny_engine.prompts.ids("a b c", False)
+    with tiny_engine.running(ids, drafter, settings, shape, params, 0, 8) as state:
+        assert state.tops is (payload == "full") and state.verify == "block"
+        assert isinstance(state.pass_path_reason, str) and state.pass_path_reason
+        verdict = tiny_engine.step(state).verdict
+        assert (verdict.tops is not None) == (payload == "full") and verdict.rule == "block"
+    run = tiny_engine.run("a b c", "int8", max_new_tokens=4, payload=payload)
+    assert isinstance(run["metrics"]["pass_path_reason"], str)

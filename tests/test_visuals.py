@@ -286,26 +286,36 @@ def _step_where(events, wanted) -> int:
     return next(i for i, step in enumerate(step_events(events)) if wanted(step))
 
 
-def _siblings_rejected_then_resampled(step) -> bool:
-    rejected = [n for n in step["nodes"] if n["decision"] == "rejected"]
-    parents = [n["parent"] for n in rejected]
-    return step["extra_kind"] == "resampled" and any(parents.count(p) >= 2 for p in parents)
+def _rejected_then_a_sibling_tried(step) -> bool:
+    return any(n["decision"] == "rejected" and n.get("adjusted") is False for n in step["nodes"]) and any(
+        n.get("adjusted") for n in step["nodes"]
+    )
+
+
+def _hover_of(fig, step, node) -> str:
+    """The hover text of one node: its decision's trace holds its decision's nodes in id order."""
+    same = [n["id"] for n in step["nodes"] if n["decision"] == node["decision"]]
+    (trace,) = by_role(fig, "nodes", decision=node["decision"])
+    return trace.hovertext[same.index(node["id"])]
 
 
 def test_tree_hover_shows_p_q_accept_prob_u():
     events = RECORDED[CHAT]
-    index = _step_where(events, _siblings_rejected_then_resampled)
+    index = _step_where(events, _rejected_then_a_sibling_tried)
     step = step_events(events)[index]
     fig = tree_figure(events, index)
-    (rej,) = by_role(fig, "nodes", decision="rejected")
-    first, second = [n for n in step["nodes"] if n["decision"] == "rejected"][:2]
-    hover = rej.hovertext[0]
+    first = next(n for n in step["nodes"] if n["decision"] == "rejected" and not n["adjusted"])
+    second = next(n for n in step["nodes"] if n.get("adjusted") and n["parent"] == first["parent"])
+    hover = _hover_of(fig, step, first)
     assert f"p (target) = {fmt_prob(first['p'])}" in hover and f"q (drafter) = {fmt_prob(first['q'])}" in hover
     assert f"min(1, p/q) = {fmt_prob(first['accept_prob'])}" in hover and f"u = {fmt_prob(first['u'])}" in hover
     assert "p_eff" in hover and "q_eff" in hover
-    assert second["adjusted"] and "after an earlier sibling's rejection" in rej.hovertext[1]
-    assert f"min(1, p_eff/q_eff) = {fmt_prob(second['accept_prob'])}" in rej.hovertext[1]
-    (extra,) = by_role(fig, "extra")
+    later = _hover_of(fig, step, second)
+    assert "after an earlier sibling's rejection" in later
+    assert f"min(1, p_eff/q_eff) = {fmt_prob(second['accept_prob'])}" in later
+    index = _step_where(events, lambda st: st["extra_kind"] == "resampled" and not st.get("truncated"))
+    step = step_events(events)[index]
+    (extra,) = by_role(tree_figure(events, index), "extra")
     assert "residual" in extra.hovertext[0]
     assert show_token(step["emitted"][-1]["text"], 16) in extra.text[0] and extra.text[0].startswith("↻")
 

@@ -254,16 +254,9 @@ def plan_memory(
     dtype, device = _resolve(dtype, device, available_bytes is not None)
     if dtype not in _DTYPE_BYTES:
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
-    for name, value in (
-        ("k", k),
-        ("topk", topk),
-        ("max_new_tokens", max_new_tokens),
-        ("concurrent_runs", concurrent_runs),
-    ):
-        if not isinstance(value, int) or value < (0 if name == "k" else 1):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not isinstance(prompt_tokens, int) or prompt_tokens < 1:
-        raise ValueError(f"prompt_tokens must be a positive integer, got {prompt_tokens!r}")
+    _check_counts(
+        k=k, topk=topk, max_new_tokens=max_new_tokens, concurrent_runs=concurrent_runs, prompt_tokens=prompt_tokens
+    )
     w = _weights(target)
     wbytes = _DTYPE_BYTES[dtype]
     attn_bytes = 4 if device == "cpu" else wbytes  # engine/model/transformer.py: float32 attention on the CPU
@@ -280,6 +273,7 @@ def plan_memory(
     target_bytes = w["params"] * wbytes
     kv = kv_per_token * context * concurrent_runs
     drafter_bytes = drafter_kv = 0
+    dw = None  # a draft model's sizes (model:<id>)
     if drafter == "int8":
         matrices = w["params"] - w["embed_params"]  # every matrix of the layers (and an untied head)
         scales = w["layers"] * 8 * w["hidden"] + w["vocab"]  # float32 per output channel, roughly
@@ -295,22 +289,22 @@ def plan_memory(
         raise ValueError(f"unknown drafter {drafter!r}; choose none, ngram, suffix, int8 or model:<id>")
     # One pass's logits plus the p rows kept per tree position (float32, vocabulary-sized).
     working = (2 * width) * w["vocab"] * 4 * concurrent_runs
-    from engine.model.runners import STATIC_MAX_WIDTH, run_bucket  # (torch: imported when a plan is made)
-
-    runner_bytes = 0
-    graphs = pass_graphs == "auto" and device.startswith("cuda")
-    if (graphs or (pass_graphs == "static" and strict)) and width <= STATIC_MAX_WIDTH:
-        slots = run_bucket(context, (w["max_positions"] or context) + 2 * STATIC_MAX_WIDTH + 2)
-        models = [w] + ([dw] if drafter.startswith("model:") else [w] if drafter == "int8" else [])
-        kv = kv_per_token * slots * concurrent_runs  # the runner's cache replaces the exact one
-        if drafter_kv:
-            drafter_kv = drafter_kv // context * slots
-        for m in models:
-            runner_bytes += concurrent_runs * _runner_bytes(m, slots, wbytes, graphs, STATIC_MAX_WIDTH)
-        notes.append(
-            f"fixed-shape runners of {slots} slots (the run's bucket)"
-            + (", with CUDA graph pools (an estimate)" if graphs else "")
-        )
+    runner_bytes, kv, drafter_kv = _runners(
+        w,
+        dw,
+        drafter,
+        device,
+        pass_graphs,
+        strict,
+        width,
+        context,
+        wbytes,
+        kv_per_token,
+        kv,
+        drafter_kv,
+        concurrent_runs,
+        notes,
+    )
     stored = _DTYPE_BYTES.get(w["stored_dtype"] or "", wbytes)
     load_peak = w["params"] * stored + target_bytes + drafter_bytes  # checkpoint tensors + our copy
     if device.startswith("cuda"):
@@ -332,6 +326,49 @@ def plan_memory(
         context_tokens=int(context),
         notes=notes,
     )
+
+
+def _check_counts(**counts) -> None:
+    """Each count a positive integer (k may be 0)."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "k" else 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _runners(
+    w,
+    dw,
+    drafter,
+    device,
+    pass_graphs,
+    strict,
+    width,
+    context,
+    wbytes,
+    kv_per_token,
+    kv,
+    drafter_kv,
+    concurrent_runs,
+    notes,
+) -> tuple[int, int, int]:
+    """(runner_bytes, kv, drafter_kv) where the run's passes take fixed-shape runners (engine.model.runners):
+    the caches at the run's bucket instead of its exact slots, and each runner's buffers and graph pool."""
+    from engine.model.runners import STATIC_MAX_WIDTH, run_bucket  # (torch: imported when a plan is made)
+
+    graphs = pass_graphs == "auto" and device.startswith("cuda")
+    if not (graphs or (pass_graphs == "static" and strict)) or width > STATIC_MAX_WIDTH:
+        return 0, kv, drafter_kv
+    slots = run_bucket(context, (w["max_positions"] or context) + 2 * STATIC_MAX_WIDTH + 2)
+    models = [w] + ([dw] if dw is not None else [w] if drafter == "int8" else [])
+    kv = kv_per_token * slots * concurrent_runs  # the runner's cache replaces the exact one
+    if drafter_kv:
+        drafter_kv = drafter_kv // context * slots
+    runner_bytes = sum(concurrent_runs * _runner_bytes(m, slots, wbytes, graphs, STATIC_MAX_WIDTH) for m in models)
+    notes.append(
+        f"fixed-shape runners of {slots} slots (the run's bucket)"
+        + (", with CUDA graph pools (an estimate)" if graphs else "")
+    )
+    return runner_bytes, kv, drafter_kv
 
 
 def _runner_bytes(m: dict, slots: int, wbytes: int, graphs: bool, w_max: int) -> int:
