@@ -46,7 +46,14 @@ from engine.model.tree_pass import target_pass
 from engine.prompts import PromptEncoder
 from engine.sampling import SamplingParams
 from engine.settings import GenerationSettings
-from engine.verification import Verdict, verify_chain_batched, verify_chain_block, verify_chain_greedy, walk_tree
+from engine.verification import (
+    Verdict,
+    resolve_tops,
+    verify_chain_batched,
+    verify_chain_block,
+    verify_chain_greedy,
+    walk_tree,
+)
 
 __all__ = ["DecodeState", "GenerationSettings", "OutOfMemory", "SpeculativeEngine", "StepResult"]
 
@@ -401,6 +408,7 @@ class SpeculativeEngine:
         features = hidden[rows] if hidden is not None else None  # the committed rows' features, this pass's
         state.drafter.accept(Verified(tree, verdict.path, features, base))
         verify_ms = (time.perf_counter() - t1) * 1000.0
+        resolve_tops(verdict)  # (the screen's top entries, listed outside the pass's time)
         if state.adaptive is not None:
             # Times as the step event records them (3 decimals): a trace replays the policy exactly.
             outcomes = verified_outcomes(tree, verdict.path)

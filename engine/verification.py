@@ -53,6 +53,7 @@ from engine.trace import TOP_N
 
 __all__ = [
     "Verdict",
+    "resolve_tops",
     "top_entries",
     "verify_chain_batched",
     "verify_chain_block",
@@ -110,6 +111,25 @@ def top_entries(probs: torch.Tensor) -> Top:
     return [(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist()) if v > 0]
 
 
+def resolve_tops(verdict: Verdict) -> Verdict:
+    """The walk keeps the rows its top entries come from (p and q at each visited node, the residual) and
+    lists them here, after the pass was timed (the top entries are for the screen, not part of verifying);
+    the chain verifiers list theirs in their one host copy. Idempotent."""
+    tops = verdict.tops
+    if tops is None:
+        return verdict
+
+    def listed(row):
+        return top_entries(row) if isinstance(row, torch.Tensor) else row
+
+    verdict.tops = {
+        "p": {node: listed(row) for node, row in tops["p"].items()},
+        "q": {node: listed(row) for node, row in tops["q"].items()},
+        "residual": listed(tops["residual"]),
+    }
+    return verdict
+
+
 def _uniform(gen: torch.Generator) -> float:
     """One uniform in [0, 1), drawn on the generator's device."""
     return float(torch.rand((), generator=gen, dtype=torch.float64, device=gen.device))
@@ -129,7 +149,7 @@ def walk_tree(
     verify_node: the test of one node's children, ``acceptance.verify_children`` (the exact rule);
     the Lossless lab and the negative-control tests pass a lossy one
     (``engine.tools.exactness.verify_children_ignoring_q``) to show what a shortcut does.
-    tops: keep the top entries of p, q and the residual (``Verdict.tops``).
+    tops: keep the top entries of p, q and the residual (``Verdict.tops``; the rows, listed by ``resolve_tops``).
     """
     n = len(tree)
     decisions = ["not_reached"] * n
@@ -144,9 +164,9 @@ def walk_tree(
         p = probs_from_logits(logits[node + 1], params)  # [V]
         children = tree.children(node)
         q = tree.q_dists.get(node)
-        if tops:
-            top_p[node] = top_entries(p)
-            top_q[node] = top_entries(q) if q is not None else None
+        if tops:  # (kept as rows: resolve_tops lists their top entries once the pass is timed)
+            top_p[node] = p
+            top_q[node] = q
         if children:
             picked = p[torch.tensor([tree.tokens[c] for c in children], device=p.device)].tolist()
             for c, value in zip(children, picked):
@@ -165,7 +185,7 @@ def walk_tree(
             token = int(dist.argmax()) if params.greedy else int(draw(dist, gen))
             extra = {"token_id": token, "kind": "resampled", "from_node": node}
             if tops and not params.greedy:
-                residual_top = top_entries(dist)
+                residual_top = dist
             break
         node = children[chosen]
         decisions[node] = "accepted"
@@ -219,6 +239,19 @@ def _unpack_tops(flat: list[float], k: int, n: int, with_q: bool, with_dist: boo
     }
 
 
+def _kept_tops(tail: list[float], p: torch.Tensor, q: torch.Tensor | None, dist: torch.Tensor | None) -> dict:
+    """A chain's top entries by node: from the packed copy's tail off the CPU; on the CPU (where the copy is free)
+    the rows themselves, which ``resolve_tops`` lists once the pass is timed (as the walk's)."""
+    k = p.shape[0] - 1
+    if p.device.type != "cpu":
+        return _unpack_tops(tail, k, min(TOP_N, p.shape[-1]), q is not None, dist is not None)
+    return {
+        "p": {i - 1: p[i] for i in range(k + 1)},
+        "q": {i - 1: (q[i] if q is not None else None) for i in range(k)} | {k - 1: None},
+        "residual": dist,
+    }
+
+
 def _chain_verdict(tree, accepted, token, tested, u, p_eff, q_eff, p_extra, greedy, kept) -> Verdict:
     """A chain's Verdict from the numbers one host copy brought back (lists of floats)."""
     k = len(tree)
@@ -269,16 +302,18 @@ def verify_chain_batched(
     p_extra = p[num_accepted, next_token]  # [1] p of the extra token at its position
     packed = [num_accepted.double(), next_token.double(), accept_prob[0].double(), u.double()]
     packed += [p_eff.double(), q_eff.double(), p_extra.double()]
+    dist = None
     if tops:
         dist = extra_distribution(p[None], None if q is None else q[None], ids[None], num_accepted)[0]  # [V]
-        packed += _tops_on_device(p, q, dist / dist.sum())
+        dist = dist / dist.sum()
+        packed += [] if device.type == "cpu" else _tops_on_device(p, q, dist)
     host = torch.cat(packed).tolist()  # the pass's one host copy
     accepted, token = int(host[0]), int(host[1])
     tested, u_h, p_h, q_h = (host[2 + j * k : 2 + (j + 1) * k] for j in range(4))
     p_extra_h = host[2 + 4 * k]
     kept = None
     if tops:
-        kept = _unpack_tops(host[3 + 4 * k :], k, min(TOP_N, p.shape[-1]), q is not None, True)
+        kept = _kept_tops(host[3 + 4 * k :], p, q, dist)
         if accepted == k:
             kept["residual"] = None  # a bonus: drawn from p itself
     return _chain_verdict(tree, accepted, token, tested, u_h, p_h, q_h, p_extra_h, False, kept)
@@ -304,12 +339,12 @@ def verify_chain_greedy(logits: torch.Tensor, tree: DraftTree, params: SamplingP
     q_eff = torch.ones_like(p_eff) if q is None else q[rows, ids]  # [K]
     packed = [accepted_t.double(), token_t.double(), match.double(), p_eff.double(), q_eff.double()]
     packed += [p[accepted_t, token_t].double()]
-    if tops:
+    if tops and device.type != "cpu":
         packed += _tops_on_device(p, q, None)
     host = torch.cat(packed).tolist()  # the pass's one host copy
     accepted, token = int(host[0]), int(host[1])
     tested, p_h, q_h = (host[2 + j * k : 2 + (j + 1) * k] for j in range(3))
-    kept = _unpack_tops(host[3 + 3 * k :], k, min(TOP_N, p.shape[-1]), q is not None, False) if tops else None
+    kept = _kept_tops(host[3 + 3 * k :], p, q, None) if tops else None
     return _chain_verdict(tree, accepted, token, tested, None, p_h, q_h, host[2 + 3 * k], True, kept)
 
 
@@ -334,7 +369,7 @@ def verify_chain_block(
     p_eff, q_eff = p[rows, ids], q_rows[rows, ids]  # [K], [K]
     packed = [num_accepted[None].double(), token[None].double(), h.double(), u, p_eff.double(), q_eff.double()]
     packed += [joint.double(), p[num_accepted, token][None].double()]
-    if tops:
+    if tops and device.type != "cpu":
         packed += _tops_on_device(p, q, dist / dist.sum())
     host = torch.cat(packed).tolist()  # the pass's one host copy
     accepted, token_id = int(host[0]), int(host[1])
@@ -355,7 +390,7 @@ def verify_chain_block(
     extra = {"token_id": token_id, "kind": kind, "from_node": accepted - 1, "p": host[2 + 5 * k]}
     kept = None
     if tops:
-        kept = _unpack_tops(host[3 + 5 * k :], k, min(TOP_N, p.shape[-1]), q is not None, True)
+        kept = _kept_tops(host[3 + 5 * k :], p, q, dist / dist.sum())
         kept["p"] = {node: top for node, top in kept["p"].items() if node < accepted}
         kept["q"] = {node: top for node, top in kept["q"].items() if node < accepted}
         if accepted == k:

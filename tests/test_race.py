@@ -142,8 +142,6 @@ def test_the_no_gain_example_is_never_called_faster_on_a_busy_machine(served_eng
     print(f"\n[busy machine] no-gain example: {json.dumps(result)}")
     assert result["verdict"] != "faster", json.dumps(result)
     assert result["verdict"] in ("no clear difference", "slower"), json.dumps(result)
-    # The lesson's premise, which the verdict leans on: nothing to copy, so passes are (almost) all plain: at
-    # most a rare short copy (this seed's 48 tokens copy 4 in one pass: 1.09 tokens per pass), a gain no larger
-    # than the noise band a busy machine's verdict must not call "faster".
-    assert result["ceiling"] < 1.0 + 2 * MIN_EFFECT, json.dumps(result)
+    # The lesson's premise, which the verdict leans on: nothing to copy, so passes are (almost) all plain.
+    assert result["ceiling"] < 1.0 + MIN_EFFECT, json.dumps(result)
     assert result["busy"]["busy"] and result["busy"]["cpu_share"] < 0.75, json.dumps(result)

@@ -216,3 +216,27 @@ def test_sample_without_replacement_is_distinct_and_respects_support():
     for _ in range(50):
         out = sample_without_replacement(q, 4, gen)
         assert sorted(out) == [0, 1]
+
+
+def test_the_race_draws_what_the_inverse_cdf_draws():
+    # The device path (race_draw, race_without_replacement: what an accelerator runs) against the law the CPU's
+    # inverse CDF draws: a single draw, and the ordered pair of two draws without replacement, by chi-square;
+    # the negative control (the race's first two entries taken in index order, not draw order) is flagged.
+    from engine.sampling import race_draw, race_without_replacement
+
+    w = torch.tensor([0.6, 0.0, 0.3, 0.15, 0.45, 0.1])  # unnormalised, with a zero
+    p = w / w.sum()
+    gen = torch.Generator().manual_seed(11)
+    counts = torch.bincount(race_draw(w.expand(N, -1), gen), minlength=V).float()
+    assert _p_value(counts, p) > 1e-3
+    pairs: dict[tuple, int] = {}
+    wrong: dict[tuple, int] = {}
+    for _ in range(N):
+        a, b = race_without_replacement(p, 2, gen)
+        pairs[(a, b)] = pairs.get((a, b), 0) + 1
+        wrong[(min(a, b), max(a, b))] = wrong.get((min(a, b), max(a, b)), 0) + 1
+    cells = [(a, b) for a in range(V) for b in range(V) if a != b and p[a] > 0 and p[b] > 0]
+    law = torch.tensor([float(p[a] * p[b] / (1 - p[a])) for a, b in cells])
+    assert _p_value(torch.tensor([float(pairs.get(c, 0)) for c in cells]), law) > 1e-3
+    assert _p_value(torch.tensor([float(wrong.get(c, 0)) for c in cells]), law) < 1e-6
+    assert sorted(race_without_replacement(_dist([0.5, 0.5, 0, 0, 0, 0]), 4, gen)) == [0, 1]  # the support only

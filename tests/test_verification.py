@@ -12,7 +12,7 @@ import torch
 
 from engine.drafters.base import DraftTree
 from engine.sampling import SamplingParams
-from engine.verification import verify_chain_batched, verify_chain_greedy, walk_tree
+from engine.verification import resolve_tops, verify_chain_batched, verify_chain_greedy, walk_tree
 
 V = 50
 
@@ -74,8 +74,8 @@ def test_the_greedy_chain_verdict_is_the_walks(seed, point_mass):
     logits = torch.randn(6, V, generator=torch.Generator().manual_seed(seed)) * 2  # [K+1, V]
     params = SamplingParams()
     tree = _chain(seed, 5, point_mass, logits, params)
-    walk = walk_tree(logits, tree, params, torch.Generator(), tops=True)
-    fast = verify_chain_greedy(logits, tree, params, tops=True)
+    walk = resolve_tops(walk_tree(logits, tree, params, torch.Generator(), tops=True))
+    fast = resolve_tops(verify_chain_greedy(logits, tree, params, tops=True))
     assert fast.decisions == walk.decisions and fast.path == walk.path and fast.extra == walk.extra
     assert fast.records == walk.records and fast.p_token == walk.p_token
     assert fast.tops["p"].keys() == walk.tops["p"].keys()
@@ -94,7 +94,7 @@ def test_the_sampled_chain_verdict_records_what_it_tested():
         logits = torch.randn(4, V, generator=torch.Generator().manual_seed(seed)) * 2
         params = SamplingParams(temperature=1.0)
         tree = _chain(seed, 3, False, logits, params)
-        verdict = verify_chain_batched(logits, tree, params, torch.Generator().manual_seed(seed), tops=True)
+        verdict = resolve_tops(verify_chain_batched(logits, tree, params, torch.Generator().manual_seed(seed), tops=True))
         p = torch.softmax(logits, -1)
         kinds.add(verdict.extra["kind"])
         for i, rec in enumerate(verdict.records):
@@ -131,3 +131,26 @@ def test_a_run_asks_for_top_entries_only_for_full_payloads(tiny_engine, payload)
         assert (verdict.tops is not None) == (payload == "full") and verdict.rule == "block"
     run = tiny_engine.run("a b c", "int8", max_new_tokens=4, payload=payload)
     assert isinstance(run["metrics"]["pass_path_reason"], str)
+
+
+def test_the_packed_top_entries_unpack_to_the_rows_top_entries():
+    # What a CUDA pass packs into its one host copy (_tops_on_device) and unpacks (_unpack_tops) lists exactly
+    # the top entries that the CPU lists from the rows themselves (_kept_tops, then resolve_tops).
+    from engine.verification import Verdict, _kept_tops, _tops_on_device, _unpack_tops
+
+    gen = torch.Generator().manual_seed(4)
+    p = torch.softmax(torch.randn(4, V, generator=gen), -1)  # [K+1, V]
+    q = torch.softmax(torch.randn(3, V, generator=gen), -1)  # [K, V]
+    dist = torch.softmax(torch.randn(V, generator=gen), -1)
+    for q_rows, residual in ((q, dist), (None, dist), (q, None)):
+        tail = torch.cat(_tops_on_device(p, q_rows, residual)).tolist()
+        packed = _unpack_tops(tail, 3, 10, q_rows is not None, residual is not None)
+        rows = resolve_tops(Verdict([], [], [], {}, [], _kept_tops([], p, q_rows, residual))).tops
+        assert packed["p"].keys() == rows["p"].keys() and packed["q"].keys() == rows["q"].keys()
+        for part in ("p", "q"):
+            for node, top in rows[part].items():
+                assert (top is None) == (packed[part][node] is None)
+                if top is not None:
+                    assert [i for i, _ in top] == [i for i, _ in packed[part][node]]
+                    assert [v for _, v in top] == pytest.approx([v for _, v in packed[part][node]])
+        assert (rows["residual"] is None) == (packed["residual"] is None)
