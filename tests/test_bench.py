@@ -73,8 +73,13 @@ def test_quick_bench_reports_every_system_and_workload(served_engine):
     assert set(events["tok_per_s"]) == {"off", "reduced", "full"}
     costs = report["pass_cost_ms"]
     assert set(costs) >= {"1", "5", "9"} and all(ms > 0 for ms in costs.values())
+    rules = report["verify_rules"]
+    assert rules["system"] == "engine-int8" and set(rules["by_temperature"]) == {"0.7", "1.0"}
+    for r in rules["by_temperature"].values():  # a model drafter at T > 0 on chat: block passes were verified
+        assert r["passes"] > 0 and r["token_tokens_per_pass"] >= 1.0 and r["block_tokens_per_pass"] >= 1.0
     table = format_table(report)
     assert "engine-ngram" in table and "roofline" in table and "event stream" in table
+    assert "acceptance rules on the same drafts" in table
 
 
 def test_bench_cli_rejects_bad_arguments_before_loading_anything():

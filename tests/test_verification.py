@@ -94,7 +94,9 @@ def test_the_sampled_chain_verdict_records_what_it_tested():
         logits = torch.randn(4, V, generator=torch.Generator().manual_seed(seed)) * 2
         params = SamplingParams(temperature=1.0)
         tree = _chain(seed, 3, False, logits, params)
-        verdict = resolve_tops(verify_chain_batched(logits, tree, params, torch.Generator().manual_seed(seed), tops=True))
+        verdict = resolve_tops(
+            verify_chain_batched(logits, tree, params, torch.Generator().manual_seed(seed), tops=True)
+        )
         p = torch.softmax(logits, -1)
         kinds.add(verdict.extra["kind"])
         for i, rec in enumerate(verdict.records):

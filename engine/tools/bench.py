@@ -394,6 +394,7 @@ def run_bench(
     workloads_subset=None,
     events_check: bool = True,
     pass_costs: bool = True,
+    verify_rules: bool = True,
 ) -> dict:
     """Run the suite; returns the report (see format_table and docs/bench/README.md).
 
@@ -402,7 +403,7 @@ def run_bench(
     (3) aggregation into rows (``_aggregate``) and the greedy-output check (``_greedy_mismatches``).
     events_check adds a short measurement of the event stream's cost: engine-int8 on the chat
     prompts with payload off, reduced and full, interleaved; pass_costs the target's pass time by
-    tokens in the pass.
+    tokens in the pass; verify_rules the token and block acceptance rules on the same drafts (``_verify_rules``).
     """
     setup = _bench_setup(engine, quick, repeats, max_new_tokens, systems, workloads_subset)
     repeats, max_new, systems, workloads = setup["repeats"], setup["max_new"], setup["systems"], setup["workloads"]
@@ -411,6 +412,7 @@ def run_bench(
         samples, outputs = _interleaved_runs(engine, setup, progress)
         events = _event_overhead(engine, workloads, repeats, max_new, progress) if events_check else None
         pass_cost = pass_cost_ms(engine) if pass_costs else None
+        rules = _verify_rules(engine, workloads, max_new, progress) if verify_rules else None
         return {
             "machine": setup["machine"],
             "settings": {"max_new_tokens": max_new, "repeats": repeats, "quick": quick, "greedy": True, "batch": 1},
@@ -418,6 +420,7 @@ def run_bench(
             "greedy_mismatches": _greedy_mismatches(outputs),
             "event_overhead": events,
             "pass_cost_ms": pass_cost,
+            "verify_rules": rules,
             "notes": setup["notes"],
             "date": time.strftime("%Y-%m-%d"),
         }
@@ -650,6 +653,49 @@ def _event_overhead(engine, workloads, repeats, max_new, progress) -> dict:
     }
 
 
+RULES_SYSTEM = "engine-int8"  # a model drafter: its q makes the two rules differ (a point mass's block test is p's)
+RULES_TEMPERATURES = (0.7, 1.0)
+
+
+def _verify_rules(engine, workloads, max_new, progress) -> dict:
+    """The token and block acceptance rules on the same drafts: RULES_SYSTEM's chains (its K) on the chat prompts,
+    sampled at each of RULES_TEMPERATURES with ``verify="block"``; for the drafts those passes verified, the expected
+    tokens per pass of each rule from the recorded numbers (``metrics.rules_on_same_drafts``: no sampling noise
+    between the rules), pooled over the prompts, and the measured tokens per pass of the block runs."""
+    drafter, kw = ENGINE_SYSTEMS[RULES_SYSTEM]
+    prompts = workloads.get("chat") or next(iter(workloads.values()))
+    out = {}
+    for temperature in RULES_TEMPERATURES:
+        passes = token = block = measured = 0.0
+        for index, prompt in enumerate(prompts):
+            run = engine.run(
+                engine.encode_prompt(prompt),
+                drafter,
+                max_new_tokens=max_new,
+                temperature=temperature,
+                seed=index,
+                verify="block",
+                payload="reduced",
+                **kw,
+            )
+            rules = run["metrics"]["rules_on_same_drafts"]
+            if rules:
+                n = rules["passes"]
+                passes += n
+                token += rules["token_tokens_per_pass"] * n
+                block += rules["block_tokens_per_pass"] * n
+            measured += run["metrics"]["tokens_per_pass"]
+        out[str(temperature)] = {
+            "passes": int(passes),
+            "token_tokens_per_pass": round(token / passes, 4) if passes else None,
+            "block_tokens_per_pass": round(block / passes, 4) if passes else None,
+            "measured_block_tokens_per_pass": round(measured / len(prompts), 4),
+        }
+        if progress:
+            print(f"verify rules: T = {temperature} done", file=sys.stderr, flush=True)
+    return {"system": RULES_SYSTEM, "k": kw.get("k"), "workload": "chat", "by_temperature": out}
+
+
 def _timed(start_run) -> dict:
     """Run an event stream to its finish (started by start_run(), so the clock includes its start):
     wall time plus the finish event's counts."""
@@ -772,6 +818,16 @@ def format_table(report: dict) -> str:
             "target pass cost by tokens in the pass: "
             + ", ".join(f"{w}: {ms:.0f} ms ({ms / one:.2f}x)" for w, ms in costs.items())
         )
+    rules = report.get("verify_rules")
+    if rules:
+        for temperature, r in rules["by_temperature"].items():
+            if r["passes"]:
+                lines.append(
+                    f"acceptance rules on the same drafts ({rules['system']}, K = {rules['k']}, {rules['workload']}, "
+                    f"T = {temperature}, {r['passes']} passes): token {r['token_tokens_per_pass']:.3f}, "
+                    f"block {r['block_tokens_per_pass']:.3f} tokens/pass expected; block runs measured "
+                    f"{r['measured_block_tokens_per_pass']:.2f}"
+                )
     for note in report["notes"]:
         lines.append(f"note: {note}")
     return "\n".join(lines)
