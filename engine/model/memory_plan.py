@@ -289,22 +289,13 @@ def plan_memory(
         raise ValueError(f"unknown drafter {drafter!r}; choose none, ngram, suffix, int8 or model:<id>")
     # One pass's logits plus the p rows kept per tree position (float32, vocabulary-sized).
     working = (2 * width) * w["vocab"] * 4 * concurrent_runs
-    runner_bytes, kv, drafter_kv = _runners(
-        w,
-        dw,
-        drafter,
-        device,
-        pass_graphs,
-        strict,
-        width,
-        context,
-        wbytes,
-        kv_per_token,
-        kv,
-        drafter_kv,
-        concurrent_runs,
-        notes,
-    )
+    runner_bytes = 0
+    runner = _runner_plan([w] + ([dw] if dw else [w] if drafter == "int8" else []), device, pass_graphs, strict, width)
+    if runner is not None:  # the caches are the runners', at the run's bucket
+        slots = runner["slots"](context)
+        kv, drafter_kv = kv_per_token * slots * concurrent_runs, drafter_kv // context * slots
+        runner_bytes = runner["bytes"](slots, wbytes) * concurrent_runs
+        notes.append(f"fixed-shape runners of {slots} slots (the run's bucket)" + runner["note"])
     stored = _DTYPE_BYTES.get(w["stored_dtype"] or "", wbytes)
     load_peak = w["params"] * stored + target_bytes + drafter_bytes  # checkpoint tensors + our copy
     if device.startswith("cuda"):
@@ -335,40 +326,20 @@ def _check_counts(**counts) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _runners(
-    w,
-    dw,
-    drafter,
-    device,
-    pass_graphs,
-    strict,
-    width,
-    context,
-    wbytes,
-    kv_per_token,
-    kv,
-    drafter_kv,
-    concurrent_runs,
-    notes,
-) -> tuple[int, int, int]:
-    """(runner_bytes, kv, drafter_kv) where the run's passes take fixed-shape runners (engine.model.runners):
-    the caches at the run's bucket instead of its exact slots, and each runner's buffers and graph pool."""
+def _runner_plan(models: list[dict], device: str, pass_graphs: str, strict: bool, width: int) -> dict | None:
+    """Where the run's passes take fixed-shape runners (engine.model.runners), one per model each run: their
+    slots for a run of `context` slots ("slots"), their bytes beside the caches ("bytes"); else None."""
     from engine.model.runners import STATIC_MAX_WIDTH, run_bucket  # (torch: imported when a plan is made)
 
     graphs = pass_graphs == "auto" and device.startswith("cuda")
     if not (graphs or (pass_graphs == "static" and strict)) or width > STATIC_MAX_WIDTH:
-        return 0, kv, drafter_kv
-    slots = run_bucket(context, (w["max_positions"] or context) + 2 * STATIC_MAX_WIDTH + 2)
-    models = [w] + ([dw] if dw is not None else [w] if drafter == "int8" else [])
-    kv = kv_per_token * slots * concurrent_runs  # the runner's cache replaces the exact one
-    if drafter_kv:
-        drafter_kv = drafter_kv // context * slots
-    runner_bytes = sum(concurrent_runs * _runner_bytes(m, slots, wbytes, graphs, STATIC_MAX_WIDTH) for m in models)
-    notes.append(
-        f"fixed-shape runners of {slots} slots (the run's bucket)"
-        + (", with CUDA graph pools (an estimate)" if graphs else "")
-    )
-    return runner_bytes, kv, drafter_kv
+        return None
+    room = STATIC_MAX_WIDTH * 2 + 2
+    return {
+        "slots": lambda context: run_bucket(context, (models[0]["max_positions"] or context) + room),
+        "bytes": lambda slots, wbytes: sum(_runner_bytes(m, slots, wbytes, graphs, STATIC_MAX_WIDTH) for m in models),
+        "note": ", with CUDA graph pools (an estimate)" if graphs else "",
+    }
 
 
 def _runner_bytes(m: dict, slots: int, wbytes: int, graphs: bool, w_max: int) -> int:
