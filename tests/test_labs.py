@@ -169,6 +169,24 @@ def test_lossless_lab_passes_the_exact_sampler_and_catches_the_broken_one():
 
 
 @pytest.mark.slow
+def test_lossless_lab_runs_block_verification_and_it_is_exact():
+    """Block verification (ticked by choice, not in the default run) samples the same drafter's chain of K drafts
+    kept by their joint ratio: consistent with p, as the exact rule; the first token only, to save time."""
+    from app.labs import lossless
+
+    d = lossless.LOSSLESS_DEFAULTS
+    assert "block" not in lossless.DEFAULT_SAMPLERS
+    run = lossless.run_lossless(
+        d["prompt"], d["temperature"], d["top_k"], "int8", d["k"], d["topk"], 300, 0, ["block"], 1
+    )
+    (status, _, _), outputs = _last(run)
+    table = {row[0].split(" [")[0]: row for row in [o[2] for o in outputs if not _is_skip(o[2])][-1]}
+    block = table[lossless.SAMPLERS["block"]]
+    assert float(block[4]) > 1e-3 and block[6] == "consistent with p", table
+    assert table[lossless.SAMPLERS["exact"]][6] == "not run" and "Done" in status
+
+
+@pytest.mark.slow
 def test_lossless_lab_offers_the_eagle_head_and_it_is_exact():
     """The learned head is a drafter of the Lossless lab like the others (#29): its exact sampler's samples
     are consistent with p. The first token only (the two-token law with the head is test_eagle.py's)."""

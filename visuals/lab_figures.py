@@ -36,7 +36,12 @@ LOSSLESS_Y_CEILING, LOSSLESS_HEADROOM = 1.05, 1.12
 SMALL_PVALUE = 1e-3  # below this a p-value is written in scientific notation
 
 # The lossless lab's samplers, by the kind the lab gives them: the reference, the exact rule, the lossy shortcut.
-SAMPLER_COLOURS = {"plain": SERIES["baseline"], "exact": PALETTE["accepted"], "broken": PALETTE["rejected"]}
+SAMPLER_COLOURS = {
+    "plain": SERIES["baseline"],
+    "exact": PALETTE["accepted"],
+    "block": PALETTE["bonus"],
+    "broken": PALETTE["rejected"],
+}
 
 
 def fmt_pvalue(value: float | None) -> str:

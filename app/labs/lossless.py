@@ -1,4 +1,4 @@
-"""The Lossless lab: real next-token samples from three samplers, tested against the target's exact p.
+"""The Lossless lab: real next-token samples from three samplers (a fourth, block verification, by choice), tested against the target's exact p.
 
 Plain sampling (the reference), speculative sampling with the exact rule, and a deliberately broken
 verifier that ignores q each draw N real samples of the token after a prompt; engine.tools.exactness
@@ -52,8 +52,10 @@ SHOWN_PAIRS = 16  # the chart shows the most likely pairs; the test uses all of 
 SAMPLERS = {
     "plain": "Plain sampling (no drafter)",
     "exact": "Speculative sampling (exact rule)",
+    "block": "Block verification (exact, a chain)",
     "broken": "Broken verifier (ignores q)",
 }
+DEFAULT_SAMPLERS = ("plain", "exact", "broken")  # block verification is ticked by choice (N more passes)
 PLAIN_SHAPE = {"k": 1, "topk": 1}  # plain sampling drafts nothing: one target pass per sample
 LOSSLESS_HEADERS = ["sampler", "N", "chi-square", "df", "p-value", "TV distance", "verdict"]
 MIN_SAMPLES = 10  # fewer samples than this test nothing
@@ -66,7 +68,7 @@ SAMPLES_STEP = 50
 
 LOSSLESS_TEXT = f"""
 **Is speculative sampling really lossless? Sample it and test it.** Each run draws **N real samples of the first
-two tokens** of the answer (or of the first token only) from three samplers, each sample real target passes on
+two tokens** of the answer (or of the first token only) from three samplers (four with block verification ticked), each sample real target passes on
 this machine:
 **plain sampling** (no drafter), **speculative sampling** with the exact rule (accept with min(1, p/q), else
 resample from norm(max(0, p − q))), and a **deliberately broken verifier** that ignores q (accepts with
@@ -76,6 +78,10 @@ first token. Testing pairs also checks the second draft position and the caches 
 resampled first token. A chi-square test (cells with fewer than 5 expected samples pooled) and the
 total-variation distance compare each histogram with p; below p-value {TEST_LEVEL:g} a histogram is called
 different from p.
+
+Tick **block verification** to add a fourth sampler: the same drafter's chain of K drafts kept by a joint ratio
+over the whole drafted prefix instead of draft by draft (Sun et al., ICLR 2025; vLLM's `block` rejection
+sampling). It is exact too, so its histogram must match p like the exact rule's.
 
 The broken verifier always uses the **int8** drafter: an n-gram draft is a point mass (q = 1 on the copied
 token), so accepting with min(1, p/q) or with min(1, p) is the same thing and dropping q changes nothing
@@ -115,6 +121,7 @@ def _lossless_summary(results: dict, n: int, seed: int, drafter: str, k: int, to
         "exact": f"Speculative sampling ({drafter}, exact rule)",
         "plain": "Plain sampling",
         "broken": "Broken verifier (int8, ignores q)",
+        "block": f"Block verification ({drafter}, a chain of K = {k})",
     }
     notes = {"plain": ": the reference, and the noise level to expect at this N"}
     lines = [
@@ -122,7 +129,7 @@ def _lossless_summary(results: dict, n: int, seed: int, drafter: str, k: int, to
         f"K = {k}, tree top-k {topk}).",
         "",
     ]
-    for kind in ("exact", "plain", "broken"):
+    for kind in ("exact", "block", "plain", "broken"):
         if kind in results:
             test = results[kind]["test"]
             lines.append(
@@ -164,7 +171,7 @@ def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samp
     }
     if lab["drafter"] not in ("int8", "ngram", "suffix", "eagle"):
         raise gr.Error(f"Choose the int8, ngram, suffix or eagle drafter for this lab, got {lab['drafter']!r}.")
-    lab["chosen"] = list(SAMPLERS) if samplers is None else [kind for kind in SAMPLERS if kind in samplers]
+    lab["chosen"] = list(DEFAULT_SAMPLERS) if samplers is None else [kind for kind in SAMPLERS if kind in samplers]
     if not lab["chosen"] or (samplers is not None and set(samplers) - set(SAMPLERS)):
         raise gr.Error(f"Pick at least one sampler to run ({', '.join(SAMPLERS)}).")
     return lab
@@ -177,6 +184,8 @@ def _runs(lab: dict) -> list[tuple[str, str, str, dict]]:
     runs = [
         ("plain", "none", None, PLAIN_SHAPE),
         ("exact", lab["drafter"], None, lab["shape"]),
+        # block verification is defined for one draft sequence: the same K as a chain
+        ("block", lab["drafter"], None, {"k": lab["shape"]["k"], "topk": 1, "verify": "block"}),
         ("broken", "int8", verify_children_ignoring_q, lab["shape"]),
     ]
     return [run for run in runs if run[0] in lab["chosen"]]
@@ -269,7 +278,7 @@ def run_lossless(
 ):
     """Generator: plain, exact speculative and broken-verifier next-token samples vs the exact p.
 
-    samplers: the subset of SAMPLERS' keys to run (None = all three).
+    samplers: the subset of SAMPLERS' keys to run (None = DEFAULT_SAMPLERS: all but block verification).
     Yields (status markdown, figure, table rows) after each sampler.
     """
     lab = _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samplers, tokens)
@@ -364,7 +373,7 @@ def _controls() -> dict:
     c["seed"] = gr.Number(0, precision=0, label="Seed", info="-1 = random")
     c["samplers"] = gr.CheckboxGroup(
         [(name, kind) for kind, name in SAMPLERS.items()],
-        value=list(SAMPLERS),
+        value=list(DEFAULT_SAMPLERS),
         label="Samplers to run",
         info="Each costs N target passes.",
     )
