@@ -156,7 +156,7 @@ BLOCK_HINT = (
 
 
 def _block_decision(node: dict, token: str, verdict: str, kept: int) -> str:
-    passed = node.get("u") is not None and node["u"] < (node.get("accept_prob") or 0.0)
+    passed = bool(node.get("prefix_passed"))  # (the engine's outcome of u < h, recorded)
     text = (
         f"- Drafted {token} with q = {fmt_num(node.get('q_eff'))}; target gives p = {fmt_num(node.get('p_eff'))}; "
         f"joint ratio {fmt_num(node.get('joint'))}; the prefix ending here: h = {fmt_num(node.get('accept_prob'))}, "

@@ -35,7 +35,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Q_FLOOR", "accept_probability", "block_verify_chain", "residual", "verify_chain", "verify_children"]
+__all__ = [
+    "Q_FLOOR",
+    "accept_probability",
+    "block_verify_chain",
+    "race_scores",
+    "residual",
+    "verify_chain",
+    "verify_children",
+]
 
 # q(x) is floored at this before dividing: a drafted token always has q(x) > 0, so
 # the floor only keeps the division defined (the batched verifier uses the same).
@@ -45,6 +53,15 @@ Q_FLOOR = 1e-30
 def accept_probability(p_x: float, q_x: float) -> float:
     """min(1, p(x) / q(x)): the probability of keeping a draft x."""
     return min(1.0, p_x / max(q_x, Q_FLOOR))
+
+
+def race_scores(weights: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """[..., V] weights >= 0 and Exp(1) draws e -> [..., V] float32 race scores: w / e where w > 0, else -1 (never
+    wins). Its argmax is a draw from w / sum(w) (the first index on a tie; the proof is in
+    engine/kernels/batched_verifier.py): every race draws by it, engine.sampling's off the CPU and the batched
+    verifier's extra token."""
+    w = weights.float()
+    return torch.where(w > 0, w / e.float(), -1.0)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -140,7 +157,7 @@ def verify_chain(
 
 def block_verify_chain(
     p: torch.Tensor, q: torch.Tensor, draft_ids: torch.Tensor, u: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Block verification of a sampled chain (Sun et al., "Block Verification Accelerates Speculative
     Decoding", ICLR 2025; vLLM's ``rejection_sample_method: "block"``): the drafted prefix is accepted by a
     joint ratio instead of token by token, still exactly lossless, and never fewer tokens on average.
@@ -153,6 +170,7 @@ def block_verify_chain(
       num_accepted []    tau: the longest prefix whose test passed (0 .. K)
       h            [K]   the test of prefix length i + 1: accepted when u_i < h_i
       joint        [K]   p_i, the running joint ratio after draft i
+      passed       [K]   bool: u_i < h_i, the test of prefix length i + 1 (recorded: a rounded h cannot retell it)
       dist         [V]   what the extra token is drawn from (unnormalised): the weighted residual at tau,
                          or p_K (the bonus) when tau = K; p at tau where the residual has no mass
 
@@ -170,6 +188,8 @@ def block_verify_chain(
     the first tokens by chi-square, with negative controls.
     """
     k = int(draft_ids.shape[0])
+    if k < 1:
+        raise ValueError("block verification needs at least one draft")
     rows = torch.arange(k, device=p.device)
     ratio = p[rows, draft_ids].double() / q[rows, draft_ids].double().clamp_min(Q_FLOOR)  # [K]
     joint_list = []
@@ -177,27 +197,15 @@ def block_verify_chain(
     for i in range(k):  # K <= 32: a short scan of device scalars, no host read
         running = torch.clamp(running * ratio[i], max=1.0)
         joint_list.append(running)
-    joint = torch.stack(joint_list) if k else ratio  # [K] float64
-    weighted = torch.clamp(joint[:, None] * p[1 : k + 1].double() - _padded(q, k + 1)[1:].double(), min=0.0)  # [K, V]
-    mass = weighted.sum(dim=-1)  # [K] |r_i|, i = 1 .. K (the last is unused: h_K = p_K)
-    denom = mass + 1.0 - joint
-    h = torch.where(denom > 0, mass / denom.clamp_min(Q_FLOOR), torch.ones_like(mass))  # [K]
-    if k:
-        h[-1] = joint[-1]
+    joint = torch.stack(joint_list)  # [K] float64
+    weighted = torch.clamp(joint[:-1, None] * p[1:k].double() - q[1:k].double(), min=0.0)  # [K-1, V]: r_1 .. r_{K-1}
+    mass = weighted.sum(dim=-1)  # [K-1] |r_i|
+    denom = mass + 1.0 - joint[:-1]
+    h = torch.cat([torch.where(denom > 0, mass / denom.clamp_min(Q_FLOOR), torch.ones_like(mass)), joint[-1:]])  # [K]
     passed = u.double() < h  # [K]
-    lengths = torch.arange(1, k + 1, device=p.device)
-    num_accepted = torch.where(passed, lengths, 0).amax() if k else torch.zeros((), dtype=torch.long, device=p.device)
-    # The extra token's distribution: r_tau (r_0 = max(0, p_0 - q_0)), or p_K for the bonus.
-    first = torch.clamp(p[:1].double() - q[:1].double(), min=0.0) if k else p[:1].double()  # [1, V]
-    residuals = torch.cat([first, weighted[: max(k - 1, 0)]], dim=0) if k else first  # [K, V]: r_0 .. r_{K-1}
-    table = torch.cat([residuals, p[k : k + 1].double()], dim=0)  # [K+1, V]: row tau
-    chosen = table[num_accepted]  # [V]
-    has_mass = chosen.sum() > 0
-    dist = torch.where(has_mass, chosen, p[num_accepted].double()).float()
-    return num_accepted, h.float(), joint.float(), dist
-
-
-def _padded(q: torch.Tensor, rows: int) -> torch.Tensor:
-    """q [K, V] with zero rows appended up to `rows` (the bonus position has no q)."""
-    extra = rows - q.shape[0]
-    return torch.cat([q, q.new_zeros(extra, q.shape[-1])], dim=0) if extra > 0 else q
+    num_accepted = torch.where(passed, torch.arange(1, k + 1, device=p.device), 0).amax()  # []
+    # The extra token's distribution, row tau of [r_0 = max(0, p - q), r_1 .. r_{K-1}, p_K (the bonus)].
+    first = torch.clamp(p[:1].double() - q[:1].double(), min=0.0)  # [1, V]
+    chosen = torch.cat([first, weighted, p[k : k + 1].double()], dim=0)[num_accepted]  # [V]
+    dist = torch.where(chosen.sum() > 0, chosen, p[num_accepted].double()).float()
+    return num_accepted, h.float(), joint.float(), dist, passed

@@ -83,8 +83,9 @@ def _node(tree: DraftTree, verdict: Verdict, i: int, dropped: bool, token_text: 
             q_eff=round(rec["q_eff"], PROB_DIGITS),
             adjusted=rec["adjusted"],
         )
-        if "joint" in rec:  # block verification: the running joint ratio after this node
+        if "joint" in rec:  # block verification: the running joint ratio after this node, and its prefix's test
             item["joint"] = round(rec["joint"], PROB_DIGITS)
+            item["prefix_passed"] = rec["passed"]
     if dropped:
         item["dropped"] = True
     if token_text is not None:

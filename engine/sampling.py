@@ -23,6 +23,8 @@ import math
 
 import torch
 
+from engine.acceptance import race_scores
+
 __all__ = [
     "SamplingParams",
     "apply_filters",
@@ -126,9 +128,8 @@ def exponentials(like: torch.Tensor, generator: torch.Generator | None) -> torch
 
 
 def _race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """[..., V] weights >= 0 -> [..., V] race scores: w / E where w > 0, else -1 (never wins)."""
-    w = weights.float()
-    return torch.where(w > 0, w / exponentials(w, generator), -1.0)
+    """Race scores of [..., V] weights with fresh exponentials from `generator`."""
+    return race_scores(weights, exponentials(weights, generator))
 
 
 def _inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -167,8 +168,10 @@ def race_without_replacement(probs: torch.Tensor, n: int, generator: torch.Gener
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from a [V] distribution (``draw``), as a Python int."""
-    return int(draw(probs, generator))
+    """One draw from a [V] distribution, as a Python int (``draw``'s, read back)."""
+    if probs.device.type == "cpu":
+        return _inverse_cdf(probs, generator)
+    return int(race_draw(probs, generator))
 
 
 def sample_without_replacement(probs: torch.Tensor, n: int, generator: torch.Generator | None) -> list[int]:

@@ -48,7 +48,7 @@ import torch
 from engine.acceptance import block_verify_chain, verify_children
 from engine.drafters.base import DraftTree
 from engine.kernels.batched_verifier import extra_distribution, verify_batch
-from engine.sampling import SamplingParams, draw, exponentials, probs_from_logits
+from engine.sampling import SamplingParams, draw, exponentials, probs_from_logits, sample
 from engine.trace import TOP_N
 
 __all__ = [
@@ -86,8 +86,9 @@ class Verdict:
                distribution a resampled token was drawn from (None after a bonus or when greedy)
     greedy:    decided by argmax (no uniforms, no residual)
     rule:      the acceptance rule that decided: "token" (draft by draft) or "block" (a chain's prefix by its
-               joint ratio: a record's accept_prob is then the test h of the prefix ending at that node, and
-               its joint the running joint ratio; an accepted node's own test may have failed)
+               joint ratio: a record's accept_prob is then the test h of the prefix ending at that node, its
+               joint the running joint ratio and passed whether u < h held; an accepted node's own test may have
+               failed)
     """
 
     decisions: list[str]
@@ -172,7 +173,7 @@ def walk_tree(
             for c, value in zip(children, picked):
                 p_token[c] = value
         if not children:
-            token = int(p.argmax()) if params.greedy else int(draw(p, gen))
+            token = int(p.argmax()) if params.greedy else sample(p, gen)
             extra = {"token_id": token, "kind": "bonus", "from_node": node}
             break
         u = [] if params.greedy else [_uniform(gen) for _ in children]
@@ -182,7 +183,7 @@ def walk_tree(
         for c, rec in zip(children, recs):
             records[c], decisions[c] = rec, "rejected"
         if chosen is None:
-            token = int(dist.argmax()) if params.greedy else int(draw(dist, gen))
+            token = int(dist.argmax()) if params.greedy else sample(dist, gen)
             extra = {"token_id": token, "kind": "resampled", "from_node": node}
             if tops and not params.greedy:
                 residual_top = dist
@@ -239,16 +240,29 @@ def _unpack_tops(flat: list[float], k: int, n: int, with_q: bool, with_dist: boo
     }
 
 
-def _kept_tops(tail: list[float], p: torch.Tensor, q: torch.Tensor | None, dist: torch.Tensor | None) -> dict:
-    """A chain's top entries by node: from the packed copy's tail off the CPU; on the CPU (where the copy is free)
-    the rows themselves, which ``resolve_tops`` lists once the pass is timed (as the walk's)."""
+def _row_tops(p: torch.Tensor, q: torch.Tensor | None, dist: torch.Tensor | None) -> dict:
+    """The rows ``_tops_on_device`` would take the top entries of, by node (listed later by ``resolve_tops``)."""
     k = p.shape[0] - 1
-    if p.device.type != "cpu":
-        return _unpack_tops(tail, k, min(TOP_N, p.shape[-1]), q is not None, dist is not None)
     return {
         "p": {i - 1: p[i] for i in range(k + 1)},
         "q": {i - 1: (q[i] if q is not None else None) for i in range(k)} | {k - 1: None},
         "residual": dist,
+    }
+
+
+def _kept_tops(tail: list[float], p: torch.Tensor, q: torch.Tensor | None, dist: torch.Tensor | None, accepted: int):
+    """A chain's top entries at the positions it visited (the root and the accepted path), and the residual's
+    after a rejection: from the packed copy's tail off the CPU; on the CPU (where the copy is free) the rows
+    themselves, which ``resolve_tops`` lists once the pass is timed (as the walk's)."""
+    k = p.shape[0] - 1
+    if p.device.type != "cpu":
+        kept = _unpack_tops(tail, k, min(TOP_N, p.shape[-1]), q is not None, dist is not None)
+    else:
+        kept = _row_tops(p, q, dist)
+    return {
+        "p": {node: top for node, top in kept["p"].items() if node < accepted},
+        "q": {node: top for node, top in kept["q"].items() if node < accepted},
+        "residual": kept["residual"] if accepted < k else None,  # a bonus is drawn from p itself
     }
 
 
@@ -271,9 +285,6 @@ def _chain_verdict(tree, accepted, token, tested, u, p_eff, q_eff, p_extra, gree
     else:
         extra = {"token_id": token, "kind": "bonus", "from_node": k - 1}
     extra["p"] = p_extra
-    if kept is not None:  # only the visited positions: the root and the accepted path
-        kept["p"] = {node: top for node, top in kept["p"].items() if node < accepted}
-        kept["q"] = {node: top for node, top in kept["q"].items() if node < accepted}
     return Verdict(decisions, records, list(range(accepted)), extra, p_token, kept, greedy)
 
 
@@ -311,11 +322,7 @@ def verify_chain_batched(
     accepted, token = int(host[0]), int(host[1])
     tested, u_h, p_h, q_h = (host[2 + j * k : 2 + (j + 1) * k] for j in range(4))
     p_extra_h = host[2 + 4 * k]
-    kept = None
-    if tops:
-        kept = _kept_tops(host[3 + 4 * k :], p, q, dist)
-        if accepted == k:
-            kept["residual"] = None  # a bonus: drawn from p itself
+    kept = _kept_tops(host[3 + 4 * k :], p, q, dist, accepted) if tops else None
     return _chain_verdict(tree, accepted, token, tested, u_h, p_h, q_h, p_extra_h, False, kept)
 
 
@@ -344,7 +351,7 @@ def verify_chain_greedy(logits: torch.Tensor, tree: DraftTree, params: SamplingP
     host = torch.cat(packed).tolist()  # the pass's one host copy
     accepted, token = int(host[0]), int(host[1])
     tested, p_h, q_h = (host[2 + j * k : 2 + (j + 1) * k] for j in range(3))
-    kept = _kept_tops(host[3 + 3 * k :], p, q, None) if tops else None
+    kept = _kept_tops(host[3 + 3 * k :], p, q, None, accepted) if tops else None
     return _chain_verdict(tree, accepted, token, tested, None, p_h, q_h, host[2 + 3 * k], True, kept)
 
 
@@ -363,17 +370,18 @@ def verify_chain_block(
     q = _chain_q(tree, device)  # [K, V] or None
     q_rows = torch.nn.functional.one_hot(ids, p.shape[-1]).float() if q is None else q  # [K, V]
     u = torch.rand(k, generator=gen, dtype=torch.float64, device=device)  # [K]
-    num_accepted, h, joint, dist = block_verify_chain(p, q_rows, ids, u)  # [], [K], [K], [V]
+    num_accepted, h, joint, dist, passed = block_verify_chain(p, q_rows, ids, u)  # [], [K], [K], [V], [K]
     token = draw(dist, gen)  # [] the extra token
+    dist = dist / dist.sum()  # (what the screen's residual entries are read from)
     rows = torch.arange(k, device=device)
     p_eff, q_eff = p[rows, ids], q_rows[rows, ids]  # [K], [K]
     packed = [num_accepted[None].double(), token[None].double(), h.double(), u, p_eff.double(), q_eff.double()]
-    packed += [joint.double(), p[num_accepted, token][None].double()]
+    packed += [joint.double(), passed.double(), p[num_accepted, token][None].double()]
     if tops and device.type != "cpu":
-        packed += _tops_on_device(p, q, dist / dist.sum())
+        packed += _tops_on_device(p, q, dist)
     host = torch.cat(packed).tolist()  # the pass's one host copy
     accepted, token_id = int(host[0]), int(host[1])
-    tested, u_h, p_h, q_h, joint_h = (host[2 + j * k : 2 + (j + 1) * k] for j in range(5))
+    tested, u_h, p_h, q_h, joint_h, passed_h = (host[2 + j * k : 2 + (j + 1) * k] for j in range(6))
     decisions = ["accepted"] * accepted + ["rejected"] * (k - accepted)
     records: list[dict | None] = [
         {
@@ -383,17 +391,12 @@ def verify_chain_block(
             "q_eff": q_h[i],
             "adjusted": False,
             "joint": joint_h[i],
+            "passed": passed_h[i] > 0,
         }
         for i in range(k)
     ]
     kind = "bonus" if accepted == k else "resampled"
-    extra = {"token_id": token_id, "kind": kind, "from_node": accepted - 1, "p": host[2 + 5 * k]}
-    kept = None
-    if tops:
-        kept = _kept_tops(host[3 + 5 * k :], p, q, dist / dist.sum())
-        kept["p"] = {node: top for node, top in kept["p"].items() if node < accepted}
-        kept["q"] = {node: top for node, top in kept["q"].items() if node < accepted}
-        if accepted == k:
-            kept["residual"] = None
+    extra = {"token_id": token_id, "kind": kind, "from_node": accepted - 1, "p": host[2 + 6 * k]}
+    kept = _kept_tops(host[3 + 6 * k :], p, q, dist, accepted) if tops else None
     p_token = [p_h[i] if i <= accepted else None for i in range(k)]
     return Verdict(decisions, records, list(range(accepted)), extra, p_token, kept, False, "block")

@@ -54,7 +54,7 @@ def _step(gen, point_mass: bool, mistake: str | None = None) -> list[int]:
     q = torch.stack(q_rows)  # [K, V]
     ids = torch.tensor(drafts)
     u = torch.rand(K, generator=gen, dtype=torch.float64)
-    tau, h, joint, dist = block_verify_chain(p, q, ids, u)
+    tau, h, joint, dist, _ = block_verify_chain(p, q, ids, u)
     tau = int(tau)
     if mistake == "token_residual" and tau < K:  # the token rule's residual instead of the weighted one
         dist = torch.clamp(p[tau] - q[tau], min=0.0)
@@ -97,7 +97,7 @@ def test_one_draft_is_the_token_rule():
         q = torch.softmax(torch.randn(1, 7, generator=gen), -1)
         x = torch.tensor([int(draw(q[0], gen))])
         u = torch.rand(1, generator=gen, dtype=torch.float64)
-        tau, h, _, dist = block_verify_chain(p, q, x, u)
+        tau, h, _, dist, _ = block_verify_chain(p, q, x, u)
         assert float(h[0]) == pytest.approx(min(1.0, float(p[0, x]) / float(q[0, x])), rel=1e-6)
         n, token_dist = verify_chain(p, q, x, u.float(), greedy=False)
         assert int(tau) == n
@@ -147,7 +147,8 @@ def test_a_block_run_records_the_rule_and_what_decided_each_pass(tiny_engine, dr
             continue
         assert step["verify"] == "block"
         assert all("joint" in node and node["u"] is not None for node in nodes)  # every prefix was tested
-        passing = [n["id"] + 1 for n in nodes if n["u"] < n["accept_prob"]]
+        passing = [n["id"] + 1 for n in nodes if n["prefix_passed"]]
+        assert all(n["prefix_passed"] == (n["u"] < n["accept_prob"]) for n in nodes)  # (away from rounding ties)
         assert step["accepted_len"] == max(passing, default=0)  # the longest passing prefix, from the trace alone
         assert [n["decision"] for n in nodes].count("accepted") == step["accepted_len"]
     greedy = tiny_engine.run("a b c d", drafter, max_new_tokens=8, k=3, verify="block", chat=False)

@@ -144,6 +144,11 @@ def test_bad_lab_input_fails_fast_with_a_clear_error(call, message):
 
 
 # ------------------------------------------------------------------------------ the real model
+def _final_table(outputs) -> dict:
+    """The Lossless lab's last table, by sampler name (without the drafter tag)."""
+    return {row[0].split(" [")[0]: row for row in [o[2] for o in outputs if not _is_skip(o[2])][-1]}
+
+
 @pytest.mark.slow
 def test_lossless_lab_passes_the_exact_sampler_and_catches_the_broken_one():
     """N = 300 real samples of the first two tokens per sampler with the tab's defaults (pairs, int8, K = 2,
@@ -157,7 +162,7 @@ def test_lossless_lab_passes_the_exact_sampler_and_catches_the_broken_one():
     )
     (status, fig, rows), outputs = _last(run)
     final_fig = [o[1] for o in outputs if not _is_skip(o[1])][-1]
-    table = {row[0].split(" [")[0]: row for row in [o[2] for o in outputs if not _is_skip(o[2])][-1]}
+    table = _final_table(outputs)
     exact, broken = table[lossless.SAMPLERS["exact"]], table[lossless.SAMPLERS["broken"]]
     assert float(exact[4]) > 1e-3, table
     assert float(broken[4]) < 1e-3, table
@@ -180,7 +185,7 @@ def test_lossless_lab_runs_block_verification_and_it_is_exact():
         d["prompt"], d["temperature"], d["top_k"], "int8", d["k"], d["topk"], 300, 0, ["block"], 1
     )
     (status, _, _), outputs = _last(run)
-    table = {row[0].split(" [")[0]: row for row in [o[2] for o in outputs if not _is_skip(o[2])][-1]}
+    table = _final_table(outputs)
     block = table[lossless.SAMPLERS["block"]]
     assert float(block[4]) > 1e-3 and block[6] == "consistent with p", table
     assert table[lossless.SAMPLERS["exact"]][6] == "not run" and "Done" in status
@@ -197,7 +202,7 @@ def test_lossless_lab_offers_the_eagle_head_and_it_is_exact():
         d["prompt"], d["temperature"], d["top_k"], "eagle", d["k"], d["topk"], 300, 0, ["exact"], 1
     )
     (status, _, _), outputs = _last(run)
-    table = {row[0].split(" [")[0]: row for row in [o[2] for o in outputs if not _is_skip(o[2])][-1]}
+    table = _final_table(outputs)
     exact = table[lossless.SAMPLERS["exact"]]
     assert float(exact[4]) > 1e-3 and exact[6] == "consistent with p", table
     assert "Done" in status and "eagle" in status

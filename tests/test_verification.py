@@ -137,8 +137,8 @@ def test_a_run_asks_for_top_entries_only_for_full_payloads(tiny_engine, payload)
 
 def test_the_packed_top_entries_unpack_to_the_rows_top_entries():
     # What a CUDA pass packs into its one host copy (_tops_on_device) and unpacks (_unpack_tops) lists exactly
-    # the top entries that the CPU lists from the rows themselves (_kept_tops, then resolve_tops).
-    from engine.verification import Verdict, _kept_tops, _tops_on_device, _unpack_tops
+    # the top entries that the CPU lists from the rows themselves (_row_tops, then resolve_tops).
+    from engine.verification import Verdict, _row_tops, _tops_on_device, _unpack_tops
 
     gen = torch.Generator().manual_seed(4)
     p = torch.softmax(torch.randn(4, V, generator=gen), -1)  # [K+1, V]
@@ -147,7 +147,7 @@ def test_the_packed_top_entries_unpack_to_the_rows_top_entries():
     for q_rows, residual in ((q, dist), (None, dist), (q, None)):
         tail = torch.cat(_tops_on_device(p, q_rows, residual)).tolist()
         packed = _unpack_tops(tail, 3, 10, q_rows is not None, residual is not None)
-        rows = resolve_tops(Verdict([], [], [], {}, [], _kept_tops([], p, q_rows, residual))).tops
+        rows = resolve_tops(Verdict([], [], [], {}, [], _row_tops(p, q_rows, residual))).tops
         assert packed["p"].keys() == rows["p"].keys() and packed["q"].keys() == rows["q"].keys()
         for part in ("p", "q"):
             for node, top in rows[part].items():

@@ -138,7 +138,7 @@ import sys
 import torch
 
 from engine import config
-from engine.acceptance import Q_FLOOR
+from engine.acceptance import Q_FLOOR, race_scores
 
 __all__ = [
     "HAS_TRITON",
@@ -196,9 +196,7 @@ def exponential_race(dist: torch.Tensor, exponentials: torch.Tensor) -> torch.Te
     Returns [B] int64: argmax_j of dist[j] / e[j] over the entries with mass (the first on a tie;
     0 if the row is all zero).
     """
-    dist = dist.float()
-    score = torch.where(dist > 0, dist / exponentials.float(), -1.0)  # [B, V]
-    return score.argmax(dim=-1)
+    return race_scores(dist, exponentials).argmax(dim=-1)  # [B]
 
 
 def _accept_counts(target_probs, draft_probs, draft_ids, uniforms) -> tuple[torch.Tensor, torch.Tensor]:

@@ -290,12 +290,13 @@ def plan_memory(
     # One pass's logits plus the p rows kept per tree position (float32, vocabulary-sized).
     working = (2 * width) * w["vocab"] * 4 * concurrent_runs
     runner_bytes = 0
-    runner = _runner_plan([w] + ([dw] if dw else [w] if drafter == "int8" else []), device, pass_graphs, strict, width)
+    models = [w] + ([dw] if dw else [w] if drafter == "int8" else [])
+    runner = _runner_plan(models, device, pass_graphs, strict, width, context, wbytes)
     if runner is not None:  # the caches are the runners', at the run's bucket
-        slots = runner["slots"](context)
+        slots, per_run, note = runner
         kv, drafter_kv = kv_per_token * slots * concurrent_runs, drafter_kv // context * slots
-        runner_bytes = runner["bytes"](slots, wbytes) * concurrent_runs
-        notes.append(f"fixed-shape runners of {slots} slots (the run's bucket)" + runner["note"])
+        runner_bytes = per_run * concurrent_runs
+        notes.append(note)
     stored = _DTYPE_BYTES.get(w["stored_dtype"] or "", wbytes)
     load_peak = w["params"] * stored + target_bytes + drafter_bytes  # checkpoint tensors + our copy
     if device.startswith("cuda"):
@@ -326,20 +327,20 @@ def _check_counts(**counts) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _runner_plan(models: list[dict], device: str, pass_graphs: str, strict: bool, width: int) -> dict | None:
-    """Where the run's passes take fixed-shape runners (engine.model.runners), one per model each run: their
-    slots for a run of `context` slots ("slots"), their bytes beside the caches ("bytes"); else None."""
+def _runner_plan(models, device, pass_graphs, strict, width, context, wbytes) -> tuple[int, int, str] | None:
+    """(slots, bytes, note) of the fixed-shape runners a run takes (engine.model.runners), one per model: their
+    slots (the bucket of the run's `context`), their bytes beside the caches; None where the passes are eager."""
     from engine.model.runners import STATIC_MAX_WIDTH, run_bucket  # (torch: imported when a plan is made)
 
     graphs = pass_graphs == "auto" and device.startswith("cuda")
     if not (graphs or (pass_graphs == "static" and strict)) or width > STATIC_MAX_WIDTH:
         return None
-    room = STATIC_MAX_WIDTH * 2 + 2
-    return {
-        "slots": lambda context: run_bucket(context, (models[0]["max_positions"] or context) + room),
-        "bytes": lambda slots, wbytes: sum(_runner_bytes(m, slots, wbytes, graphs, STATIC_MAX_WIDTH) for m in models),
-        "note": ", with CUDA graph pools (an estimate)" if graphs else "",
-    }
+    slots = run_bucket(context, (models[0]["max_positions"] or context) + 2 * STATIC_MAX_WIDTH + 2)
+    size = sum(_runner_bytes(m, slots, wbytes, graphs, STATIC_MAX_WIDTH) for m in models)
+    note = f"fixed-shape runners of {slots} slots (the run's bucket)" + (
+        ", with CUDA graph pools (an estimate)" if graphs else ""
+    )
+    return slots, size, note
 
 
 def _runner_bytes(m: dict, slots: int, wbytes: int, graphs: bool, w_max: int) -> int:
