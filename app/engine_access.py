@@ -86,9 +86,10 @@ def get_engine(target: str = "default", dtype: str = "auto", progress=None):
 
 
 def builds_on_first_use(drafter) -> bool:
-    """Whether the drafter's weights are built on first use (the int8 copy, a draft model): worth a message."""
+    """Whether the drafter's weights are built on first use (the int8 or 4-bit copy, a draft model): worth a
+    message."""
     spec = drafter.strip() if isinstance(drafter, str) else ""
-    return spec == "int8" or spec.startswith(MODEL_PREFIX)
+    return spec.split("+", 1)[0] in ("int8", "q4") or spec.startswith(MODEL_PREFIX)
 
 
 def use_drafter(engine, drafter: str) -> None:

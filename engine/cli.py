@@ -29,7 +29,11 @@ def _dtypes() -> tuple[str, ...]:
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="offline default, a preset, a Hub id or a local folder")
-    p.add_argument("--drafter", default="ngram", help="none | ngram | suffix | int8 | eagle | model:<id or preset>")
+    p.add_argument(
+        "--drafter",
+        default="ngram",
+        help="none | ngram | suffix | int8 | q4 | eagle | model:<id or preset> | q4+ngram (drafts of drafts)",
+    )
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth)")
     p.add_argument("--steps", type=int, default=None, help="tree depth (same as --k)")
     p.add_argument("--topk", type=int, default=1, help="tree branching per node (1 = chain)")
@@ -111,7 +115,9 @@ def _add_bench(sub) -> None:
     b.add_argument("--dtype", default="auto", choices=list(_dtypes()))
     b.add_argument("--device", default="auto", help="auto | cpu | cuda")
     b.add_argument("--target", default="default", help="target model (default, a preset, a Hub id or a local folder)")
-    b.add_argument("--workloads", default=None, help="comma-separated subset of chat, code-edit, summarize")
+    b.add_argument(
+        "--workloads", default=None, help="comma-separated subset of chat, code-edit, summarize, chat-heldout"
+    )
     b.add_argument("--no-events-check", action="store_true", help="skip the event-stream cost measurement")
     b.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -156,7 +162,11 @@ def _add_launch_command(sub) -> None:
     )
     lc.add_argument("--engine", required=True, choices=["vllm", "sglang", "llama.cpp", "transformers"])
     lc.add_argument("--target", default="default", help="the target model (default, a preset or a Hub id)")
-    lc.add_argument("--drafter", default="ngram", help="none | ngram | suffix | int8 | eagle | model:<id or preset>")
+    lc.add_argument(
+        "--drafter",
+        default="ngram",
+        help="none | ngram | suffix | int8 | q4 | eagle | model:<id or preset> | q4+ngram (drafts of drafts)",
+    )
     lc.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth)")
     lc.add_argument("--topk", type=int, default=1, help="tree branching per node (1 = chain)")
     lc.add_argument("--num-draft-tokens", type=int, default=None, help="tree budget: draft tokens per step")

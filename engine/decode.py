@@ -115,9 +115,13 @@ class StepResult:
 
     @property
     def draft_info(self) -> dict:
-        """The step event's ``draft``: the K used and why drafting stopped (the drafter's own record), and for
-        adaptive drafting why the policy chose that K."""
+        """The step event's ``draft``: the K used and why drafting stopped (the drafter's own record), the model
+        passes a model drafter ran (and drafts of drafts' copied tokens), and for adaptive drafting why the
+        policy chose that K."""
         info = {"k": self.k, "stop": self.tree.stop}
+        for key in ("model_passes", "copied"):  # what a model drafter's draft took (None: not one)
+            if getattr(self.tree, key) is not None:
+                info[key] = getattr(self.tree, key)
         if self.why is not None:
             info["why"] = self.why
         return info

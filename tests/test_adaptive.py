@@ -288,7 +288,8 @@ def test_every_step_records_its_k_and_why_drafting_stopped(tiny_with_eagle):
     run = engine.run(PROMPT, "int8", max_new_tokens=16, k=4, adaptive=True, payload="reduced")
     assert run["events"][0]["settings"]["adaptive"] is True
     for step in step_events(run["events"]):
-        assert set(step["draft"]) == {"k", "stop", "why"} and step["draft"]["stop"] in STOP_REASONS
+        assert set(step["draft"]) == {"k", "stop", "model_passes", "why"} and step["draft"]["stop"] in STOP_REASONS
+        assert 1 <= step["draft"]["model_passes"] <= step["draft"]["k"]  # the catch-up, one per level expanded
         assert 1 <= step["draft"]["k"] <= 4
     assert drafts(loads(dumps(run["events"]))) == drafts(run)  # saved and loaded as recorded
 

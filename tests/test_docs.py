@@ -33,7 +33,7 @@ ELSEWHERE = {("start.host", "gpu"): "CUDA runs only"}
 # The tiny engine's runs, chosen to produce every key: sampled tree drafting that adapts (start.adaptive,
 # draft.why, q_top, u), an n-gram draft of the prompt's own continuation, which the random target all but
 # certainly rejects (p ≈ 1e-6: residual_top), a greedy int8 run cut at one token (dropped, truncated), and a
-# sampled int8 chain by block verification (nodes' joint).
+# sampled int8 chain by block verification (nodes' joint), and drafts of drafts (draft.copied).
 PROMPT = "a b c d a b c d a b"
 RUNS = [
     ("int8", dict(k=3, topk=2, temperature=1.0, seed=0, adaptive=True, max_new_tokens=12)),
@@ -41,6 +41,7 @@ RUNS = [
     ("int8", dict(seed=0, chat=False, max_new_tokens=1)),
     ("none", dict(payload="reduced", max_new_tokens=2)),
     ("int8", dict(k=3, temperature=1.0, seed=0, verify="block", max_new_tokens=6)),
+    ("int8+ngram", dict(k=3, temperature=1.0, seed=0, chat=False, max_new_tokens=6)),
 ]
 
 

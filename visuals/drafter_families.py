@@ -23,6 +23,7 @@ FAMILY_COLOURS = {
     "ngram": PALETTE["resampled"],
     "suffix": "#56B4E9",  # sky blue: n-gram's cousin, told apart from it
     "int8": PALETTE["bonus"],
+    "q4": "#CC79A7",  # reddish purple: int8's 4-bit sibling
     "eagle": PALETTE["accepted"],
     "model": SERIES["target"],
 }
@@ -49,7 +50,7 @@ def run_label(trace) -> str:
 
 
 def _family(drafter: str) -> str:
-    return (drafter or "none").split(":", 1)[0]
+    return (drafter or "none").split(":", 1)[0].split("+", 1)[0]  # q4+ngram: the q4 family
 
 
 def _depth_used(steps: list[dict]) -> tuple[float | None, dict]:

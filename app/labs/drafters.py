@@ -58,6 +58,7 @@ DRAFTERS = {
     "ngram": "ngram: prompt lookup",
     "suffix": "suffix: suffix decoding",
     "int8": "int8: the target quantised",
+    "q4": "q4: the target's own 4-bit weights",
     "eagle": "eagle: a head on the target's hidden state",
 }
 ADAPTIVE_FIELD = "adaptive"  # GenerationSettings' switch for drafting depth that adapts
@@ -108,6 +109,12 @@ FAMILY_TEXT = {
         "the same network, so it agrees with the target often (high α) on any text, but each draft token is a whole "
         "forward pass through every layer, one after another, so c is a large share of a target pass and K drafts "
         "eat much of what the accepted ones save."
+    ),
+    "q4": (
+        "**q4 self-drafting** is int8's idea with half the bytes: the target's own layers in 4 bits (the GGUF file's "
+        "Q4_1 blocks; the output projection in int8). A forward pass reads about a third of the target's bytes, and "
+        "decoding on a CPU is paced by the bytes read, so a draft token costs about a third of a target pass (c, "
+        "measured below) while the target still agrees with most drafts."
     ),
     "eagle": (
         "**EAGLE head** is a tiny network trained on the target: it reads the target's own hidden states (a low, a middle and the "

@@ -118,6 +118,8 @@ DRAFTER_CHOICES = [
     ("ngram (prompt lookup)", "ngram"),
     ("suffix (suffix decoding: the prompt and this session's earlier answers)", "suffix"),
     ("int8 (quantised target)", "int8"),
+    ("q4 (the target's own 4-bit weights)", "q4"),
+    ("q4+ngram (q4, its own guesses proposed by n-gram)", "q4+ngram"),
     ("eagle (a one-layer head on the target's own features)", "eagle"),
     ("model:SmolLM2-135M-Instruct", "model:SmolLM2-135M-Instruct"),
 ]

@@ -85,6 +85,9 @@ class DraftTree:
     the root) to the drafter distribution its children were drawn from ([V]
     float32); a point-mass drafter (n-gram) has none. stop says why drafting ended
     where it did (``engine.drafters.adaptive.STOP_REASONS``), decided by the drafter.
+    model_passes: the passes of its own model a model drafter ran for this draft (its catch-up included;
+    None for drafters that run none); copied: drafts of drafts only, how many of the drafted tokens its
+    copying drafter proposed and the model kept (engine/drafters/multilevel.py).
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -94,6 +97,8 @@ class DraftTree:
     q_dists: dict[int, torch.Tensor] = field(default_factory=dict)
     point_mass: bool = False
     stop: str = "none"
+    model_passes: int | None = None
+    copied: int | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -118,7 +123,7 @@ class DraftTree:
         keep = sorted(keep)
         remap = {old: new for new, old in enumerate(keep)}
         remap[-1] = -1
-        tree = DraftTree(point_mass=self.point_mass, stop=self.stop)
+        tree = DraftTree(point_mass=self.point_mass, stop=self.stop, model_passes=self.model_passes, copied=self.copied)
         for old in keep:
             tree.tokens.append(self.tokens[old])
             tree.parents.append(remap[self.parents[old]])

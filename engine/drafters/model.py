@@ -12,7 +12,7 @@ from engine.model.static_pass import StaticPasses
 from engine.model.transformer import KVCache, PassOutput, Transformer
 from engine.sampling import SamplingParams, probs_from_logits, sample_without_replacement
 
-__all__ = ["ModelDrafter", "int8_weights"]
+__all__ = ["ModelDrafter", "int8_weights", "q4_weights"]
 
 
 # Static sibling-rank weights for sampling-mode trees: a node's score is the
@@ -45,10 +45,13 @@ class ModelDrafter(Drafter):
             self.cache = self.model.new_cache(capacity)
         self.cache.length = 0
 
-    def _pass(self, tokens, positions, mask=None, x_in=None, features=False, last_only=False) -> PassOutput:
+    def _pass(
+        self, tokens, positions, mask=None, x_in=None, features=False, last_only=False, first_row=None
+    ) -> PassOutput:
         """One drafter pass of T tokens at cache.length: the fixed-shape runner where this run holds one and
         T fits it (mask [T, A] or None for causal, padded to the runner's span), else the eager pass.
-        last_only: the logits of the last row alone are wanted (the eager pass projects only that one)."""
+        last_only: the logits of the last row alone are wanted; first_row: those of rows first_row .. T - 1
+        (the eager pass projects only those; the fixed-shape runner's rows are cut to them)."""
         t = tokens.shape[0]
         on_host = self.model.device.type == "cpu"  # q stays on the drafter's device (the run's generator is there)
         if self.static is not None and t <= self.static.max_width:
@@ -59,10 +62,12 @@ class ModelDrafter(Drafter):
                 full[:, start : start + t] = torch.tril(torch.ones(t, t, dtype=torch.bool))
             else:
                 full[:, : mask.shape[1]] = mask.cpu()
-            return self.static.run(
+            out = self.static.run(
                 tokens.tolist(), positions.tolist(), full, features=features, x_in=x_in, to_host=on_host
             )
-        rows = torch.tensor([t - 1]) if last_only else None
+            return out if first_row is None else PassOutput(out.logits[first_row:], out.hidden)
+        first_row = t - 1 if last_only else first_row
+        rows = torch.arange(first_row, t) if first_row is not None else None
         return self.model.run_pass(
             tokens, positions, self.cache, mask=mask, logits_rows=rows, x_in=x_in, features=features, to_host=on_host
         )
@@ -99,7 +104,7 @@ class ModelDrafter(Drafter):
         shape, params, gen = context.shape, context.params, context.gen
         cache = self.cache
         root_logits, committed = self._catch_up(context.tokens)
-        tree = DraftTree(stop="depth")
+        tree = DraftTree(stop="depth", model_passes=1)  # the catch-up pass, then one per level expanded
         slot_of: dict[int, int] = {}  # node -> cache slot, for nodes fed to the drafter
         score: list[float] = []
         path_q: list[float] = []  # cumulative confidence along each node's path (q, or calibrated q)
@@ -149,6 +154,7 @@ class ModelDrafter(Drafter):
                     for anc in tree.path_to(node):
                         mask[row, slot_of[anc]] = True
             out = self._expand(tree, frontier, pos, mask)
+            tree.model_passes += 1
             frontier_q = {node: self._q(out[row], params) for row, node in enumerate(frontier)}
         # Keep the budget's best nodes (ancestor-closed, since scores only shrink
         # along a path and ties are broken by creation order: parents first).
@@ -194,3 +200,30 @@ def int8_weights(target: Transformer) -> Transformer:
     # weights, probed on the target's device, before the state is copied and quantised.
     check_int8_device(target.device, act_dtype)
     return Transformer(target.cfg, _state_from_transformer(target), act_dtype, int8=True, device=target.device)
+
+
+def q4_weights(target: Transformer, gguf_path=None) -> Transformer:
+    """4-bit self-speculation: the target's weights in Q4_1 (GGUF's kind, 0.625 bytes per weight) on our
+    CPU kernels, the output projection included. gguf_path: the file the target was loaded from, whose own
+    Q4_1 blocks are used (the default model: its bf16 weights are those blocks dequantised, so the drafter
+    computes nearly the target's function); without one, every matrix is quantised here by llama.cpp's rule.
+
+    The output projection (tied to the embedding) is stored in int8 per channel (Int8Linear, our kernel):
+    at bf16 it would be 57 of the draft pass's 123 MB for the default model, in int8 28. (In Q4_1 it would
+    be 18 MB, but measured on three chat prompts acceptance fell from 0.98-1.00 to 0.72-0.84: the head's
+    rows are not the layers' blocks.) The drafter's precision does not affect exactness: q can be
+    anything; it only moves acceptance."""
+    from engine.kernels import cpu_kernels
+    from engine.model.loading import _state_from_transformer
+    from engine.model.transformer import Int8Linear, quantize_q4_1, use_gguf_q4_1
+
+    if target.device.type != "cpu" or not cpu_kernels.available():
+        why = "it runs on the CPU only" if target.device.type != "cpu" else cpu_kernels.why_unavailable()
+        raise ValueError(f"the q4 drafter needs SpecLens's CPU kernels ({why}); use int8 or a draft model")
+    state = _state_from_transformer(target)
+    model = Transformer(target.cfg, state, torch.bfloat16, device=target.device)
+    swapped = use_gguf_q4_1(model, gguf_path) if gguf_path is not None else 0
+    if swapped < 4 * len(model.layers):  # matrices the file does not hold as Q4_1 (or no file)
+        quantize_q4_1(model)
+    model.lm_head = Int8Linear(target.lm_head.weight)
+    return model

@@ -11,14 +11,18 @@ import threading
 
 from engine.drafters.base import Drafter, NoDrafter
 from engine.drafters.eagle import EagleDrafter, EagleHead, load_head
-from engine.drafters.model import ModelDrafter, int8_weights
+from engine.drafters.model import ModelDrafter, int8_weights, q4_weights
+from engine.drafters.multilevel import MultiLevelDrafter
 from engine.drafters.ngram import NgramDrafter
 from engine.drafters.suffix import SuffixDrafter
 from engine.model.loading import LoadedModel, check_same_vocab, load_model
 
 __all__ = ["DRAFTER_SPECS", "DrafterRegistry", "spec_numbers"]
 
-DRAFTER_SPECS = "none, ngram[:MAX[,MIN[,WINDOW[,PER_MATCH]]]], suffix[:MAX[,MIN]], int8, eagle or model:<id>"
+DRAFTER_SPECS = (
+    "none, ngram[:MAX[,MIN[,WINDOW[,PER_MATCH]]]], suffix[:MAX[,MIN]], int8, q4, eagle, model:<id>,"
+    " or MODEL+COPY (drafts of drafts: q4+ngram, int8+suffix...)"
+)
 
 
 def spec_numbers(spec: str, form: str, most: int) -> list[int]:
@@ -63,7 +67,18 @@ class DrafterRegistry:
             return drafter
         if spec == "eagle":
             return EagleDrafter(self.eagle_head())
+        if "+" in spec and not spec.startswith("model:"):
+            return self._multilevel(spec, history)
         return ModelDrafter(self._model_weights(spec), spec)
+
+    def _multilevel(self, spec: str, history) -> MultiLevelDrafter:
+        """MODEL+COPY: the model drafter MODEL (int8, q4) whose own chain COPY (ngram..., suffix...) drafts."""
+        outer, inner = (part.strip() for part in spec.split("+", 1))
+        if outer not in ("int8", "q4"):
+            raise ValueError(f"drafts of drafts take int8 or q4 before the '+', got {outer!r} in {spec!r}")
+        if not (inner.startswith("ngram") or inner.startswith("suffix")):
+            raise ValueError(f"drafts of drafts take ngram or suffix after the '+', got {inner!r} in {spec!r}")
+        return MultiLevelDrafter(self._model_weights(outer), spec, self.build(inner, history))
 
     def use_eagle_head(self, head: EagleHead | None) -> None:
         """Draft `eagle` with this head instead of the one shipped for the target (training, tests); None:
@@ -87,6 +102,10 @@ class DrafterRegistry:
     def _load_weights(self, spec: str):
         if spec == "int8":
             return int8_weights(self.target.model)
+        if spec == "q4":
+            source = self.target.source
+            gguf = source.get("file") if source.get("kind") == "gguf-package" else None
+            return q4_weights(self.target.model, gguf)
         if not spec.startswith("model:"):
             raise ValueError(f"unknown drafter {spec!r}; choose {DRAFTER_SPECS}")
         model_id = spec.split(":", 1)[1].strip()

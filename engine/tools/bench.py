@@ -33,11 +33,14 @@ SYSTEMS = [
     "engine-ngram",
     "engine-suffix",
     "engine-int8",
+    "engine-q4",
     "engine-tree",
     "engine-eagle",
     "engine-ngram-adaptive",
     "engine-int8-adaptive",
     "engine-eagle-adaptive",
+    "engine-q4-adaptive",
+    "engine-q4-multilevel",
     "engine-torch-float32",
     "engine-baseline-eager",
     "engine-ngram-eager",
@@ -51,6 +54,7 @@ SYSTEMS = [
 # vLLM's CPU build beside our engine (engine/vllm/server.py): started by the bench when
 # .venv-vllm exists, or reached at SPECLENS_VLLM_URL; vllm-ngram drafts K tokens like engine-ngram.
 VLLM_SYSTEMS = ("vllm-baseline", "vllm-ngram")
+Q4_K = 6  # the q4 rows' K (chosen by measurement: docs/bench/README.md)
 ENGINE_SYSTEMS = {
     "engine-baseline": ("none", {}),
     # K = 15: long verbatim copies (code edits) go through in few passes. Which K pays depends on
@@ -74,6 +78,12 @@ ENGINE_SYSTEMS = {
     "engine-ngram-adaptive": ("ngram", {"k": 15, "adaptive": True}),
     "engine-int8-adaptive": ("int8", {"k": 3, "adaptive": True}),
     "engine-eagle-adaptive": ("eagle", {"k": 4, "adaptive": True}),
+    # The target's own 4-bit weights (engine/drafters/model.py q4_weights): a draft pass reads about a third
+    # of the target's bytes, so deeper drafts pay than int8's K = 3.
+    "engine-q4": ("q4", {"k": Q4_K}),
+    "engine-q4-adaptive": ("q4", {"k": Q4_K, "adaptive": True}),
+    # Drafts of drafts (engine/drafters/multilevel.py): n-gram proposes q4's own chain, q4 checks it in one pass.
+    "engine-q4-multilevel": ("q4+ngram", {"k": Q4_K}),
 }
 # Our decoder, no drafter, on float32 weights with torch's own products and attention: what a
 # host where none of our kernels runs gets (issue #16's "float32 path"), in the same run as the

@@ -199,7 +199,11 @@ def _no_equivalent(engine: str, drafter: str) -> str:
     why = {
         "int8": "no engine drafts with a quantised copy of its own target; the closest is a small draft model "
         "(model:<id>) or n-gram",
+        "q4": "no engine drafts with a 4-bit copy of its own target's weights; the closest is a small draft model "
+        "(model:<id>) or n-gram",
         "suffix": "suffix decoding is vLLM's (method suffix, with arctic-inference); this engine has no such method",
         "eagle": "this engine has no EAGLE-style head",
     }.get(drafter, f"SpecLens's drafter {drafter!r} has no counterpart here")
+    if "+" in drafter and not drafter.startswith("model:"):
+        why = "drafts of drafts (a model drafter whose own chain a copying drafter proposes) is SpecLens's alone here"
     return f"{engine}: no equivalent for {drafter}: {why}"

@@ -1,0 +1,145 @@
+"""Drafts of drafts (multi-level speculation): a model drafter whose own tokens are drafted by a copying
+drafter and verified by the model with the exact rule, ``q4+ngram`` (also ``int8+ngram``, ``q4+suffix``...).
+
+Why: on a CPU a model drafter pays in proportion to how cheap its passes are. When the text copies
+something (the prompt, an earlier answer), n-gram lookup can propose the model drafter's next tokens for
+free, and the model checks m of them in one pass of 1 + m rows, which costs about what one row costs
+(decoding is memory bound), instead of m passes. ML-SpecQD (Georganas et al., arXiv 2503.13565) calls it
+multi-level speculative decoding: a 4-bit draft of a bf16 target, itself accelerated by a smaller drafter.
+
+The inner level, one round (``_round``)::
+
+    q_cur   the drafter model's distribution at the next position (a row of its last pass)
+    c_1..c_m  the copying drafter's proposal continuing context + drafts so far (point masses; m may be 0)
+    pass    the model runs [pending, c_1 .. c_m] in one pass: rows q(. | .., c_1 .. c_j) for j = 0..m
+    walk    c_j is kept with probability min(1, q_cur(c_j) / 1) = q_cur(c_j) (greedy: iff it is the argmax);
+            on a rejection the token drawn instead comes from norm(max(0, q_cur - onehot(c_j))), q_cur without
+            c_j; after m kept, one more token is drawn from the next row (the bonus)
+    cache   the model's slots of rejected c_j .. c_m are rolled back; the drawn token is the next round's pending
+
+Why the target's verification stays exact: the target's rule needs each drafted token x_i to be drawn from
+the q_i it is handed, given the tokens before it. The inner walk is the point-mass case of the rule proven in
+``engine.acceptance``: P(emit c) = q(c) and P(emit y != c) = (1 - q(c)) q(y) / (1 - q(c)) = q(y), so every
+drafted token is an exact draw from the model's q at its position, and that q (the row handed on) is the
+model's own conditional there. Greedy: the inner walk emits the argmax exactly. Our CPU kernels are
+row-invariant (a row's numbers do not depend on the other rows of its pass), so the q handed on are
+bit for bit those a plain chain of the same model computes, and greedy drafts are the plain drafter's
+drafts: only the number of model passes changes. tests/test_multilevel.py checks the law by chi-square with
+a negative control (the rejected token not removed from the residual).
+
+Chains only: a tree (topk > 1) is drafted by the model alone, as its plain drafter does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape
+from engine.drafters.model import ModelDrafter
+from engine.model.transformer import Transformer
+from engine.sampling import SamplingParams, sample_without_replacement
+
+__all__ = ["MultiLevelDrafter"]
+
+
+class MultiLevelDrafter(ModelDrafter):
+    """A model drafter (``model``) whose chain is proposed, m tokens at a time, by ``inner`` (n-gram or
+    suffix: a point-mass drafter) and verified by the model in one pass per round."""
+
+    def __init__(self, model: Transformer, name: str, inner: Drafter):
+        super().__init__(model, name)
+        if not inner.needs.point_mass:
+            raise ValueError(f"the inner drafter of {name!r} must be a copying drafter (ngram or suffix)")
+        self.inner = inner
+
+    def start(self, prompt_ids, capacity, runner=None, features=None) -> None:
+        super().start(prompt_ids, capacity, runner, features)
+        self.inner.start(prompt_ids, capacity)
+
+    def _proposal(self, tokens: list[int], room: int) -> list[int]:
+        """The copying drafter's chain continuing `tokens`, at most `room` tokens."""
+        tree = self.inner.propose(DraftContext(tokens, TreeShape(k=room)))
+        return [tree.tokens[i] for i in range(len(tree)) if tree.depths[i] == i + 1][:room]
+
+    def propose(self, context: DraftContext) -> DraftTree:
+        shape, params, gen = context.shape, context.params, context.gen
+        if shape.topk > 1:  # trees: the model drafts alone
+            return super().propose(context)
+        if self.cache is None:
+            raise RuntimeError("MultiLevelDrafter.start must be called before propose")
+        tree = DraftTree(stop="depth", model_passes=0, copied=0)
+        drafted: list[int] = []
+        # The first round rides on the catch-up pass: the committed tokens the model has not seen, then the
+        # first proposal, so a rejected proposal never costs a pass the plain drafter would not run.
+        unseen = context.tokens[self.cache.length :]
+        committed = len(context.tokens)
+        proposal = self._proposal(context.tokens, shape.k - 1) if shape.k > 1 else []
+        q_cur, rows = self._rows(tree, unseen + proposal, len(unseen) - 1, params)  # [V], [m, V]
+        while True:
+            kept, q_cur = self._walk(tree, drafted, proposal, q_cur, rows, params, gen)
+            tree.copied += kept
+            self.cache.length -= len(proposal) - kept  # the model's slots of rejected proposals
+            # the round's own draw, always room for it: the bonus after all kept, or the resample
+            token = self._draw(q_cur, None if kept == len(proposal) else proposal[kept], params, gen)
+            self._add(tree, drafted, token, q_cur)
+            room = shape.k - len(drafted)
+            if room == 0:
+                break
+            # next round: the token just drawn (the model has not seen it) and up to room - 1 proposals
+            proposal = self._proposal(context.tokens + drafted, room - 1) if room > 1 else []
+            q_cur, rows = self._rows(tree, [token] + proposal, 0, params)
+        # every drafted token but the last was fed, in order: node i sits at slot committed + i
+        self._last = (committed, list(range(len(tree))), {i: committed + i for i in range(len(tree) - 1)})
+        return tree
+
+    def _rows(self, tree: DraftTree, fed: list[int], first: int, params: SamplingParams):
+        """One model pass over `fed` at the cache's end; (q after row `first`, q after each later row [m, V])."""
+        start = self.cache.length
+        logits = self._pass(torch.tensor(fed, dtype=torch.long), torch.arange(start, start + len(fed)), first_row=first)
+        tree.model_passes += 1
+        rows = self._q(logits.logits, params)  # [len(fed) - first, V]
+        return rows[0], rows[1:]
+
+    def _walk(self, tree, drafted, proposal, q_cur, rows, params: SamplingParams, gen) -> tuple[int, torch.Tensor]:
+        """Test the proposal against the model's rows, in order; returns (how many were kept, the q at the
+        position after the last kept one). rows [m, V]: q after each proposed token."""
+        for j, token in enumerate(proposal):
+            if params.greedy:
+                ok = int(torch.topk(q_cur, 1).indices) == token
+            else:
+                u = float(torch.rand((), generator=gen, dtype=torch.float64))
+                ok = u < float(q_cur[token])  # min(1, q(c) / 1): a point mass proposed it
+            if not ok:
+                return j, q_cur
+            self._add(tree, drafted, token, q_cur)
+            q_cur = rows[j]
+        return len(proposal), q_cur
+
+    @staticmethod
+    def _draw(q: torch.Tensor, rejected: int | None, params: SamplingParams, gen) -> int:
+        """A token from q (the bonus), or from norm(max(0, q - onehot(rejected))) after a rejection."""
+        if params.greedy:
+            return int(torch.topk(q, 1).indices)  # a rejected proposal was not the argmax: the argmax stands
+        if rejected is not None:
+            q = q.clone()
+            q[rejected] = 0.0
+        return sample_without_replacement(q, 1, gen)[0]
+
+    @staticmethod
+    def _add(tree: DraftTree, drafted: list[int], token: int, q: torch.Tensor) -> None:
+        """Append one drafted token to the chain with the q it was drawn from."""
+        parent = len(tree) - 1
+        tree.q_dists[parent] = q
+        tree.tokens.append(int(token))
+        tree.parents.append(parent)
+        tree.depths.append(len(tree.tokens))
+        tree.q_token.append(float(q[token]))
+        drafted.append(int(token))
+
+    def accept(self, verified) -> None:
+        super().accept(verified)
+        self.inner.accept(verified)
+
+    def close(self) -> None:
+        super().close()
+        self.inner.close()

@@ -1,0 +1,132 @@
+"""Drafts of drafts (engine/drafters/multilevel.py): the model drafter's own chain proposed by n-gram and
+verified by the model with the exact rule hands the target exact draws from the model's q.
+
+* On a tiny model (vocabulary 32), the first two drafted tokens follow the model's own joint law q(x1) q(x2 | x1)
+  by chi-square, and a negative control (a rejection that does not remove the proposed token from the
+  residual) is detected.
+* The q handed on is the model's own conditional at each position.
+* On the real model, greedy drafts of drafts are the plain q4 drafter's drafts, token for token, and the run's
+  output is the baseline's; the step events record the drafter's passes and the copied tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from engine.drafters.base import DraftContext, TreeShape
+from engine.drafters.multilevel import MultiLevelDrafter
+from engine.drafters.ngram import NgramDrafter
+from engine.sampling import SamplingParams, probs_from_logits
+from tests.conftest import tiny_transformer
+
+VOCAB = 32
+N = 4000
+SAMPLED = SamplingParams(temperature=3.0)  # the tiny model is sharp: soften q so both outcomes are common
+
+
+class _ResidualKeepsTheProposal(MultiLevelDrafter):
+    """The negative control: after a rejection it draws from q itself, the proposed token not removed."""
+
+    @staticmethod
+    def _draw(q, rejected, params, gen):
+        return MultiLevelDrafter._draw(q, None, params, gen)
+
+
+def _exact_q(model, tokens: list[int]) -> torch.Tensor:
+    """The model's q after `tokens`, from a fresh cache: [V]."""
+    cache = model.new_cache(64)
+    return probs_from_logits(model.prefill(tokens, cache), SAMPLED)
+
+
+def _context(model) -> tuple[list[int], int, float]:
+    """A context whose n-gram proposal c1 has a q between 0.15 and 0.8 (the inner rule then both keeps and
+    rejects it often); (context, c1, q(c1))."""
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(400):
+        a, b, c = torch.randint(0, VOCAB, (3,), generator=gen).tolist()
+        filler = torch.randint(0, VOCAB, (3,), generator=gen).tolist()
+        context = [a, b, c, *filler, a, b]  # n-gram proposes c after the repeated (a, b)
+        q = _exact_q(model, context)
+        if 0.15 < float(q[c]) < 0.8:
+            return context, c, float(q[c])
+    raise AssertionError("no context with a proposal of moderate q")
+
+
+def _draws(drafter_cls, model, context: list[int], n: int) -> tuple[list[tuple[int, int]], list]:
+    drafter = drafter_cls(model, "tiny+ngram", NgramDrafter(2, 1))
+    drafter.start(context, 64)
+    gen = torch.Generator().manual_seed(0)
+    pairs, trees = [], []
+    for _ in range(n):
+        drafter.rewind(len(context) - 1)  # the pending token is fed again: the same root every draw
+        tree = drafter.propose(DraftContext(context, TreeShape(k=2), SAMPLED, gen))
+        pairs.append((tree.tokens[0], tree.tokens[1]))
+        trees.append(tree)
+    return pairs, trees
+
+
+def _pvalue(observed: list[int], probs: torch.Tensor, n: int) -> float:
+    counts = torch.bincount(torch.tensor(observed, dtype=torch.long), minlength=VOCAB).double()
+    expected = probs.double() * n
+    keep = expected >= 5  # pool the rare tokens into one bin (where there are any)
+    f_obs, f_exp = counts[keep], expected[keep]
+    if bool((~keep).any()):
+        f_obs = torch.cat([f_obs, counts[~keep].sum(0, keepdim=True)])
+        f_exp = torch.cat([f_exp, expected[~keep].sum(0, keepdim=True)])
+    f_exp = f_exp * (f_obs.sum() / f_exp.sum())
+    return float(chisquare(f_obs.numpy(), f_exp.numpy()).pvalue)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return tiny_transformer(vocab_size=VOCAB, seed=3)[1]
+
+
+def test_drafts_of_drafts_are_draws_from_the_models_own_law(tiny_model):
+    context, c1, q_c1 = _context(tiny_model)
+    pairs, trees = _draws(MultiLevelDrafter, tiny_model, context, N)
+    q1 = _exact_q(tiny_model, context)
+    assert _pvalue([x1 for x1, _ in pairs], q1, N) > 1e-3
+    # the second token after a kept proposal (the model's row after c1) and after another first token
+    after_c1 = [x2 for x1, x2 in pairs if x1 == c1]
+    assert len(after_c1) > 0.15 * N
+    assert _pvalue(after_c1, _exact_q(tiny_model, context + [c1]), len(after_c1)) > 1e-3
+    other = max((x for x, _ in pairs if x != c1), key=[x for x, _ in pairs].count)
+    after_other = [x2 for x1, x2 in pairs if x1 == other]
+    assert _pvalue(after_other, _exact_q(tiny_model, context + [other]), len(after_other)) > 1e-3
+    # the q handed to the target are the model's conditionals at each position
+    tree = next(t for t in trees if t.tokens[0] == c1)
+    assert torch.allclose(tree.q_dists[-1], q1, atol=1e-6)
+    assert torch.allclose(tree.q_dists[0], _exact_q(tiny_model, context + [c1]), atol=1e-6)
+    # a kept proposal rode on the catch-up pass (one pass for two drafts); a rejected one cost nothing extra
+    assert {(t.copied, t.model_passes) for t in trees} == {(1, 1), (0, 2)}
+
+
+def test_a_residual_that_keeps_the_proposal_is_detected(tiny_model):
+    context, c1, q_c1 = _context(tiny_model)
+    pairs, _ = _draws(_ResidualKeepsTheProposal, tiny_model, context, N)
+    assert _pvalue([x1 for x1, _ in pairs], _exact_q(tiny_model, context), N) < 1e-6
+
+
+def test_only_a_copying_drafter_drafts_for_a_model(tiny_engine):
+    for spec in ("eagle+ngram", "ngram+int8", "int8+eagle", "q4+none"):
+        with pytest.raises(ValueError, match="drafts of drafts"):
+            tiny_engine.drafter(spec)
+
+
+@pytest.mark.real_model
+def test_greedy_drafts_of_drafts_are_the_q4_drafts_and_the_baseline_output(served_engine):
+    prompt = "Rewrite in the past tense: The cat sits on the mat and watches the birds in the garden."
+    base = served_engine.run(prompt, "none", max_new_tokens=40)
+    plain = served_engine.run(prompt, "q4", k=5, max_new_tokens=40)
+    multi = served_engine.run(prompt, "q4+ngram", k=5, max_new_tokens=40)
+    assert plain["token_ids"] == base["token_ids"] == multi["token_ids"]
+    steps = lambda run: [e for e in run["events"] if e["type"] == "step"]  # noqa: E731
+    assert [[n["token_id"] for n in s["nodes"]] for s in steps(plain)] == [
+        [n["token_id"] for n in s["nodes"]] for s in steps(multi)
+    ]
+    drafts = [s["draft"] for s in steps(multi)]
+    assert all(d["model_passes"] >= 1 and 0 <= d["copied"] <= d["k"] for d in drafts)
+    assert sum(d["model_passes"] for d in drafts) < sum(s["draft"]["model_passes"] for s in steps(plain))
