@@ -131,7 +131,9 @@ ADAPTIVE_INFO = (
 DRAFTER_INFO = (
     "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. suffix copies from "
     "the prompt and from this session's earlier answers (ask a similar question twice). int8 is the target itself "
-    "with int8 weights: a near copy that runs the whole network per guess. eagle is a tiny trained head that reads "
+    "with int8 weights: a near copy that runs the whole network per guess. q4 is the same with the target's own 4-bit "
+    "weights: about a third of the target's bytes per guess, so a guess costs a fraction of a pass; q4+ngram lets "
+    "n-gram propose q4's own guesses, which q4 checks several at a time. eagle is a tiny trained head that reads "
     "the target's own hidden states (a low, a middle and the last layer's) from the pass that just verified (no "
     "extra target work) and runs one layer. model:<id> (type any Hub id) is a separate small model. What a guess "
     "costs is c, in target passes: "

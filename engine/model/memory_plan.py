@@ -274,7 +274,15 @@ def plan_memory(
     kv = kv_per_token * context * concurrent_runs
     drafter_bytes = drafter_kv = 0
     dw = None  # a draft model's sizes (model:<id>)
-    if drafter == "int8":
+    drafter = drafter.split("+", 1)[0] if "+" in drafter and not drafter.startswith("model:") else drafter  # q4+ngram
+    if drafter == "q4":
+        matrices = w["params"] - w["embed_params"]
+        # Q4_1: 20 bytes per 32 weights; the output projection in int8 with a scale per row; the embedding
+        # table kept in bf16 (engine/drafters/model.py q4_weights)
+        drafter_bytes = matrices * 20 // 32 + w["embed_params"] * (1 + 2) + 4 * w["vocab"]
+        drafter_kv = kv_per_token * context * concurrent_runs  # same layers, its own cache
+        notes.append("q4 drafter: an estimate (layers in Q4_1, output projection in int8, embedding in bf16)")
+    elif drafter == "int8":
         matrices = w["params"] - w["embed_params"]  # every matrix of the layers (and an untied head)
         scales = w["layers"] * 8 * w["hidden"] + w["vocab"]  # float32 per output channel, roughly
         act = 4 if device == "cpu" else wbytes  # the int8 drafter computes in float32 on the CPU
@@ -286,11 +294,11 @@ def plan_memory(
         drafter_bytes = dw["params"] * wbytes
         drafter_kv = 2 * dw["layers"] * dw["kv_heads"] * dw["head_dim"] * attn_bytes * context * concurrent_runs
     elif drafter.split(":", 1)[0] not in ("ngram", "suffix", "none", "", "baseline"):
-        raise ValueError(f"unknown drafter {drafter!r}; choose none, ngram, suffix, int8 or model:<id>")
+        raise ValueError(f"unknown drafter {drafter!r}; choose none, ngram, suffix, int8, q4 or model:<id>")
     # One pass's logits plus the p rows kept per tree position (float32, vocabulary-sized).
     working = (2 * width) * w["vocab"] * 4 * concurrent_runs
     runner_bytes = 0
-    models = [w] + ([dw] if dw else [w] if drafter == "int8" else [])
+    models = [w] + ([dw] if dw else [w] if drafter in ("int8", "q4") else [])
     runner = _runner_plan(models, device, pass_graphs, strict, width, context, wbytes)
     if runner is not None:  # the caches are the runners', at the run's bucket
         slots, per_run, note = runner
