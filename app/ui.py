@@ -23,7 +23,7 @@ A big **target** model normally produces one token per forward pass. With **spec
 agrees with. Every kept token follows the target's own distribution exactly, so the text is what the target
 would have written anyway; it just needs fewer target passes. Everything below runs a real model on this
 machine (SmolLM2-135M-Instruct); nothing is simulated. New here? The **Workshop** tab is a guided class in
-eight one-click steps.
+nine one-click steps.
 """
 
 

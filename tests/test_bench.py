@@ -50,7 +50,7 @@ def test_quick_bench_reports_every_system_and_workload(served_engine):
     for workload in workloads:  # drafting time per drafted token, in plain target passes (c): this host's figure
         base_pass_ms = rows[("engine-baseline", workload)]["pass_ms"]
         assert 0 < base_pass_ms < math.inf
-        for system in ("engine-int8", "engine-eagle"):
+        for system in ("engine-int8", "engine-q4", "engine-eagle"):
             row = rows[(system, workload)]
             assert 0 < row["draft_cost"] < math.inf, row
             assert row["draft_cost"] == pytest.approx(row["draft_ms_per_token"] / base_pass_ms), row

@@ -200,10 +200,11 @@ def _wait_text(page, selector: str, text: str, timeout: int) -> str:
 
 
 def test_the_workshop_runs_in_order(app_url, browser):
-    """A teacher follows steps 1 to 8 in order in one session, and each step's question can be answered from
+    """A teacher follows steps 1 to 9 in order in one session, and each step's question can be answered from
     what the screen then shows: many tokens per pass for the code edit, a rejection in step 2's run (its own
     prompt, not step 1's), the recorded tree resampling at pass 7, the Lossless verdicts, ~1 token per pass
-    for the creative chat, a tree run, a race of the wide tree whose verdict is not "faster", the batch size
+    for the creative chat, a tree run, a race of the wide tree whose verdict is not "faster", a race of q4 self-drafts
+    on chat with many tokens per pass, the batch size
     where speculation stops paying and the parity verdicts."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
@@ -291,8 +292,20 @@ def test_the_workshop_runs_in_order(app_url, browser):
     assert "faster than plain decoding" not in results, results
     page.screenshot(path=str(SHOTS / "workshop-step-7-race.png"), full_page=True)
 
-    # 8. The Batch lab measures where speculation stops paying; the Parity lab checks greedy outputs.
+    # 8. q4 self-drafts in the Race on the chat example: many tokens per pass, measured in pairs with a spread.
     _load_step(page, 8)
+    page.wait_for_function(
+        "() => (document.querySelector('#race-drafter input')?.value || '').startsWith('q4')", timeout=30_000
+    )
+    page.locator("#race-run").click(timeout=60_000)
+    _wait_text(page, "#race-status", "Both runs done", 600_000)
+    results = page.locator("#race-results").inner_text()
+    spec_per_pass = float(re.search(r"tokens per pass\s+1\.00\s+([\d.]+)", results).group(1))
+    assert spec_per_pass > 3.0, results
+    page.screenshot(path=str(SHOTS / "workshop-step-8-race.png"), full_page=True)
+
+    # 9. The Batch lab measures where speculation stops paying; the Parity lab checks greedy outputs.
+    _load_step(page, 9)
     page.locator("#bl-run").click(timeout=30_000)
     status = _wait_text(page, "#bl-status", "Pass times measured on this machine", 300_000)
     assert re.search(

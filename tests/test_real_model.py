@@ -136,25 +136,31 @@ def test_bfloat16_parity_is_bitwise_without_strict_mode_on_our_cpu_kernels():
 
     engine = SpeculativeEngine.load(dtype="bfloat16")
     prompts = PARITY_PROMPTS[:6]
-    for drafter, shape in (("int8", dict(k=3)), ("int8", dict(k=2, topk=2, num_draft_tokens=3)), ("ngram", dict(k=4))):
+    for drafter, shape in (
+        ("int8", dict(k=3)),
+        ("int8", dict(k=2, topk=2, num_draft_tokens=3)),
+        ("ngram", dict(k=4)),
+        ("q4", dict(k=6)),
+        ("q4+ngram", dict(k=6)),
+    ):
         results = list(parity_check(engine, prompts, drafter, max_new_tokens=24, **shape))
         assert all(r["identical"] for r in results), (drafter, shape, results)
 
 
 @pytest.mark.parametrize(
-    ("chain_verifier", "verify"),
-    [("walk", "token"), ("batch", "token"), ("auto", "block")],
-    ids=["walk", "batch", "block"],
+    ("chain_verifier", "verify", "drafter"),
+    [("walk", "token", "int8"), ("batch", "token", "int8"), ("auto", "block", "int8"), ("auto", "token", "q4+ngram")],
+    ids=["walk", "batch", "block", "q4-drafts-of-drafts"],
 )
-def test_speculative_sampling_matches_target_distribution_on_real_model(served_engine, chain_verifier, verify):
+def test_speculative_sampling_matches_target_distribution_on_real_model(served_engine, chain_verifier, verify, drafter):
     """First two generated tokens: speculative samples (int8 drafter, K=2) against the
     exact p computed from the target's logits, chi-square, on the engine the app serves. "batch" verifies each chain in
     one call of batched_verifier.verify_batch (what the GPU path runs, here its torch reference); "block" by block
-    verification (acceptance.block_verify_chain)."""
+    verification (acceptance.block_verify_chain); q4+ngram: 4-bit self-drafts whose own chain n-gram proposes."""
     prompt = "Name a colour."
     settings = dict(temperature=1.0, top_k=4, k=2, seed=123, chain_verifier=chain_verifier, verify=verify)
     n = 300
-    samples = sample_next_tokens(served_engine, prompt, "int8", n_samples=n, n_tokens=2, **settings)
+    samples = sample_next_tokens(served_engine, prompt, drafter, n_samples=n, n_tokens=2, **settings)
     p1 = next_token_distribution(served_engine, prompt, temperature=1.0, top_k=4)
     first = Counter(s[0] for s in samples)
     support = torch.nonzero(p1).flatten().tolist()

@@ -387,6 +387,7 @@ def _controls(c: dict, init: dict, examples: list[dict]) -> None:
             allow_custom_value=True,
             label="Drafter for the speculative run",
             info=drafter_info(),
+            elem_id="race-drafter",
         )
         c["race_k"] = gr.Slider(
             1, 16, value=start.get("race_k", 4), step=1, label="K (draft depth)", info="Tokens guessed ahead per pass."

@@ -1,4 +1,4 @@
-"""The Workshop tab: a guided 30-minute class in eight steps, one click each.
+"""The Workshop tab: a guided 30-minute class in nine steps, one click each.
 
 Each step's button opens the tab it needs and loads everything the step names there: the whole set of
 Playground controls with the prompt (an example's, or the step's own), the recorded trace in the
@@ -25,6 +25,17 @@ __all__ = ["STEPS", "layout", "load_step", "step_values", "wire"]
 # AMX-BF16 (62 s before the kernels stopped opening a parallel region per product: csrc/task_pool.h);
 # 448 s on a teacher's 2-core machine whose cores other work held (2026-12-01).
 LOSSLESS_TIME = "36 s measured on a quiet 2-core CPU, up to 7 ½ minutes when other work holds the cores"
+
+
+def _recorded(lesson: str) -> str:
+    """An example's recorded speedup with its machine and date, as the examples file has it."""
+    m = next((e.get("measured") or {} for e in load_examples() if e.get("lesson") == lesson), {})
+    if m.get("speedup") is None:
+        return "no recorded figure"
+    return (
+        f"{m['speedup']:.2f}× recorded on a {m.get('threads', '?')}-core {m.get('cpu', '?')}, {m.get('recorded', '?')}"
+    )
+
 
 STEPS = [
     {
@@ -108,7 +119,21 @@ STEPS = [
         "E ÷ (K·c + 1) at best, and a large draft cost c eats E. The Explain tab's calculator shows the same.",
     },
     {
-        "title": "8. Batch size, and greedy parity",
+        "title": "8. A cheaper model drafter pays on open chat",
+        "tab": "race",
+        "example": "model-drafter",
+        "do": "This loads the example *Explain a fridge: q4 self-drafts guess new text that n-gram cannot* into the "
+        "**Race**: the target's own weights in 4 bits draft 6 tokens a pass. Press **▶ Race**: the baseline and q4 "
+        "run back to back, then five more pairs are measured.",
+        "question": "Step 5's chat got no gain from n-gram. Does q4 pay on this chat prompt, and how sure is the "
+        "race of it?",
+        "answer": "The race's table shows about 6 tokens per pass, and its verdict gives the measured speedup with "
+        f"its interval over the pairs ({_recorded('model-drafter')}; on a busy machine "
+        "the interval widens and the verdict may be *no clear difference*). Unlike step 7's int8 tree, a q4 draft "
+        "reads about a third of the target's bytes, so its cost c is small enough that E ÷ (K·c + 1) stays above 1.",
+    },
+    {
+        "title": "9. Batch size, and greedy parity",
         "tab": "batch",
         "do": "Press **▶ Measure**, then open the **Parity lab** and press its button too.",
         "question": "At which batch size does speculation stop paying on this machine? Are greedy outputs with "
@@ -184,7 +209,7 @@ def load_step(index: int) -> tuple:
 
 
 INTRO = """
-**A 30-minute class in eight steps.** Each step loads its settings with one click and asks one question; the
+**A 30-minute class in nine steps.** Each step loads its settings with one click and asks one question; the
 screen it opens shows the answer (open *Answer* to check). Follow them in order: each loads everything it needs,
 the prompt included. Everything runs the real default model on this machine, so the numbers you see are
 measured live and differ a little from machine to machine.
