@@ -241,7 +241,8 @@ class SpeculativeEngine:
             runner = None  # the drafter's own runner where the target's passes are fixed-shape (start takes it)
             if static is not None and drafter.needs.model is not None:
                 runner = self.runners.acquire(drafter.needs.model, static.capture, capacity + width + 1)
-            drafter.start(prompt_ids, capacity + width + 1, runner, features)
+            shared = cache if drafter.needs.target_kv else None  # (read only: the drafter copies what it needs)
+            drafter.start(prompt_ids, capacity + width + 1, runner, features, shared)
             mode = settings.chain_verifier
             batch_chains = mode == "batch" or (mode == "auto" and model.device.type == "cuda")
             gen = torch.Generator(device=model.device).manual_seed(seed)  # draws stay on the model's device

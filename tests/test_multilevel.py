@@ -130,3 +130,35 @@ def test_greedy_drafts_of_drafts_are_the_q4_drafts_and_the_baseline_output(serve
     drafts = [s["draft"] for s in steps(multi)]
     assert all(d["model_passes"] >= 1 and 0 <= d["copied"] <= d["k"] for d in drafts)
     assert sum(d["model_passes"] for d in drafts) < sum(s["draft"]["model_passes"] for s in steps(plain))
+
+
+@pytest.mark.real_model
+def test_q4_reads_the_committed_keys_and_values_from_the_target(served_engine, monkeypatch):
+    """q4 shares the target's KV cache (DrafterNeeds.target_kv): it never prefills the prompt nor catches up
+    more than the pending token (every pass it runs is one row wide), and its cache holds the target's keys and
+    values for the committed positions it did not feed itself; greedy output is still the baseline's."""
+    from engine.drafters.model import ModelDrafter
+
+    widths, seen = [], {}
+    original_pass, original_accept = ModelDrafter._pass, ModelDrafter.accept
+
+    def recording_pass(self, tokens, *args, **kwargs):
+        widths.append(int(tokens.shape[0]))
+        return original_pass(self, tokens, *args, **kwargs)
+
+    def recording_accept(self, verified):
+        original_accept(self, verified)
+        seen["drafter"], seen["target"] = self.cache, self.target_cache
+
+    monkeypatch.setattr(ModelDrafter, "_pass", recording_pass)
+    monkeypatch.setattr(ModelDrafter, "accept", recording_accept)
+    prompt = "Why do cats purr? Answer in a short paragraph."
+    run = served_engine.run(prompt, "q4", k=4, max_new_tokens=24)
+    assert run["token_ids"] == served_engine.run(prompt, "none", max_new_tokens=24)["token_ids"]
+    assert widths and set(widths) == {1}, widths
+    prompt_len = run["events"][0]["prompt_tokens"]
+    drafter, target = seen["drafter"], seen["target"]
+    assert target is not None and drafter.length >= prompt_len - 1
+    assert torch.equal(drafter.k[:, :, : prompt_len - 1], target.k[:, :, : prompt_len - 1])
+    int8 = served_engine.drafter("int8")
+    assert not int8.needs.target_kv  # int8 computes its own (its recorded traces stay reproducible)

@@ -146,12 +146,17 @@ class DrafterNeeds:
     model: the weights it runs passes of (the int8 copy, a draft model, the EAGLE head's layer); the loop
         hands it that model's fixed-shape runner for the run where the target's passes are fixed-shape
         (``start``'s runner). None: it runs no model pass (n-gram, suffix).
-    point_mass: its drafts are point masses (q = 1 on the drafted token: n-gram, suffix)."""
+    point_mass: its drafts are point masses (q = 1 on the drafted token: n-gram, suffix).
+    target_kv: its model has the target's layer shapes (a quantised copy of the target: q4), and it reads the
+        committed positions' keys and values from the target's KV cache (``start``'s target_cache, read only)
+        instead of computing them itself: no prefill of its own, and one row per catch-up (QSpec-style KV
+        sharing). q is still a function of the committed tokens alone, so verification stays exact."""
 
     target_features: bool = False
     feature_layers: tuple[int, ...] | None = None
     model: object = None  # engine.model.transformer.Transformer (not imported: base stays a leaf)
     point_mass: bool = False
+    target_kv: bool = False
 
 
 @dataclass
@@ -189,11 +194,20 @@ class Drafter:
     drafts = True  # False only for the baseline: no drafts, one target token per pass
     needs = DrafterNeeds()
 
-    def start(self, prompt_ids: list[int], capacity: int, runner=None, features: torch.Tensor | None = None) -> None:
+    def start(
+        self,
+        prompt_ids: list[int],
+        capacity: int,
+        runner=None,
+        features: torch.Tensor | None = None,
+        target_cache=None,
+    ) -> None:
         """A new sequence: room for `capacity` tokens of context plus drafts in the drafter's own state.
         runner: a fixed-shape runner of ``needs.model`` (``engine.model.static_pass.StaticPasses``) held for
         this run, the drafter's to release at ``close``, or None; features: with ``needs.target_features``, the target's rows
-        [len(prompt_ids) - 1, E] of the prompt's positions but the pending one."""
+        [len(prompt_ids) - 1, E] of the prompt's positions but the pending one; target_cache: with
+        ``needs.target_kv``, the target's KV cache for this run (read only; its first ``length`` slots are the
+        committed positions but the pending one, whenever ``propose`` is called)."""
 
     def propose(self, context: DraftContext) -> DraftTree:
         raise NotImplementedError

@@ -195,7 +195,7 @@ class EagleDrafter(ModelDrafter):
         self.known = 0  # positions 0 .. known-1 have target features
         self._y: dict[int, torch.Tensor] = {}  # node (-1 = root) -> head output y [E] it was drawn from
 
-    def start(self, prompt_ids, capacity, runner=None, features=None) -> None:
+    def start(self, prompt_ids, capacity, runner=None, features=None, target_cache=None) -> None:
         super().start(prompt_ids, capacity, runner)
         if self.features is None or self.features.shape[0] < capacity:
             size = (capacity, self.head.model.cfg.hidden_size)

@@ -27,18 +27,22 @@ def _rank_weight(rank: int) -> float:
 class ModelDrafter(Drafter):
     """A small causal LM (or the int8 copy of the target) drafting with its own KV cache."""
 
-    def __init__(self, model: Transformer, name: str):
+    def __init__(self, model: Transformer, name: str, share_target_kv: bool = False):
         self.model = model
         self.name = name
-        self.needs = DrafterNeeds(model=model)
+        # share_target_kv: a quantised copy of the target (the registry says so for q4) reads the committed
+        # positions' keys and values from the target's cache (DrafterNeeds.target_kv)
+        self.needs = DrafterNeeds(model=model, target_kv=share_target_kv)
         self.cache: KVCache | None = None
+        self.target_cache: KVCache | None = None
         # The fixed-shape passes (engine/model/static_pass.py) of this drafter's weights, held for one run
         # where the engine hands them over (``start``'s runner): the drafter's passes of up to its width then
         # run there too, over its static cache. None: every pass eager.
         self.static: StaticPasses | None = None
 
-    def start(self, prompt_ids, capacity, runner=None, features=None) -> None:
+    def start(self, prompt_ids, capacity, runner=None, features=None, target_cache=None) -> None:
         self.close()
+        self.target_cache = target_cache if self.needs.target_kv else None
         if runner is not None:  # held for this run by the engine's pool; released by close
             self.static, self.cache = runner, runner.cache
         else:  # eager passes
@@ -79,11 +83,24 @@ class ModelDrafter(Drafter):
     def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         return probs_from_logits(logits, params)  # [.., V] float32
 
+    def _share_target_kv(self) -> None:
+        """With the target's cache (needs.target_kv): take the keys and values of the committed positions the
+        drafter has not computed (the prompt at the first step; then the target's extra token's predecessor and
+        an accepted draft the drafter never fed) from it, so that only the pending token is left to feed."""
+        target = self.target_cache
+        if target is None or target.length <= self.cache.length:
+            return
+        begin, end = self.cache.length, target.length
+        self.cache.k[:, :, begin:end].copy_(target.k[:, :, begin:end])  # [L, Hkv, n, D]
+        self.cache.v[:, :, begin:end].copy_(target.v[:, :, begin:end])
+        self.cache.length = end
+
     def _catch_up(self, context: list[int]) -> tuple[torch.Tensor, int]:
         """Feed the committed tokens the drafter has not seen (the prompt at the first
-        step, then the target's extra token and any unseen accepted ones). Returns the
-        logits [V] for the token after the context and the position the first draft
-        node's slot follows (len(context))."""
+        step, then the target's extra token and any unseen accepted ones; with the target's
+        keys and values shared, the pending token alone). Returns the logits [V] for the
+        token after the context and the position the first draft node's slot follows (len(context))."""
+        self._share_target_kv()
         cache = self.cache
         base = cache.length
         new = context[base:]
@@ -184,6 +201,7 @@ class ModelDrafter(Drafter):
             self.static.release()
             self.static = None
         self.cache = None
+        self.target_cache = None
 
 
 def int8_weights(target: Transformer) -> Transformer:

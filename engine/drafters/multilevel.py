@@ -46,14 +46,14 @@ class MultiLevelDrafter(ModelDrafter):
     """A model drafter (``model``) whose chain is proposed, m tokens at a time, by ``inner`` (n-gram or
     suffix: a point-mass drafter) and verified by the model in one pass per round."""
 
-    def __init__(self, model: Transformer, name: str, inner: Drafter):
-        super().__init__(model, name)
+    def __init__(self, model: Transformer, name: str, inner: Drafter, share_target_kv: bool = False):
+        super().__init__(model, name, share_target_kv)
         if not inner.needs.point_mass:
             raise ValueError(f"the inner drafter of {name!r} must be a copying drafter (ngram or suffix)")
         self.inner = inner
 
-    def start(self, prompt_ids, capacity, runner=None, features=None) -> None:
-        super().start(prompt_ids, capacity, runner, features)
+    def start(self, prompt_ids, capacity, runner=None, features=None, target_cache=None) -> None:
+        super().start(prompt_ids, capacity, runner, features, target_cache)
         self.inner.start(prompt_ids, capacity)
 
     def _proposal(self, tokens: list[int], room: int) -> list[int]:
@@ -67,6 +67,7 @@ class MultiLevelDrafter(ModelDrafter):
             return super().propose(context)
         if self.cache is None:
             raise RuntimeError("MultiLevelDrafter.start must be called before propose")
+        self._share_target_kv()
         tree = DraftTree(stop="depth", model_passes=0, copied=0)
         drafted: list[int] = []
         # The first round rides on the catch-up pass: the committed tokens the model has not seen, then the

@@ -69,7 +69,7 @@ class DrafterRegistry:
             return EagleDrafter(self.eagle_head())
         if "+" in spec and not spec.startswith("model:"):
             return self._multilevel(spec, history)
-        return ModelDrafter(self._model_weights(spec), spec)
+        return ModelDrafter(self._model_weights(spec), spec, share_target_kv=spec == "q4")
 
     def _multilevel(self, spec: str, history) -> MultiLevelDrafter:
         """MODEL+COPY: the model drafter MODEL (int8, q4) whose own chain COPY (ngram..., suffix...) drafts."""
@@ -78,7 +78,7 @@ class DrafterRegistry:
             raise ValueError(f"drafts of drafts take int8 or q4 before the '+', got {outer!r} in {spec!r}")
         if not (inner.startswith("ngram") or inner.startswith("suffix")):
             raise ValueError(f"drafts of drafts take ngram or suffix after the '+', got {inner!r} in {spec!r}")
-        return MultiLevelDrafter(self._model_weights(outer), spec, self.build(inner, history))
+        return MultiLevelDrafter(self._model_weights(outer), spec, self.build(inner, history), outer == "q4")
 
     def use_eagle_head(self, head: EagleHead | None) -> None:
         """Draft `eagle` with this head instead of the one shipped for the target (training, tests); None:

@@ -91,7 +91,7 @@ class SuffixDrafter(Drafter):
     def _forget_context(self) -> None:
         self._ctx_index, self._ctx_indexed = {}, 0
 
-    def start(self, prompt_ids, capacity, runner=None, features=None) -> None:
+    def start(self, prompt_ids, capacity, runner=None, features=None, target_cache=None) -> None:
         self._forget_context()
 
     def rewind(self, length: int) -> None:
