@@ -219,26 +219,32 @@ typedef acc_f32 acc_q4;
                 _Pragma("GCC unroll 8") for (int c = 0; c < Q4_BLOCK; c += 64) __builtin_prefetch(next + c, 0, 2); \
             }                                                                                                   \
         const uint8_t *blocks[NB];                                                                              \
-        acc_i8 s[NB][NT][ACC_VECS];                                                                             \
+        /* two exact int32 sums per (block, row), the low and the high nibbles' pairs, added before the fold: \
+         * two independent chains of multiply-adds (one chain made a one-row pass wait on each one's latency) \
+         * and, integers being exact, the same sum */                                                          \
+        acc_i8 s[2][NB][NT][ACC_VECS];                                                                          \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
             blocks[g] = w + ((ob + g) * groups + gi) * Q4_BLOCK;                                                \
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
-                _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++) s[g][j][h] = acc_zero_i8();          \
+                _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++) s[0][g][j][h] = s[1][g][j][h] = acc_zero_i8(); \
         }                                                                                                       \
-        _Pragma("GCC unroll 2") for (int high = 0; high < 2; high++) {                                         \
-            for (int c = 0; c < 8; c++) {                                                                       \
+        for (int c = 0; c < 8; c++) {                                                                           \
+            _Pragma("GCC unroll 2") for (int high = 0; high < 2; high++) {                                     \
                 const int64_t p = gi * (Q4_GROUP / 2) + high * 8 + c;                                           \
                 xv_q4 xv[NT];                                                                                   \
                 _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_q4(xr[j], p);               \
                 _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                         \
                     const wv_i8 wv = q4_pair(blocks[g] + 4 * LANES + 32 * c, high);                             \
-                    _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) dot_i8(s[g][j], xv[j], wv);           \
+                    _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) dot_i8(s[high][g][j], xv[j], wv);     \
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                                   \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
-                q4_fold(acc[g][j], s[g][j], blocks[g], info[j][0], info[j][1 + gi]);                            \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                             \
+                _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++)                                      \
+                    s[0][g][j][h] = acc_add_i8(s[0][g][j][h], s[1][g][j][h]);                                   \
+                q4_fold(acc[g][j], s[0][g][j], blocks[g], info[j][0], info[j][1 + gi]);                         \
+            }                                                                                                   \
     }
 #define LOOP_bf16 PAIR_LOOP
 #define LOOP_i8 PAIR_LOOP

@@ -206,6 +206,7 @@ static inline wv_i8 wload_i8(const int8_t *line) {
                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)(line + 16)))};
 }
 #define acc_zero_i8() _mm256_setzero_si256()
+#define acc_add_i8(a, b) _mm256_add_epi32(a, b)
 /* acc[l] += Q[l][2p] xq[2p] + Q[l][2p + 1] xq[2p + 1], exact in int32 */
 static inline void dot_i8(acc_i8 *acc, xv_i8 x, wv_i8 w) {
     acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(x, w.lo));

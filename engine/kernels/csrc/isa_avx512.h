@@ -181,6 +181,7 @@ typedef __m512i acc_i8;
 static inline xv_i8 xload_i8(const int16_t *row, int64_t p) { return _mm512_set1_epi32(((const int32_t *)row)[p]); }
 static inline wv_i8 wload_i8(const int8_t *line) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)line)); }
 #define acc_zero_i8() _mm512_setzero_si512()
+#define acc_add_i8(a, b) _mm512_add_epi32(a, b)
 /* acc[l] += Q[l][2p] xq[2p] + Q[l][2p + 1] xq[2p + 1], exact in int32 */
 static inline void dot_i8(acc_i8 *acc, xv_i8 x, wv_i8 w) {
 #ifdef __AVX512VNNI__
