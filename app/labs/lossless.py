@@ -169,8 +169,8 @@ def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samp
         "drafter": (drafter or "int8").strip(),
         "tokens": number(tokens, "Tokens tested", 1, max(TOKENS_TESTED), integer=True),
     }
-    if lab["drafter"] not in ("int8", "ngram", "suffix", "eagle"):
-        raise gr.Error(f"Choose the int8, ngram, suffix or eagle drafter for this lab, got {lab['drafter']!r}.")
+    if lab["drafter"] not in ("int8", "q4", "ngram", "suffix", "eagle"):
+        raise gr.Error(f"Choose the int8, q4, ngram, suffix or eagle drafter for this lab, got {lab['drafter']!r}.")
     lab["chosen"] = list(DEFAULT_SAMPLERS) if samplers is None else [kind for kind in SAMPLERS if kind in samplers]
     if not lab["chosen"] or (samplers is not None and set(samplers) - set(SAMPLERS)):
         raise gr.Error(f"Pick at least one sampler to run ({', '.join(SAMPLERS)}).")
@@ -347,6 +347,7 @@ def _controls() -> dict:
     c["drafter"] = gr.Radio(
         [
             ("int8 (quantised target)", "int8"),
+            ("q4 (the target's own 4-bit weights)", "q4"),
             ("ngram (prompt lookup)", "ngram"),
             ("suffix (suffix decoding)", "suffix"),
             ("eagle (a one-layer head on the target's features)", "eagle"),

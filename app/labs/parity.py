@@ -194,6 +194,8 @@ def _controls() -> dict:
             ("ngram (prompt lookup)", "ngram"),
             ("suffix (suffix decoding)", "suffix"),
             ("int8 (quantised target)", "int8"),
+            ("q4 (the target's own 4-bit weights)", "q4"),
+            ("q4+ngram (drafts of drafts)", "q4+ngram"),
             ("eagle (a one-layer head on the target's features)", "eagle"),
         ],
         value="ngram",
