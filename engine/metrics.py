@@ -140,7 +140,8 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
     "spread_ms_k1": [min, max] per B): ``speedup_bounds`` per B (``ratio_bounds`` of the throughputs the
     quickest and the slowest repeats give), ``pays_at`` (B where even the worst pairing of repeats is
     faster), ``unclear_at`` (the bounds straddle 1: noise, no verdict), ``stops_paying_at`` (the first B
-    where even the best pairing is not faster, or None), with a sentence saying so; and ``wide_pass_cost``'s
+    where even the best pairing is not faster, after a smaller B where it clearly paid; else None), with a
+    sentence saying so ("never clearly pays here" when nothing before that loss clearly paid); and ``wide_pass_cost``'s
     keys (what the wider pass costs, per B).
     """
     sizes, k = [int(b) for b in pass_times["batch_sizes"]], int(pass_times["k"])
@@ -169,14 +170,22 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
     pays_at = [b for b, (low, _) in zip(sizes, bounds) if low > 1.0]
     unclear = [b for b, (low, high) in zip(sizes, bounds) if low <= 1.0 < high]
     stops = next((b for b, (_, high) in zip(sizes, bounds) if high <= 1.0), None)
+    # "stops paying" only where it clearly paid at a smaller batch: a first clear loss after nothing but noise
+    # is "never clearly pays", never a crossover (the headline must not contradict the speedups beside it)
+    paid_before = [b for b in pays_at if stops is None or b < stops]
     if stops is None and not unclear:
         verdict = "speculation pays at every batch size measured"
     elif stops == sizes[0]:
         verdict = "speculation does not pay at any batch size measured"
+    elif stops is not None and paid_before:
+        verdict = f"speculation pays up to batch size {max(paid_before)} and stops paying at batch size {stops}"
     elif stops is not None:
-        verdict = f"speculation stops paying at batch size {stops}"
-    else:
+        verdict = f"speculation never clearly pays here: not faster from batch size {stops}"
+        stops = None  # no crossover to mark
+    elif pays_at:
         verdict = "no batch size measured where it clearly stops paying"
+    else:
+        verdict = "no clear verdict at any batch size measured"
     if unclear:
         verdict += f" (at B = {', '.join(map(str, unclear))} the repeats' spread straddles 1×: no verdict there)"
     return {

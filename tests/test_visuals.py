@@ -729,3 +729,24 @@ def test_cli_errors(tmp_path):
         assert not (tmp_path / "out").exists()
     res = _cli(TRACES_DIR / f"{CHAT}.json", "--out", tmp_path / "out2", "--baseline", bad)
     assert res.returncode == 2 and res.stderr.startswith("error: ")
+
+
+def test_a_batch_verdict_never_names_a_crossover_it_did_not_measure():
+    """#40: "stops paying at batch size 16" beside speedups of 0.57-0.69× at every batch size contradicted the
+    table. A clear loss after nothing but noise says "never clearly pays", marks no crossover, and the
+    headline agrees with every speedup shown."""
+    from engine.metrics import batch_throughputs
+
+    m = _batch()
+    sizes = m["batch_sizes"]
+    slow = {**m, "pass_ms_k1": [t * 3.0 for t in m["pass_ms_1"]]}  # every speedup well below 1
+    wide = [[t * 0.3, t * 3.0] if i < len(sizes) - 1 else [t, t] for i, t in enumerate(slow["pass_ms_1"])]
+    wide_k1 = [[t * 0.3, t * 3.0] if i < len(sizes) - 1 else [t, t] for i, t in enumerate(slow["pass_ms_k1"])]
+    result = batch_throughputs({**slow, "spread_ms_1": wide, "spread_ms_k1": wide_k1}, m["alpha"], 1.0)
+    assert all(s < 1 for s in result["speedup"]) and not result["pays_at"]
+    assert (
+        result["verdict"].startswith("speculation never clearly pays here") and "stops paying" not in result["verdict"]
+    )
+    assert result["stops_paying_at"] is None
+    fig = batch_figure(result)
+    assert "stops paying" not in plain(fig.layout.title.text) and not fig.layout.shapes
