@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from engine.trace import start_event, step_events
 from visuals import MARKS
 from visuals.steps import absent_note
+from visuals.style import fmt_uniform
 
 from .render import fmt_num, md_token, plural
 
@@ -122,7 +123,7 @@ def _point_mass_decision(node: dict, token: str, verdict: str) -> str:
     if node.get("adjusted"):
         text += " (p after removing the already rejected drafts, renormalised)"
     if node.get("u") is not None:
-        text += f"; drew u = {fmt_num(node['u'])}"
+        text += f"; drew u = {fmt_uniform(node['u'])}"
     return text + f" → {verdict}."
 
 
@@ -140,7 +141,7 @@ def _sampled_decision(node: dict, token: str, verdict: str) -> str:
     else:
         text += f"; min(1, p/q) = {fmt_num(accept_prob)}"
     if u is not None and (accept_prob is None or accept_prob < 1.0 or node.get("decision") == "rejected"):
-        text += f", drew u = {fmt_num(u)}"
+        text += f", drew u = {fmt_uniform(u)}"
     elif accept_prob is not None and accept_prob >= 1.0:
         text += " (p ≥ q: always kept)"
     return text + f" → {verdict}."
@@ -160,7 +161,7 @@ def _block_decision(node: dict, token: str, verdict: str, kept: int) -> str:
     text = (
         f"- Drafted {token} with q = {fmt_num(node.get('q_eff'))}; target gives p = {fmt_num(node.get('p_eff'))}; "
         f"joint ratio {fmt_num(node.get('joint'))}; the prefix ending here: h = {fmt_num(node.get('accept_prob'))}, "
-        f"u = {fmt_num(node.get('u'))} → prefix {'passes' if passed else 'fails'}"
+        f"u = {fmt_uniform(node.get('u'))} → prefix {'passes' if passed else 'fails'}"
     )
     if node.get("decision") == "accepted" and not passed:
         text += f" (kept anyway: the prefix of {kept} passed)"

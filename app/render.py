@@ -36,12 +36,15 @@ SWATCH_ALPHA = "33"  # hex alpha of a token's background: a light tint of its de
 
 
 def fmt_num(x, digits: int = 3) -> str:
-    """A probability or similar: `digits` decimals, scientific notation when tiny, — for none."""
+    """A probability or similar: `digits` decimals from 0.1 up, `digits` significant digits below (0.00213, not
+    0.002: a ratio beside it can be checked by eye), scientific notation when tiny, — for none."""
     if x is None:
         return "—"
     x = float(x)
     if x != 0 and abs(x) < TINY:
-        return f"{x:.1e}"
+        return f"{x:.{max(0, digits - 1)}e}"
+    if x != 0 and abs(x) < 0.1:
+        return f"{x:.{digits}g}"
     return f"{x:.{digits}f}"
 
 

@@ -32,7 +32,7 @@ from visuals import (
     validate_events,
 )
 from visuals.steps import default_position, extra_token
-from visuals.style import fmt_prob, show_token
+from visuals.style import fmt_prob, fmt_uniform, show_token
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES_DIR = ROOT / "assets" / "traces"
@@ -168,8 +168,11 @@ def test_show_token_makes_whitespace_visible_and_escapes_tags():
     assert show_token("\ufe0f") == "⟨U+FE0F⟩"
     assert show_token("abcdefghij", 5) == "abcd…"
     assert fmt_prob(0.88109) == "0.881"
-    assert fmt_prob(6e-06) == "6.0e-06"
+    assert fmt_prob(6e-06) == "6.00e-06"
     assert fmt_prob(None) == "—"
+    # #40: three significant digits below 0.1, so 0.00213 / 0.00238 = 0.896 can be checked by eye
+    assert (fmt_prob(0.00213), fmt_prob(0.0412)) == ("0.00213", "0.0412")
+    assert fmt_uniform(0.99996) == "0.9999" and fmt_uniform(0.25) == "0.2500"  # u is in [0, 1): never 1.000
 
 
 def test_validate_events_errors():
@@ -308,7 +311,7 @@ def test_tree_hover_shows_p_q_accept_prob_u():
     second = next(n for n in step["nodes"] if n.get("adjusted") and n["parent"] == first["parent"])
     hover = _hover_of(fig, step, first)
     assert f"p (target) = {fmt_prob(first['p'])}" in hover and f"q (drafter) = {fmt_prob(first['q'])}" in hover
-    assert f"min(1, p/q) = {fmt_prob(first['accept_prob'])}" in hover and f"u = {fmt_prob(first['u'])}" in hover
+    assert f"min(1, p/q) = {fmt_prob(first['accept_prob'])}" in hover and f"u = {fmt_uniform(first['u'])}" in hover
     assert "p_eff" in hover and "q_eff" in hover
     later = _hover_of(fig, step, second)
     assert "after an earlier sibling's rejection" in later

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from .steps import CONTEXT, Pass, absent_note, accept_rule, mode_words, read_pass, tried
-from .style import LABELS, MARKS, PALETTE, SERIES, SYMBOLS, apply_layout, fmt_prob, show_token
+from .style import LABELS, MARKS, PALETTE, SERIES, SYMBOLS, apply_layout, fmt_prob, fmt_uniform, show_token
 
 __all__ = ["tree_figure"]
 
@@ -122,7 +122,7 @@ def _test_lines(node: dict) -> list[str]:
         lines.append("greedy: kept if and only if it is the target's most likely token")
     else:
         sign = "<" if u < ap else "≥"
-        lines.append(f"u = {fmt_prob(u)} {sign} accept prob → {node.get('decision', '?').replace('_', ' ')}")
+        lines.append(f"u = {fmt_uniform(u)} {sign} accept prob → {node.get('decision', '?').replace('_', ' ')}")
     return lines
 
 
