@@ -20,6 +20,7 @@ from .style import (
     SERIES,
     apply_layout,
     fmt_prob,
+    fmt_uniform,
     message_figure,
     show_token,
     text_on,
@@ -154,7 +155,7 @@ def _draft_note(node: dict, greedy: bool) -> str:
         return f"{LABELS[kind]} · greedy: {why}"
     text = f"{LABELS[kind]} · {accept_rule(node)} = {fmt_prob(node.get('accept_prob'))}"
     if u is not None:
-        text += f" · u = {fmt_prob(u)}"
+        text += f" · u = {fmt_uniform(u)}"
     if node.get("adjusted"):
         text += " (after the sibling's rejection)"
     return text

@@ -36,6 +36,7 @@ LABEL_SIDE = 0.5  # a point left of this share of the c axis is labelled on its 
 # Points closer than this (share of the c axis, α) are one cluster: their labels are stacked
 # (a drafter and its adaptive variant usually land almost on each other).
 NEAR_C, NEAR_ALPHA = 0.12, 0.12
+LABEL_WIDTH = 0.3  # share of the c axis one point's label takes (a drafter's name and its measured speedup)
 GRID = 41  # surface samples per axis
 CURVES_HEIGHT = 480
 SURFACE_HEIGHT = 560
@@ -209,16 +210,25 @@ def _surface_traces(k: int, c_max: float) -> list[go.Contour]:
     return [surface, even]
 
 
+def _near(a: dict, b: dict, c_max: float) -> bool:
+    """Two points whose labels would run into each other: close in c and α, or at one α with the labels
+    facing each other (the left one labelled on its right, the right one on its left) across less than two
+    labels' width (int8 and q4 both at α ≈ 1 did)."""
+    if abs(a["alpha"] - b["alpha"]) >= NEAR_ALPHA:
+        return False
+    if abs(a["cost"] - b["cost"]) < NEAR_C * c_max:
+        return True
+    left, right = sorted((a, b), key=lambda row: row["cost"])
+    facing = left["cost"] < LABEL_SIDE * c_max <= right["cost"]
+    return facing and right["cost"] - left["cost"] < 2 * LABEL_WIDTH * c_max
+
+
 def _clusters(rows: list[dict], c_max: float) -> list[list[int]]:
-    """Indices of rows whose points lie near each other (chained), in order of first appearance."""
+    """Indices of rows whose labels would collide (``_near``, chained), in order of first appearance."""
     clusters: list[list[int]] = []
     for i, row in enumerate(rows):
         for cluster in clusters:
-            if any(
-                abs(row["cost"] - rows[j]["cost"]) < NEAR_C * c_max
-                and abs(row["alpha"] - rows[j]["alpha"]) < NEAR_ALPHA
-                for j in cluster
-            ):
+            if any(_near(row, rows[j], c_max) for j in cluster):
                 cluster.append(i)
                 break
         else:

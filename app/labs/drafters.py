@@ -112,9 +112,10 @@ FAMILY_TEXT = {
     ),
     "q4": (
         "**q4 self-drafting** is int8's idea with half the bytes: the target's own layers in 4 bits (the GGUF file's "
-        "Q4_1 blocks; the output projection in int8). A forward pass reads about a third of the target's bytes, and "
-        "decoding on a CPU is paced by the bytes read, so a draft token costs about a third of a target pass (c, "
-        "measured below) while the target still agrees with most drafts."
+        "Q4_1 blocks; the output projection in int8), reading the committed tokens' keys and values from the "
+        "target's cache. A forward pass reads about a third of the target's bytes, and decoding on a CPU is paced "
+        "by the bytes read, so a draft token costs a third of a target pass or somewhat more (c, measured below: "
+        "the work outside the matrices adds to it) while the target still agrees with most drafts."
     ),
     "eagle": (
         "**EAGLE head** is a tiny network trained on the target: it reads the target's own hidden states (a low, a middle and the "
