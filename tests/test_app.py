@@ -277,6 +277,9 @@ def test_workshop_steps_load_their_settings_and_open_existing_tabs():
             assert set(RACE_INPUTS) <= set(values), step["title"]
             assert values["race_topk"] > 1 or step["example"] != "does-not-pay", "step 7 races a wide tree"
             assert values["race_drafter"] == "q4" or step["example"] != "model-drafter", "step 8 races q4"
+            # #40: the race shown before (a recorded code-edit race) does not stay under the loaded prompt
+            assert values["race_status"].startswith("Loaded") and "Press **Race**" in values["race_results"]
+            assert values["race_note"] == "" and "Not run yet" in values["race_spec"]
             assert values["race_example"] and values["race_example"].split(":")[0] in step["do"], step["title"]
         if step["tab"] == "step-through":
             trace = values["st_trace"]

@@ -34,6 +34,8 @@ __all__ = [
     "initial_race",
     "layout",
     "parity_note",
+    "RACE_CLEARED",
+    "cleared_race",
     "pick_race_example",
     "race_outcome",
     "run_race",
@@ -348,12 +350,31 @@ def run_race(
     yield pack(RACE_KEYS, {"race_note": parity_note(engine, prompt, drafter, settings), "race_btn": end_run()})
 
 
+# What loading an example clears: the race shown so far (a recorded one, or the last run) belongs to other
+# settings, so none of it stays under the new prompt.
+RACE_CLEARED = ["race_status", "race_base", "race_spec", "race_plot", "race_results", "race_note"]
+
+
+def cleared_race(name: str) -> dict:
+    """{output: value} that empties the race shown, saying what was loaded and to press Race."""
+    return {
+        "race_status": f"Loaded *{name}*: press **▶ Race** to run it on this machine.",
+        "race_base": render.token_html([], empty_message=NOT_RUN),
+        "race_spec": render.token_html([], empty_message=NOT_RUN),
+        "race_plot": race_figure(None, None),
+        "race_results": "*Press **Race** to run both and measure the speedup.*",
+        "race_note": "",
+    }
+
+
 def pick_race_example(name: str):
-    """Race example dropdown -> prompt, drafter, K, tree topk and budget, temperature, seed, max new tokens."""
+    """Race example dropdown -> prompt, drafter, K, tree topk and budget, temperature, seed, max new tokens; the
+    race shown so far cleared (RACE_CLEARED)."""
     values = race_example_values(name)
     if values is None:
-        return (gr.skip(),) * len(RACE_INPUTS)
-    return tuple(values.get(key, gr.skip()) for key in RACE_INPUTS)
+        return (gr.skip(),) * (len(RACE_INPUTS) + len(RACE_CLEARED))
+    values = {**values, **cleared_race(name)}
+    return tuple(values.get(key, gr.skip()) for key in [*RACE_INPUTS, *RACE_CLEARED])
 
 
 def race_example_values(name: str) -> dict | None:
@@ -472,8 +493,9 @@ def wire(c: dict) -> None:
     inputs = [c[key] for key in RACE_INPUTS]
     outputs = [c[key] for key in RACE_KEYS]
     wire_run_and_stop(c["race_btn"], c["race_stop"], run_race, inputs, outputs, show_progress="minimal")
+    cleared = [c[key] for key in RACE_CLEARED]
     c["race_example"].input(
-        pick_race_example, [c["race_example"]], inputs, show_progress="hidden", queue=False, **PRIVATE
+        pick_race_example, [c["race_example"]], inputs + cleared, show_progress="hidden", queue=False, **PRIVATE
     )
     # An edited prompt is no longer the example: the picker lets go of its name.
     c["race_prompt"].input(lambda: None, None, [c["race_example"]], show_progress="hidden", queue=False, **PRIVATE)

@@ -15,7 +15,7 @@ import gradio as gr
 
 from ..examples import EXAMPLE_DEFAULTS, EXAMPLE_SETTINGS, example_note, example_values, load_examples
 from ..wiring import PRIVATE, pack
-from .race import RACE_INPUTS, race_example_values
+from .race import RACE_CLEARED, RACE_INPUTS, cleared_race, race_example_values
 from .step_through import STEP_KEYS, load_step_source
 
 __all__ = ["STEPS", "layout", "load_step", "step_values", "wire"]
@@ -149,7 +149,7 @@ STEPS = [
 PLAYGROUND_KEYS = ["prompt", "drafter", "k", "topk", "budget", "temperature", "top_p", "top_k", "seed", "max_new"]
 PLAYGROUND_OUT = [*PLAYGROUND_KEYS, "example", "status"]
 STEP_THROUGH_OUT = ["st_source", "st_recorded", *STEP_KEYS]
-RACE_OUT = [*RACE_INPUTS, "race_example"]
+RACE_OUT = [*RACE_INPUTS, "race_example", *RACE_CLEARED]
 OUT = ["tabs", *PLAYGROUND_OUT, *STEP_THROUGH_OUT, *RACE_OUT]
 # Playground control -> the GenerationSettings name it shows (EXAMPLE_SETTINGS' order).
 CONTROL_OF = {"num_draft_tokens": "budget", "max_new_tokens": "max_new"}
@@ -181,7 +181,7 @@ def _playground_values(step: dict) -> dict:
 def _race_values(step: dict) -> dict:
     name = _example_named(step["example"])
     values = race_example_values(name) if name else None
-    return {**values, "race_example": name} if values else {}
+    return {**values, "race_example": name, **cleared_race(name)} if values else {}
 
 
 def _step_through_values(step: dict) -> dict:
