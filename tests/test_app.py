@@ -272,6 +272,8 @@ def test_workshop_steps_load_their_settings_and_open_existing_tabs():
             assert set(workshop.PLAYGROUND_KEYS) <= set(values), step["title"]
             assert isinstance(values["drafter"], str) and isinstance(values["k"], int), step["title"]
             assert isinstance(values["temperature"], float) and values["prompt"].strip(), step["title"]
+            # #40: Load clears the last run's text and stats, and says to press Run
+            assert "press ▶ Run" in values["text"] and values["stats"] == "", step["title"]
             prompts.append(values["prompt"])
         if step["tab"] == "race":
             assert set(RACE_INPUTS) <= set(values), step["title"]

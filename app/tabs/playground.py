@@ -58,6 +58,7 @@ __all__ = [
     "initial_playground",
     "initial_values",
     "layout",
+    "loaded_outputs",
     "memory_plan",
     "pick_example",
     "run_playground",
@@ -403,14 +404,24 @@ def show_play_step(trace: list[dict] | None, step_number):
 
 
 # -------------------------------------------------------------------------------- examples, model
+def loaded_outputs(name: str) -> dict:
+    """What Load leaves in the text and its stats line: not the last run's (other settings, another prompt),
+    but where the new one will appear and that Run starts it."""
+    return {
+        "text": render.token_html([], empty_message=f"Loaded “{name}”: press ▶ Run to generate it on this machine."),
+        "stats": "",
+    }
+
+
 def pick_example(name: str):
-    """Example dropdown -> prompt, its drafter, its settings (so Run reproduces it) and, in the status line,
-    what the example shows and what it measured."""
+    """Example dropdown -> prompt, its drafter, its settings (so Run reproduces it), in the status line what the
+    example shows and what it measured, and the last run's text and stats cleared (``loaded_outputs``)."""
     values = example_values(name)
     if values is None:
-        return (gr.skip(),) * (3 + len(EXAMPLE_SETTINGS))
+        return (gr.skip(),) * (5 + len(EXAMPLE_SETTINGS))
     settings = [values.get(key, gr.skip()) for key in EXAMPLE_SETTINGS]
-    return (values["prompt"], values["drafter"] or gr.skip(), *settings, example_note(name))
+    cleared = loaded_outputs(name)
+    return (values["prompt"], values["drafter"] or gr.skip(), *settings, example_note(name), *cleared.values())
 
 
 def suggest_drafter(target: str):
@@ -714,10 +725,20 @@ def wire(c: dict, st_source: gr.Radio) -> None:
         **PRIVATE,
     )
     example_outputs = [c[key] for key in ("prompt", "drafter", "k", "topk", "budget", "temperature", "top_p")]
-    example_outputs += [c[key] for key in ("top_k", "seed", "max_new", "status")]
+    example_outputs += [c[key] for key in ("top_k", "seed", "max_new", "status", "text", "stats")]
     c["example"].input(pick_example, [c["example"]], example_outputs, show_progress="hidden", queue=False, **PRIVATE)
-    # An edited prompt is no longer the example: the picker lets go of its name (its note stays, as measured).
-    c["prompt"].input(lambda: None, None, [c["example"]], show_progress="hidden", queue=False, **PRIVATE)
+    # An edited prompt or setting is no longer the example: the picker lets go of its name (its note stays, as
+    # measured).
+    edits = ("prompt", "drafter", "k", "topk", "budget", "temperature", "top_p", "top_k", "seed", "max_new")
+    gr.on(
+        [c[key].input for key in edits],
+        lambda: None,
+        None,
+        [c["example"]],
+        show_progress="hidden",
+        queue=False,
+        **PRIVATE,
+    )
     c["target"].input(suggest_drafter, [c["target"]], [c["drafter"]], show_progress="hidden", queue=False, **PRIVATE)
     plan_inputs = [c[key] for key in ("target", "drafter", "dtype", "k", "topk", "budget", "max_new")]
     c["memory_btn"].click(memory_plan, plan_inputs, [c["memory"]], show_progress="hidden", **PRIVATE)

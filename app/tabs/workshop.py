@@ -15,6 +15,7 @@ import gradio as gr
 
 from ..examples import EXAMPLE_DEFAULTS, EXAMPLE_SETTINGS, example_note, example_values, load_examples
 from ..wiring import PRIVATE, pack
+from .playground import loaded_outputs
 from .race import RACE_CLEARED, RACE_INPUTS, cleared_race, race_example_values
 from .step_through import STEP_KEYS, load_step_source
 
@@ -147,7 +148,7 @@ STEPS = [
 # What a step's button fills, by component name: the Playground's controls (and its example picker and
 # status line), the Step-through's source and trace, and the Race's controls and example picker.
 PLAYGROUND_KEYS = ["prompt", "drafter", "k", "topk", "budget", "temperature", "top_p", "top_k", "seed", "max_new"]
-PLAYGROUND_OUT = [*PLAYGROUND_KEYS, "example", "status"]
+PLAYGROUND_OUT = [*PLAYGROUND_KEYS, "example", "status", "text", "stats"]
 STEP_THROUGH_OUT = ["st_source", "st_recorded", *STEP_KEYS]
 RACE_OUT = [*RACE_INPUTS, "race_example", *RACE_CLEARED]
 OUT = ["tabs", *PLAYGROUND_OUT, *STEP_THROUGH_OUT, *RACE_OUT]
@@ -169,10 +170,11 @@ def _playground_values(step: dict) -> dict:
             return {}
         settings = {key: values[key] for key in EXAMPLE_SETTINGS if key in values}
         loaded = {"prompt": values["prompt"], "drafter": values["drafter"], **settings}
-        extra = {"example": name, "status": example_note(name)}
+        extra = {"example": name, "status": example_note(name), **loaded_outputs(name)}
     else:
         loaded = {"prompt": step["prompt"], **EXAMPLE_DEFAULTS, **step["settings"]}
         extra = {"example": None, "status": f"Workshop step {step['title']}: loaded. Press **▶ Run**."}
+        extra |= loaded_outputs(f"Workshop step {step['title']}")
     by_control = {CONTROL_OF.get(key, key): value for key, value in loaded.items()}
     by_control.setdefault("budget", 0)  # "0 = K × top-k"
     return {**{key: by_control[key] for key in PLAYGROUND_KEYS if key in by_control}, **extra}
