@@ -173,7 +173,12 @@ def stats_line(trace: list[dict], running: bool = False) -> str:
         f"<b>{s['tokens_per_pass']:.2f}</b> tokens/pass",
     ]
     if s["mode"] != "baseline":
-        items.append(f"<b>{s['accepted']}</b> of {s['drafted']} drafts accepted, α = <b>{_alpha_text(s)}</b>")
+        # two rates, two denominators, both said (#40): every draft proposed, and the depths a pass tried
+        # (a draft after a rejection is never tried: it counts in the first, not in α)
+        alpha = f"α = <b>{_alpha_text(s)}</b>"
+        if s["drafted"]:
+            alpha += f" ({s['accepted']} of {s['positions_tried']} depths tried)"
+        items.append(f"<b>{s['accepted']}</b> of {s['drafted']} drafts accepted, {alpha}")
     items.append(f"<b>{s['tokens_per_s']:.1f}</b> tokens/s")
     items.append(f"{s['wall_s']:.1f} s")
     badge = f'<span class="sl-badge sl-badge-{state.replace(" ", "-")}">{state}</span>' if state else ""

@@ -491,7 +491,8 @@ def accepted_per_pass_figure(trace) -> go.Figure:
     )
     subtitle = (
         f"acceptance rate {s['acceptance_rate']:.2f} ({s['accepted']} of {s['drafted']} drafts)<br>"
-        f"mean acceptance length {s['mean_acceptance_length']:.2f} (tokens per drafting pass)"
+        f"mean acceptance length {s['mean_acceptance_length']:.2f} (tokens per drafting pass, "
+        f"{s['passes_drafted']} of {s['target_passes']}; over every pass {s['tokens_per_pass']:.2f})"
     )
     fig.update_xaxes(title_text="drafts kept in the pass", tickmode="array", tickvals=kept)
     fig.update_yaxes(title_text="drafting passes", range=[0, max(counts) * 1.18])  # room for the top bar's label
