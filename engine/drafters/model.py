@@ -85,8 +85,9 @@ class ModelDrafter(Drafter):
 
     def _share_target_kv(self) -> None:
         """With the target's cache (needs.target_kv): take the keys and values of the committed positions the
-        drafter has not computed (the prompt at the first step; then the target's extra token's predecessor and
-        an accepted draft the drafter never fed) from it, so that only the pending token is left to feed."""
+        drafter has not computed from it (the prompt at the first step; later the last draft of a pass whose
+        drafts were all accepted, which the drafter drew but never fed), so that only the pending token is left
+        to feed."""
         target = self.target_cache
         if target is None or target.length <= self.cache.length:
             return
