@@ -154,11 +154,11 @@ def test_lab_runs_every_drafter_for_real_and_measures_against_the_baseline():
 
     outputs = list(drafters.run_drafters(PROMPT, list(drafters.DRAFTERS), 3, 16, True))
     status, table, curves, surface, families = outputs[-1]
-    plan, notes = drafters.plan_runs(get_engine(), ["ngram", "suffix", "int8", "eagle"])
+    plan, notes = drafters.plan_runs(get_engine(), [d for d in drafters.DRAFTERS if d != drafters.BASELINE])
     assert [row[0] for row in table] == [label for label, _, _ in plan]
     rows = {row[0]: row for row in table}
     assert rows["none"][4] == "1.00×"
-    for label in ("ngram", "suffix", "int8"):
+    for label in ("ngram", "suffix", "int8", "q4"):
         tokens_per_pass, alpha, cost, speedup, _, tok_s = rows[label][1:7]
         values = [float(tokens_per_pass), float(alpha), float(cost), float(speedup.rstrip("×")), float(tok_s)]
         assert all(math.isfinite(v) for v in values) and values[0] >= 1.0 and 0 <= values[1] <= 1, rows[label]
@@ -170,7 +170,7 @@ def test_lab_runs_every_drafter_for_real_and_measures_against_the_baseline():
         assert "**eagle** is not run:" in status
     assert {t.meta["label"] for t in by_role(surface, "drafter")} >= {"ngram", "int8"}
     assert {t.meta["label"] for t in by_role(curves, "measured")} >= {"ngram", "int8"}
-    assert "n-gram" in families and "int8" in families
+    assert "n-gram" in families and "int8" in families and "q4 self-drafting" in families
 
 
 @pytest.mark.slow
