@@ -318,3 +318,21 @@ def test_the_playground_and_the_api_print_the_launch_command():
     assert "--speculative-num-draft-tokens 6" in result["command"] and result["equivalent"]
     with pytest.raises(gr.Error, match="engine must be one of"):
         api.api_launch_command("tgi")
+
+
+def test_the_drafter_help_says_where_each_recorded_cost_was_measured():
+    """Before any run here, the drafter help quotes the examples' recorded c, each beside the machine and the
+    date it was recorded on (a q4 figure from one host must not lend its host to an eagle figure from another)."""
+    import re
+
+    from app.examples import load_examples
+    from app.tabs.playground import drafter_info
+
+    text = drafter_info()
+    for example in load_examples():
+        m = example.get("measured") or {}
+        if m.get("draft_cost_ratio") is None:
+            continue
+        figure = f"{example['drafter']} {m['draft_cost_ratio']:.2f}"
+        group = re.search(re.escape(figure) + r"[^;]*?\(recorded on ([^;]*?), (\d{4}-\d\d-\d\d)\)", text)
+        assert group and group.groups() == (m["cpu"], m["recorded"]), (figure, text)

@@ -150,24 +150,22 @@ def drafter_info(engine=None) -> str:
             f"{name} {m['c']:.2f} ({m['runs']} run{'s' if m['runs'] != 1 else ''})" for name, m in measured.items()
         )
         return DRAFTER_INFO + f"measured on this server so far ({DRAFT_COST_RATIO_MEANS}): {costs}."
-    recorded = []
+    recorded: dict[tuple, list[str]] = {}  # (cpu, date) -> "drafter c" recorded there: each figure says where
+    named: set[str] = set()
     for example in load_examples():
         m = example.get("measured") or {}
+        where = (m.get("cpu", "?"), m.get("recorded", "?"))
         for drafter, block in (
             (example.get("drafter"), m),
             ((m.get("compare") or {}).get("drafter"), m.get("compare") or {}),
         ):
-            if drafter and block.get("draft_cost_ratio") is not None and drafter not in dict(recorded):
-                recorded.append((drafter, f"{block['draft_cost_ratio']:.2f}"))
+            if drafter and block.get("draft_cost_ratio") is not None and drafter not in named:
+                named.add(drafter)
+                recorded.setdefault(where, []).append(f"{drafter} {block['draft_cost_ratio']:.2f}")
     if not recorded:
         return DRAFTER_INFO + "measured by each run (the run card shows it)."
-    where = next((e["measured"] for e in load_examples() if (e.get("measured") or {}).get("draft_cost_ratio")), {})
-    costs = ", ".join(f"{name} {c}" for name, c in recorded)
-    return (
-        DRAFTER_INFO
-        + f"{costs} (recorded on {where.get('cpu', '?')}, {where.get('recorded', '?')}; runs here measure their own; "
-        + f"{DRAFT_COST_RATIO_MEANS})."
-    )
+    costs = "; ".join(f"{', '.join(items)} (recorded on {cpu}, {day})" for (cpu, day), items in recorded.items())
+    return DRAFTER_INFO + f"{costs}; runs here measure their own ({DRAFT_COST_RATIO_MEANS})."
 
 
 # --------------------------------------------------------------------------------------- outputs
