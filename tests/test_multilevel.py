@@ -162,3 +162,21 @@ def test_q4_reads_the_committed_keys_and_values_from_the_target(served_engine, m
     assert torch.equal(drafter.k[:, :, : prompt_len - 1], target.k[:, :, : prompt_len - 1])
     int8 = served_engine.drafter("int8")
     assert not int8.needs.target_kv  # int8 computes its own (its recorded traces stay reproducible)
+
+
+def test_q4_of_a_target_without_a_gguf_quantises_it_and_keeps_greedy_parity(tiny_engine):
+    """A target that does not come from a Q4_1 GGUF (here the tiny random one) gets its layers quantised by
+    llama.cpp's Q4_1 rule for the q4 drafter; greedy output is the baseline's; without our CPU kernels q4 is
+    refused with a message that says why."""
+    from engine.kernels import cpu_kernels
+    from engine.model.transformer import Q4Linear
+
+    if not cpu_kernels.available():
+        with pytest.raises(ValueError, match="CPU kernels"):
+            tiny_engine.drafter("q4")
+        return
+    prompt = "a b c d a b c d a b"
+    run = tiny_engine.run(prompt, "q4", k=3, max_new_tokens=12, chat=False)
+    assert run["token_ids"] == tiny_engine.run(prompt, "none", max_new_tokens=12, chat=False)["token_ids"]
+    model = tiny_engine.drafter("q4").model
+    assert all(isinstance(layer.gate_up, Q4Linear) for layer in model.layers)
