@@ -7,14 +7,16 @@ free, and the model checks m of them in one pass of 1 + m rows, which costs abou
 (decoding is memory bound), instead of m passes. ML-SpecQD (Georganas et al., arXiv 2503.13565) calls it
 multi-level speculative decoding: a 4-bit draft of a bf16 target, itself accelerated by a smaller drafter.
 
-The inner level, one round (``_round``)::
+The inner level, one round of ``propose``::
 
     q_cur   the drafter model's distribution at the next position (a row of its last pass)
     c_1..c_m  the copying drafter's proposal continuing context + drafts so far (point masses; m may be 0)
-    pass    the model runs [pending, c_1 .. c_m] in one pass: rows q(. | .., c_1 .. c_j) for j = 0..m
+    pass    the model runs [unseen, c_1 .. c_m] in one pass (unseen: the committed tokens it has not run, in
+            the first round; the token drawn last, later): rows q(. | .., c_1 .. c_j) for j = 0..m
     walk    c_j is kept with probability min(1, q_cur(c_j) / 1) = q_cur(c_j) (greedy: iff it is the argmax);
             on a rejection the token drawn instead comes from norm(max(0, q_cur - onehot(c_j))), q_cur without
-            c_j; after m kept, one more token is drawn from the next row (the bonus)
+            c_j; after m kept, one more token is drawn from the next row (the bonus). The test and the
+            residual are engine.acceptance's (verify_children with point_mass, residual): the rule in one place
     cache   the model's slots of rejected c_j .. c_m are rolled back; the drawn token is the next round's pending
 
 Why the target's verification stays exact: the target's rule needs each drafted token x_i to be drawn from
@@ -34,10 +36,11 @@ from __future__ import annotations
 
 import torch
 
+from engine.acceptance import residual, verify_children
 from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape
 from engine.drafters.model import ModelDrafter
 from engine.model.transformer import Transformer
-from engine.sampling import SamplingParams, sample_without_replacement
+from engine.sampling import SamplingParams, sample
 
 __all__ = ["MultiLevelDrafter"]
 
@@ -105,12 +108,10 @@ class MultiLevelDrafter(ModelDrafter):
         """Test the proposal against the model's rows, in order; returns (how many were kept, the q at the
         position after the last kept one). rows [m, V]: q after each proposed token."""
         for j, token in enumerate(proposal):
-            if params.greedy:
-                ok = int(torch.topk(q_cur, 1).indices) == token
-            else:
-                u = float(torch.rand((), generator=gen, dtype=torch.float64))
-                ok = u < float(q_cur[token])  # min(1, q(c) / 1): a point mass proposed it
-            if not ok:
+            u = [] if params.greedy else [float(torch.rand((), generator=gen, dtype=torch.float64))]
+            # the model's q plays p, the proposal is a point mass: kept with probability q(c) (greedy: its argmax)
+            chosen, _, _ = verify_children(q_cur, q_cur, [token], u, params.greedy, point_mass=True)
+            if chosen is None:
                 return j, q_cur
             self._add(tree, drafted, token, q_cur)
             q_cur = rows[j]
@@ -122,9 +123,10 @@ class MultiLevelDrafter(ModelDrafter):
         if params.greedy:
             return int(torch.topk(q, 1).indices)  # a rejected proposal was not the argmax: the argmax stands
         if rejected is not None:
-            q = q.clone()
-            q[rejected] = 0.0
-        return sample_without_replacement(q, 1, gen)[0]
+            point = torch.zeros_like(q)
+            point[rejected] = 1.0
+            q = residual(q, point)  # [V]: q without the rejected proposal, renormalised
+        return sample(q, gen)
 
     @staticmethod
     def _add(tree: DraftTree, drafted: list[int], token: int, q: torch.Tensor) -> None:
