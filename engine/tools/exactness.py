@@ -12,6 +12,7 @@ claim empirically, and this module holds the parts that are mathematics rather t
 * ``pair_distribution``: the exact joint law of the first two tokens, p(x1, x2) = p(x1) p(x2 | x1).
 * ``chi_square_test``: goodness of fit of sampled counts against an exact p, with the total
   variation distance; ``TEST_LEVEL`` is the one significance level the labs use.
+* ``tv_interval``: a bootstrap interval of the total-variation distance of sampled counts from p.
 * ``exactness_verdict``: what a test's p-value says about a sampler, in words (the Lossless lab shows it).
 * ``verify_children_ignoring_q``: the NEGATIVE CONTROL, a deliberately lossy verifier that the
   Lossless lab and the tests pass to the tree walk in place of ``acceptance.verify_children``.
@@ -35,6 +36,7 @@ __all__ = [
     "overlap",
     "pair_distribution",
     "toy_sampling",
+    "tv_interval",
     "verify_children_ignoring_q",
 ]
 
@@ -131,6 +133,27 @@ def chi_square_test(counts: dict[int, int], p: dict[int, float], n: int) -> dict
     scale = sum(observed) / sum(expected)  # equal totals up to float rounding, as scipy requires
     test = chisquare(observed, [e * scale for e in expected])
     return {**result, "statistic": float(test.statistic), "pvalue": float(test.pvalue)}
+
+
+def tv_interval(
+    counts: dict, p: dict, n: int, level: float = 0.95, draws: int = 400, seed: int = 0
+) -> tuple[float, float]:
+    """A percentile bootstrap interval of the total-variation distance between the sampled histogram and p:
+    `draws` histograms of n samples redrawn from the observed one, the TV of each from p, and the central
+    `level` of them. An exact sampler's TV is not 0 at finite n (about sqrt(cells / n) / 2 by noise alone), so
+    the exact rows' intervals are the noise floor the shortcuts' are read against."""
+    keys = sorted(set(p) | set(counts), key=str)
+    observed = torch.tensor([float(counts.get(t, 0)) for t in keys], dtype=torch.float64)  # [C]
+    target = torch.tensor([float(p.get(t, 0.0)) for t in keys], dtype=torch.float64)  # [C]
+    if n <= 0 or observed.sum() <= 0:
+        return (math.nan, math.nan)
+    gen = torch.Generator().manual_seed(int(seed))
+    redrawn = torch.multinomial(observed / observed.sum(), n * draws, replacement=True, generator=gen)  # [draws * n]
+    hist = torch.zeros(draws, len(keys), dtype=torch.float64)  # [draws, C]
+    hist.scatter_add_(1, redrawn.view(draws, n), torch.ones(draws, n, dtype=torch.float64))
+    tv = 0.5 * (hist / n - target).abs().sum(dim=1)  # [draws]
+    low, high = torch.quantile(tv, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
+    return (float(low), float(high))
 
 
 def exactness_verdict(test: dict | None, lossy: bool = False) -> str:

@@ -29,12 +29,15 @@ def sample_next_tokens(
     settings: GenerationSettings | None = None,
     verify_node: Callable | None = None,
     progress=None,
+    tally: dict | None = None,
     **kw,
 ) -> list[tuple[int, ...]]:
     """Draw n_samples independent continuations of n_tokens tokens from one prompt.
 
     verify_node: None for the exact rule, or a replacement for ``acceptance.verify_children`` (the
     Lossless lab's negative control passes ``engine.tools.exactness.verify_children_ignoring_q``).
+    tally: a dict to fill with what the passes did over all samples: "passes" (target passes), "tokens" (tokens
+    they emitted, past n_tokens included), "accepted" and "drafted" (draft nodes accepted, drafted).
     Adaptive drafting keeps one policy for all samples: K follows the acceptance of the samples before,
     which changes how each sample is drafted but not its distribution (``engine.drafters.adaptive``).
     """
@@ -53,6 +56,7 @@ def sample_next_tokens(
     seed = settings.seed if settings.seed is not None else 0
     settings = settings.merged({"strict": False})  # (samples need no shape-invariant passes)
     samples: list[tuple[int, ...]] = []
+    counted = {"passes": 0, "tokens": 0, "accepted": 0, "drafted": 0}
     extra = n_tokens + shape.max_tokens + 1
     adaptive, _ = engine.adaptive_policy(
         settings, shape, drafter_obj, engine.run_slots(len(prompt_ids), extra, shape)[1]
@@ -67,11 +71,17 @@ def sample_next_tokens(
             while len(out) < n_tokens:
                 result = engine.step(state, verify_node)
                 ids = [item["token_id"] for item in result.verdict.emitted(result.tree)]
+                counted["passes"] += 1
+                counted["tokens"] += len(ids)
+                counted["accepted"] += len(result.verdict.path)
+                counted["drafted"] += len(result.tree)
                 out.extend(ids)
                 state.context.extend(ids)
             samples.append(tuple(out[:n_tokens]))
             if progress is not None:
                 progress(index + 1, n_samples)
+    if tally is not None:
+        tally.update(counted)
     return samples
 
 
