@@ -11,7 +11,7 @@ import gradio as gr
 
 from .config import CSS_PATH
 from .engine_access import missing_model_banner
-from .labs import batch, deployment, drafters, explain, lossless, parity
+from .labs import batch, deployment, drafters, explain, lossless, parity, shortcuts
 from .tabs import api, playground, race, step_through, workshop
 
 __all__ = ["SpecLensBlocks", "build_demo", "theme"]
@@ -23,7 +23,7 @@ A big **target** model normally produces one token per forward pass. With **spec
 agrees with. Every kept token follows the target's own distribution exactly, so the text is what the target
 would have written anyway; it just needs fewer target passes. Everything below runs a real model on this
 machine (SmolLM2-135M-Instruct); nothing is simulated. New here? The **Workshop** tab is a guided class in
-nine one-click steps.
+ten one-click steps.
 """
 
 
@@ -85,6 +85,7 @@ def build_demo() -> gr.Blocks:
             races = race.layout(first["race"])
             explain.build_tab(play["trace"])
             lossless.build_tab()
+            shortcuts.build_tab()
             drafters.build_tab()
             parity.build_tab()
             batch.build_tab(play["trace"])

@@ -21,6 +21,7 @@ __all__ = [
     "lossless_figure",
     "message_figure",
     "race_figure",
+    "shortcuts_figure",
     "toy_figure",
 ]
 
@@ -239,6 +240,58 @@ def lossless_figure(
     fig.update_yaxes(range=[0, min(LOSSLESS_Y_CEILING, top * LOSSLESS_HEADROOM + 0.01)])
     for ann in fig.layout.annotations or ():
         ann.font.size = 12
+    return fig
+
+
+# ------------------------------------------------------------------------------------- shortcuts lab
+SHORTCUTS_HEIGHT = 460
+
+
+def shortcuts_figure(rows: list[dict], n: int) -> go.Figure:
+    """What each verification rule buys and costs: tokens per target pass (x) against the total-variation
+    distance of its samples from the exact p (y, with its bootstrap interval), one point per row.
+
+    rows: {"label" (the rule and its drafter), "exact" (a lossless rule), "tokens_per_pass", "tv", "tv_low",
+    "tv_high", "verdict"}, as app/labs/shortcuts.py builds them from engine.tools.shortcuts.run_rule. The exact
+    rows' TV is the noise of n samples: a shortcut's cost is its distance above theirs."""
+    fig = go.Figure()
+    for exact in (True, False):
+        group = [r for r in rows if r["exact"] == exact]
+        if not group:
+            continue
+        colour = PALETTE["accepted"] if exact else PALETTE["rejected"]
+        fig.add_trace(
+            go.Scatter(
+                x=[r["tokens_per_pass"] for r in group],
+                y=[r["tv"] for r in group],
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": [max(0.0, r["tv_high"] - r["tv"]) for r in group],
+                    "arrayminus": [max(0.0, r["tv"] - r["tv_low"]) for r in group],
+                    "color": colour,
+                },
+                mode="markers+text",
+                text=[r["short"] for r in group],
+                textposition="middle right",
+                textfont={"size": 11},
+                cliponaxis=False,
+                marker={"color": colour, "size": 11, "symbol": "circle" if exact else "x"},
+                name="exact rules (their distance is sampling noise)" if exact else "shortcuts",
+                customdata=[[r["label"], r["tv_low"], r["tv_high"], r["verdict"]] for r in group],
+                hovertemplate="%{customdata[0]}<br>%{x:.2f} tokens per pass<br>TV from p %{y:.3f} "
+                "[%{customdata[1]:.3f}–%{customdata[2]:.3f}]<br>%{customdata[3]}<extra></extra>",
+            )
+        )
+    xs = [r["tokens_per_pass"] for r in rows] or [1.0]
+    fig.update_xaxes(title_text="tokens per target pass (measured)", range=[min(xs) - 0.1, max(xs) + 0.45])
+    fig.update_yaxes(title_text="distance from p (total variation, 95% interval)", rangemode="tozero")
+    apply_layout(
+        fig,
+        "What each rule buys and what it costs",
+        f"{n} real samples per row · right: more tokens per pass · up: further from the target's p",
+        height=SHORTCUTS_HEIGHT,
+    )
     return fig
 
 

@@ -30,7 +30,7 @@ from ..stopping import ProgressReporter, Stopped
 from ..wiring import run_stop_buttons
 from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
 
-__all__ = ["LOSSLESS_DEFAULTS", "SAMPLERS", "build_tab", "run_lossless"]
+__all__ = ["LOSSLESS_DEFAULTS", "SAMPLERS", "TOKENS_TESTED", "build_tab", "exact_p", "run_lossless"]
 
 # The run"s inputs (controls, in the order the run takes them) and outputs (results).
 INPUTS = ["prompt", "temperature", "top_k", "drafter", "k", "topk", "n", "seed", "samplers", "tokens"]
@@ -228,18 +228,23 @@ def _label(engine, key) -> str:
     return engine.token_text(key) if isinstance(key, int) else " · ".join(engine.token_text(t) for t in key)
 
 
-def _exact_p(engine, lab: dict) -> None:
-    """The target's exact law of the first token (or pair) after the prompt, and the cells' texts, into `lab`."""
+def exact_p(engine, prompt: str, tokens: int, seed: int, settings: dict) -> dict:
+    """The target's exact law of the first token (tokens = 1) or pair (2) after the prompt, with the sampling
+    settings (temperature, top_k): {token or (token, token): probability} (the Shortcuts lab uses it too)."""
 
     def after(prefix: list[int]) -> dict[int, float]:
-        probs = next_token_distribution(engine, lab["prompt"], prefix, seed=lab["seed"], **lab["settings"])
-        return as_distribution(probs)
+        return as_distribution(next_token_distribution(engine, prompt, prefix, seed=seed, **settings))
 
     try:
         first = after([])
-        lab["p"] = first if lab["tokens"] == 1 else pair_distribution(first, lambda x1: after([x1]))
+        return first if tokens == 1 else pair_distribution(first, lambda x1: after([x1]))
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
+
+
+def _exact_p(engine, lab: dict) -> None:
+    """The target's exact law of the first token (or pair) after the prompt, and the cells' texts, into `lab`."""
+    lab["p"] = exact_p(engine, lab["prompt"], lab["tokens"], lab["seed"], lab["settings"])
     lab["labels"] = {key: _label(engine, key) for key in lab["p"]}
 
 

@@ -1,0 +1,318 @@
+"""The Shortcuts lab: lossy verification against lossless, each with what it buys and what it costs, measured.
+
+Every row samples the first tokens after one prompt N times with real drafts and real target passes; only the
+test of the drafts differs (engine.tools.shortcuts: the exact rule, block verification, and the shortcuts users
+meet in serving stacks). Each row reports tokens per target pass (what the rule buys) and the distance of its
+samples from the target's exact p (what it costs: total variation with a bootstrap interval, the chi-square
+p-value, the engine's verdict). visuals.lab_figures.shortcuts_figure draws both.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from engine.tools.exactness import TEST_LEVEL, tv_interval
+from engine.tools.shortcuts import DEFAULT_THRESHOLD, DEFAULT_WEIGHT, ROWS, RULES, row_id, run_rule, tokens_gain
+from visuals.lab_figures import fmt_pvalue, shortcuts_figure
+
+from ..config import LAB_SAMPLES_FLOOR, MAX_LAB_SAMPLES
+from ..engine_access import get_engine, is_loaded, use_drafter
+from ..inputs import number, seed_or_random
+from ..stopping import ProgressReporter, Stopped
+from ..wiring import run_stop_buttons
+from .lossless import TOKENS_TESTED, exact_p
+from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
+
+__all__ = ["SHORTCUTS_DEFAULTS", "build_tab", "run_shortcuts"]
+
+INPUTS = ["prompt", "temperature", "top_k", "k", "topk", "n", "seed", "weight", "threshold", "rows", "tokens"]
+OUTPUTS = ["status", "plot", "table"]
+
+SHORTCUTS_PROMPTS = ["Pick a number from 1 to 10.", "Name a planet.", "Name a fruit.", "Hi!"]
+SHORTCUTS_DEFAULTS = {
+    "prompt": "Pick a number from 1 to 10.",
+    "temperature": 0.6,
+    "top_k": 8,
+    "k": 2,
+    "topk": 2,
+    "n": 600,
+    "weight": DEFAULT_WEIGHT,
+    "threshold": DEFAULT_THRESHOLD,
+    "tokens": 2,
+}
+HEADERS = [
+    "rule [drafter]",
+    "where you meet it",
+    "tokens per pass",
+    "vs exact, same drafter",
+    "TV from p [95%]",
+    "p-value",
+    "verdict",
+]
+TEMPERATURE_RANGE = (0.05, 2.0)
+TOP_K_RANGE = (2, 50)
+MAX_K, MAX_TREE_TOPK = 4, 4
+MIN_SAMPLES = 10
+SAMPLES_STEP = 50
+
+SHORTCUTS_TEXT = f"""
+**Shortcuts: what a lossy verifier buys, and what it costs.** Serving stacks and papers relax the acceptance
+rule to keep more drafts. Each row below samples the **first two tokens** of the answer N times, every sample
+real drafts and one or more real target passes on this machine, exactly like the Lossless lab; only the test of
+the drafts differs. For each row the lab measures **tokens per target pass** (what the rule buys) and the
+**distance of its samples from the target's exact p** (what it costs: the total-variation distance with a 95%
+bootstrap interval, and a chi-square test; below p-value {TEST_LEVEL:g} the samples are called different from p).
+The exact rows' distance is not zero: it is the noise of N samples, the floor a shortcut is read against.
+
+* **Exact rule**: keep a draft with min(1, p/q), else draw from norm(max(0, p − q)). **Block verification**
+  (vLLM's `block`): a chain's whole prefix by a joint ratio; exact too, never fewer tokens on average.
+* **q dropped**: keep with min(1, p): the drafter's q left out of the ratio.
+* **Drafter's temperature dropped**: drafts drawn at your temperature, tested with the drafter's q at T = 1.
+* **Static ensemble (w)**: keep with min(1, 1 − w + w·p/q); its output is w·p + (1 − w)·q, not p
+  (transformers' proposed `assistant_ensemble_weight`).
+* **Accept threshold (t)**: keep with min(1, p/(t·q)) (SGLang's `--speculative-accept-threshold-acc` below 1).
+* **Greedy matching at T > 0**: keep a draft only when it is the target's most likely token.
+
+Which drafter each row uses is part of the lesson. The q-term shortcuts run with **int8**, whose q is close to
+p (drafts accepted ~95% of the time): leaving q out, or using the wrong one, shows there. The ensemble and the
+threshold run with **eagle**, whose q is far from p here (about half accepted): with int8 they neither buy nor
+cost much, because they only change what happens where q and p differ. Each shortcut's gain is read against
+the exact rule **with the same drafter**.
+"""
+
+
+# ------------------------------------------------------------------------------------------ text
+def _row_label(key: str, drafter: str, lab: dict) -> str:
+    name = RULES[key].name
+    if key == "ensemble":
+        name += f", w = {lab['weight']:g}"
+    if key == "threshold":
+        name += f", t = {lab['threshold']:g}"
+    return f"{name} [{drafter}]"
+
+
+def _table(lab: dict, results: dict) -> list[list]:
+    rows = []
+    for key, drafter in lab["rows"]:
+        res = results.get(row_id(key, drafter))
+        gain = tokens_gain(results, key, drafter)
+        test = res["test"] if res else None
+        rows.append(
+            [
+                _row_label(key, drafter, lab),
+                RULES[key].where,
+                "—" if not res else f"{res['tokens_per_pass']:.2f}",
+                "—" if gain is None else f"{gain:+.0%}",
+                "—" if not res else f"{test['tv']:.3f} [{res['tv_low']:.3f}–{res['tv_high']:.3f}]",
+                "—" if not test else fmt_pvalue(test["pvalue"]),
+                res["verdict"] if res else "not run",
+            ]
+        )
+    return rows
+
+
+def _points(lab: dict, results: dict) -> list[dict]:
+    points = []
+    for key, drafter in lab["rows"]:
+        res = results.get(row_id(key, drafter))
+        if res is None:
+            continue
+        points.append(
+            {
+                "label": _row_label(key, drafter, lab),
+                "short": f"{key} [{drafter}]",
+                "exact": RULES[key].exact,
+                "tokens_per_pass": res["tokens_per_pass"],
+                "tv": res["test"]["tv"],
+                "tv_low": res["tv_low"],
+                "tv_high": res["tv_high"],
+                "verdict": res["verdict"],
+            }
+        )
+    return points
+
+
+def _summary(lab: dict, results: dict, seconds: float) -> str:
+    lines = [
+        f"**Done in {seconds:.0f} s** ({len(results)} rows × {lab['n']} real samples, seed {lab['seed']}; K = "
+        f"{lab['k']}, tree top-k {lab['topk']}, temperature {lab['temperature']:g}, top-k {lab['top_k']}).",
+        "",
+    ]
+    for key, drafter in lab["rows"]:
+        res = results.get(row_id(key, drafter))
+        if res is None:
+            continue
+        gain = tokens_gain(results, key, drafter)
+        bought = "" if gain is None else f", {gain:+.0%} tokens per pass against the exact rule with {drafter}"
+        lines.append(
+            f"* **{_row_label(key, drafter, lab)}: {res['verdict']}** (TV {res['test']['tv']:.3f}, "
+            f"p-value {fmt_pvalue(res['test']['pvalue'])}{bought})."
+        )
+    lines += [
+        "",
+        "*Measured:* the samples and their tokens per pass (real drafts and target passes, now). *Computed:* the "
+        "exact p from the target's logits, the distances, their intervals and the chi-square p-values.",
+    ]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- run
+def _checked(prompt, temperature, top_k, k, topk, n, seed, weight, threshold, rows, tokens) -> dict:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise gr.Error("Type a prompt (or pick one): the lab samples the tokens that follow it.")
+    chosen = [row for row in ROWS if row_id(*row) in rows] if rows is not None else list(ROWS)
+    if not chosen or (rows is not None and set(rows) - {row_id(*row) for row in ROWS}):
+        raise gr.Error("Pick at least one rule to run.")
+    return {
+        "prompt": prompt,
+        "temperature": number(temperature, "Temperature", *TEMPERATURE_RANGE),
+        "top_k": number(top_k, "Top-k", *TOP_K_RANGE, integer=True),
+        "k": number(k, "K", 1, MAX_K, integer=True),
+        "topk": number(topk, "Tree top-k", 1, MAX_TREE_TOPK, integer=True),
+        "n": number(n, "Samples N", MIN_SAMPLES, MAX_LAB_SAMPLES, integer=True),
+        "seed": seed_or_random(seed),
+        "weight": number(weight, "Ensemble weight w", 0.05, 1.0),
+        "threshold": number(threshold, "Accept threshold t", 0.05, 1.0),
+        "rows": chosen,
+        "tokens": number(tokens, "Tokens tested", 1, max(TOKENS_TESTED), integer=True),
+    }
+
+
+def run_shortcuts(
+    prompt,
+    temperature,
+    top_k,
+    k,
+    topk,
+    n,
+    seed,
+    weight=DEFAULT_WEIGHT,
+    threshold=DEFAULT_THRESHOLD,
+    rows=None,
+    tokens=SHORTCUTS_DEFAULTS["tokens"],
+    run_id: str = "",
+    progress=gr.Progress(),  # noqa: B008 (gradio injects the tracker)
+):
+    """Generator: each chosen row's samples against the exact p. rows: row ids (``row_id``), None = all.
+    Yields (status markdown, figure, table rows) after each row."""
+    lab = _checked(prompt, temperature, top_k, k, topk, n, seed, weight, threshold, rows, tokens)
+    if not is_loaded("default", "auto"):
+        yield "Loading the model (once per server)…", gr.skip(), gr.skip()
+    engine = get_engine("default", "auto", progress)
+    yield "Preparing the drafters (built on first use)…", gr.skip(), gr.skip()
+    for drafter in sorted({d for _, d in lab["rows"]}):
+        use_drafter(engine, drafter)
+    settings = {"temperature": lab["temperature"], "top_k": lab["top_k"]}
+    p = exact_p(engine, lab["prompt"], lab["tokens"], lab["seed"], settings)
+    results: dict[str, dict] = {}
+    started = time.perf_counter()
+    for index, (key, drafter) in enumerate(lab["rows"]):
+        step = f"{index + 1}/{len(lab['rows'])} {_row_label(key, drafter, lab)}"
+        yield f"{step}: sampling {lab['n']}…", gr.skip(), gr.skip()
+        tracker = ProgressReporter(progress, step, run_id, offset=index / len(lab["rows"]), share=1 / len(lab["rows"]))
+        try:
+            res = run_rule(
+                engine,
+                lab["prompt"],
+                key,
+                p,
+                drafter=drafter,
+                n=lab["n"],
+                n_tokens=lab["tokens"],
+                k=lab["k"],
+                topk=lab["topk"],
+                temperature=lab["temperature"],
+                top_k=lab["top_k"],
+                seed=lab["seed"],
+                weight=lab["weight"],
+                threshold=lab["threshold"],
+                progress=tracker,
+            )
+        except Stopped:
+            yield (
+                f"■ Stopped during {_row_label(key, drafter, lab)}. The results cover the rows that finished.",
+                shortcuts_figure(_points(lab, results), lab["n"]),
+                _table(lab, results),
+            )
+            return
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+        res["tv_low"], res["tv_high"] = tv_interval(res["counts"], p, lab["n"], seed=lab["seed"])
+        results[row_id(key, drafter)] = res
+        yield (
+            f"{step}: done in {res['seconds']:.1f} s.",
+            shortcuts_figure(_points(lab, results), lab["n"]),
+            _table(lab, results),
+        )
+    yield _summary(lab, results, time.perf_counter() - started), gr.skip(), gr.skip()
+
+
+# ---------------------------------------------------------------------------------------- layout
+def _controls() -> dict:
+    d = SHORTCUTS_DEFAULTS
+    c = {}
+    c["prompt"] = gr.Dropdown(
+        SHORTCUTS_PROMPTS,
+        value=d["prompt"],
+        allow_custom_value=True,
+        label="Prompt (pick or type)",
+        info="The lab samples the first tokens of the answer.",
+        elem_id="sc-prompt",
+    )
+    c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Sample", "sc-run", "sc-stop")
+    c["n"] = gr.Slider(
+        LAB_SAMPLES_FLOOR,
+        MAX_LAB_SAMPLES,
+        min(d["n"], MAX_LAB_SAMPLES),
+        step=SAMPLES_STEP,
+        label="Samples N (per rule)",
+        info="Each sample is one or more real target passes.",
+        elem_id="sc-n",
+    )
+    c["rows"] = gr.CheckboxGroup(
+        [(f"{RULES[key].name} [{drafter}]", row_id(key, drafter)) for key, drafter in ROWS],
+        value=[row_id(*row) for row in ROWS],
+        label="Rules to run",
+        info="Each costs N samples.",
+        elem_id="sc-rows",
+    )
+    with gr.Row():
+        c["weight"] = gr.Slider(0.05, 1.0, d["weight"], step=0.05, label="Ensemble weight w", min_width=140)
+        c["threshold"] = gr.Slider(0.05, 1.0, d["threshold"], step=0.05, label="Accept threshold t", min_width=140)
+    c["temperature"] = gr.Slider(
+        *TEMPERATURE_RANGE,
+        d["temperature"],
+        step=0.05,
+        label="Temperature",
+        info="At T = 1 the drafter's temperature cannot be dropped: the shortcut is then the exact rule.",
+    )
+    c["top_k"] = gr.Slider(*TOP_K_RANGE, d["top_k"], step=1, label="Top-k")
+    with gr.Row():
+        c["k"] = gr.Slider(1, MAX_K, d["k"], step=1, label="K (draft depth)", min_width=140)
+        c["topk"] = gr.Slider(1, MAX_TREE_TOPK, d["topk"], step=1, label="Tree top-k", min_width=140)
+    c["tokens"] = gr.Radio([(label, n) for n, label in TOKENS_TESTED.items()], value=d["tokens"], label="Test")
+    c["seed"] = gr.Number(0, precision=0, label="Seed", info="-1 = random")
+    return c
+
+
+def _results() -> dict:
+    status = status_box(
+        "*Press **Sample** to draw real samples under every rule (8 rules × N samples: minutes on a 2-core CPU).*",
+        "sc-status",
+    )
+    title = "What each rule buys and what it costs"
+    plot = results_plot(title, "Press Sample to draw real samples", "sc-plot")
+    empty = {"rows": list(ROWS), "weight": DEFAULT_WEIGHT, "threshold": DEFAULT_THRESHOLD}
+    widths = ["24%", "24%", "8%", "8%", "12%", "8%", "16%"]
+    table = results_table(_table(empty, {}), HEADERS, "Each rule against the exact p", widths, "sc-table")
+    return {"status": status, "plot": plot, "table": table}
+
+
+def _wire(c: dict, out: dict) -> None:
+    wire_lab_run(c, out, run_shortcuts, INPUTS, OUTPUTS)
+
+
+def build_tab() -> gr.Tab:
+    return lab_tab("Shortcuts lab", "shortcuts", SHORTCUTS_TEXT, _controls, _results, _wire)
