@@ -200,9 +200,9 @@ def _wait_text(page, selector: str, text: str, timeout: int) -> str:
 
 
 def test_the_workshop_runs_in_order(app_url, browser):
-    """A teacher follows steps 1 to 9 in order in one session, and each step's question can be answered from
+    """A teacher follows steps 1 to 10 in order in one session, and each step's question can be answered from
     what the screen then shows: many tokens per pass for the code edit, a rejection in step 2's run (its own
-    prompt, not step 1's), the recorded tree resampling at pass 7, the Lossless verdicts, ~1 token per pass
+    prompt, not step 1's), the recorded tree resampling at pass 7, the Lossless verdicts, the Shortcuts lab's rows and verdicts, ~1 token per pass
     for the creative chat, a tree run, a race of the wide tree whose verdict is not "faster", a race of q4 self-drafts
     on chat with many tokens per pass, the batch size
     where speculation stops paying and the parity verdicts."""
@@ -265,18 +265,39 @@ def test_the_workshop_runs_in_order(app_url, browser):
     assert "Speculative sampling (int8, exact rule): consistent with p" in status, status
     assert re.search(r"Broken verifier \(int8, ignores q\): (differs from p|not detected)", status), status
 
-    # 5. The creative chat: n-gram finds nothing to copy, about one token per pass.
-    _run_step(page, 5, "Open chat with n-gram")
+    # 5. The Shortcuts lab opens with its defaults (N = 600: the verdicts those give, the exact rules consistent
+    # with p and every shortcut detected, are test_shortcuts.py's, on the same handler); here it runs from the page
+    # at the slider's floor, and every row's tokens per pass and verdict come back on screen.
+    _load_step(page, 5)
+    from app.labs.shortcuts import SHORTCUTS_DEFAULTS
+
+    page.wait_for_function(
+        "(n) => document.querySelector('#sc-n input[type=number]')?.value === String(n)",
+        arg=SHORTCUTS_DEFAULTS["n"],
+        timeout=30_000,
+    )
+    _set_slider(page, "sc-n", LAB_SAMPLES_FLOOR)
+    page.locator("#sc-run").click(timeout=30_000)
+    status = _wait_text(page, "#sc-status", "Done in", 600_000)
+    assert f"× {LAB_SAMPLES_FLOOR} real samples" in status, status
+    assert "Exact rule: min(1, p/q), residual [int8]: consistent with p" in status, status
+    table = page.locator("#sc-table").inner_text()
+    assert "where you meet it" in table and "not run" not in table, table
+    page.wait_for_selector("#sc-plot .main-svg", timeout=30_000)
+    page.screenshot(path=str(SHOTS / "workshop-step-5-shortcuts.png"), full_page=True)
+
+    # 6. The creative chat: n-gram finds nothing to copy, about one token per pass.
+    _run_step(page, 6, "Open chat with n-gram")
     assert "rainy Sunday" in page.locator("#sl-prompt textarea").input_value()
     assert _stats_number(page, "tokens/pass") < 1.5
 
-    # 6. The tree example: several candidates per position, verified in one pass.
-    _run_step(page, 6, "Sampled chat with a tree")
+    # 7. The tree example: several candidates per position, verified in one pass.
+    _run_step(page, 7, "Sampled chat with a tree")
     assert _stats_number(page, "tokens/pass") > 1.5
     page.wait_for_selector("#sl-tree .main-svg", timeout=60_000)
 
-    # 7. The wide tree in the Race, with its tree settings: many tokens per pass, yet not called faster.
-    _load_step(page, 7)
+    # 8. The wide tree in the Race, with its tree settings: many tokens per pass, yet not called faster.
+    _load_step(page, 8)
     examples = json.loads((Path(__file__).resolve().parent.parent / "assets" / "examples.json").read_text())
     topk = next(e for e in examples if e["lesson"] == "does-not-pay")["settings"]["topk"]
     page.wait_for_function(
@@ -290,10 +311,10 @@ def test_the_workshop_runs_in_order(app_url, browser):
     spec_per_pass = float(re.search(r"tokens per pass\s+1\.00\s+([\d.]+)", results).group(1))
     assert spec_per_pass > 2.0, results
     assert "faster than plain decoding" not in results, results
-    page.screenshot(path=str(SHOTS / "workshop-step-7-race.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / "workshop-step-8-race.png"), full_page=True)
 
-    # 8. q4 self-drafts in the Race on the chat example: many tokens per pass, measured in pairs with a spread.
-    _load_step(page, 8)
+    # 9. q4 self-drafts in the Race on the chat example: many tokens per pass, measured in pairs with a spread.
+    _load_step(page, 9)
     page.wait_for_function(
         "() => (document.querySelector('#race-drafter input')?.value || '').startsWith('q4')", timeout=30_000
     )
@@ -302,10 +323,10 @@ def test_the_workshop_runs_in_order(app_url, browser):
     results = page.locator("#race-results").inner_text()
     spec_per_pass = float(re.search(r"tokens per pass\s+1\.00\s+([\d.]+)", results).group(1))
     assert spec_per_pass > 3.0, results
-    page.screenshot(path=str(SHOTS / "workshop-step-8-race.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / "workshop-step-9-race.png"), full_page=True)
 
-    # 9. The Batch lab measures where speculation stops paying; the Parity lab checks greedy outputs.
-    _load_step(page, 9)
+    # 10. The Batch lab measures where speculation stops paying; the Parity lab checks greedy outputs.
+    _load_step(page, 10)
     page.locator("#bl-run").click(timeout=30_000)
     status = _wait_text(page, "#bl-status", "Pass times measured on this machine", 300_000)
     assert re.search(

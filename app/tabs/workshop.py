@@ -1,4 +1,4 @@
-"""The Workshop tab: a guided 30-minute class in nine steps, one click each.
+"""The Workshop tab: a guided 30-minute class in ten steps, one click each.
 
 Each step's button opens the tab it needs and loads everything the step names there: the whole set of
 Playground controls with the prompt (an example's, or the step's own), the recorded trace in the
@@ -26,6 +26,10 @@ __all__ = ["STEPS", "layout", "load_step", "step_values", "wire"]
 # AMX-BF16 (62 s before the kernels stopped opening a parallel region per product: csrc/task_pool.h);
 # 448 s on a teacher's 2-core machine whose cores other work held (2026-12-01).
 LOSSLESS_TIME = "36 s measured on a quiet 2-core CPU, up to 7 ½ minutes when other work holds the cores"
+# Step 5's duration with the Shortcuts lab's defaults (8 rules × 600 real samples of the first two tokens,
+# bfloat16), measured 2026-12-04 on a 2-core AMD EPYC (Zen 4, AVX512-BF16) other sessions shared: 128 s for
+# each of two seeds (the sum of its rows, run as the lab runs them: engine.tools.shortcuts.run_rule).
+SHORTCUTS_TIME = "about 2 minutes measured on a 2-core CPU, longer when other work holds the cores"
 
 
 def _recorded(lesson: str) -> str:
@@ -84,7 +88,20 @@ STEPS = [
         "a shortcut in the maths does.",
     },
     {
-        "title": "5. When does n-gram drafting win?",
+        "title": "5. Shortcuts: what a lossy verifier buys, and what it costs",
+        "tab": "shortcuts",
+        "do": f"Press **▶ Sample** with the lab's settings as they open (8 rules × 600 samples: {SHORTCUTS_TIME}).",
+        "question": "Which rules keep more drafts per target pass than the exact rule with the same drafter, and "
+        "which of them still sample the target's p?",
+        "answer": "The table and the chart: the exact rule and block verification stay consistent with p (their "
+        "distance from p is the noise of 600 samples). Every shortcut differs from p. The static ensemble buys the "
+        "most tokens per pass with the eagle head, and pays for it with samples far from p (it outputs "
+        "w·p + (1 − w)·q, even tokens p never gives); dropping q or matching greedily at T > 0 does not even buy "
+        "tokens here, since they reject good drafts too. A shortcut's gain is never free, and only a test like "
+        "this one sees its cost.",
+    },
+    {
+        "title": "6. When does n-gram drafting win?",
         "tab": "playground",
         "example": "no-gain",
         "do": "This loads the example *Open chat with n-gram: nothing to copy, no gain*. Press **▶ Run**, then "
@@ -95,7 +112,7 @@ STEPS = [
         "(code edits, summaries that reuse wording, structured output).",
     },
     {
-        "title": "6. Trees: several candidates per position",
+        "title": "7. Trees: several candidates per position",
         "tab": "playground",
         "example": "tree",
         "do": "This loads the example *Sampled chat with a tree of int8 drafts*: the int8 drafter proposes 2 "
@@ -107,7 +124,7 @@ STEPS = [
         "on what is left, so the tree stays exact while giving the target more chances per pass.",
     },
     {
-        "title": "7. Tokens per pass is not speed",
+        "title": "8. Tokens per pass is not speed",
         "tab": "race",
         "example": "does-not-pay",
         "do": "This loads the example *Wide int8 tree: more tokens per pass, yet slower* into the **Race**, tree "
@@ -120,21 +137,21 @@ STEPS = [
         "E ÷ (K·c + 1) at best, and a large draft cost c eats E. The Explain tab's calculator shows the same.",
     },
     {
-        "title": "8. A cheaper model drafter pays on open chat",
+        "title": "9. A cheaper model drafter pays on open chat",
         "tab": "race",
         "example": "model-drafter",
         "do": "This loads the example *Explain a fridge: q4 self-drafts guess new text that n-gram cannot* into the "
         "**Race**: the target's own weights in 4 bits draft 6 tokens a pass. Press **▶ Race**: the baseline and q4 "
         "run back to back, then five more pairs are measured.",
-        "question": "Step 5's chat got no gain from n-gram. Does q4 pay on this chat prompt, and how sure is the "
+        "question": "Step 6's chat got no gain from n-gram. Does q4 pay on this chat prompt, and how sure is the "
         "race of it?",
         "answer": "The race's table shows about 6 tokens per pass, and its verdict gives the measured speedup with "
         f"its interval over the pairs ({_recorded('model-drafter')}; on a busy machine "
-        "the interval widens and the verdict may be *no clear difference*). Unlike step 7's int8 tree, a q4 draft "
+        "the interval widens and the verdict may be *no clear difference*). Unlike step 8's int8 tree, a q4 draft "
         "reads about a third of the target's bytes, so its cost c is small enough that E ÷ (K·c + 1) stays above 1.",
     },
     {
-        "title": "9. Batch size, and greedy parity",
+        "title": "10. Batch size, and greedy parity",
         "tab": "batch",
         "do": "Press **▶ Measure**, then open the **Parity lab** and press its button too.",
         "question": "At which batch size does speculation stop paying on this machine? Are greedy outputs with "
@@ -211,7 +228,7 @@ def load_step(index: int) -> tuple:
 
 
 INTRO = """
-**A 30-minute class in nine steps.** Each step loads its settings with one click and asks one question; the
+**A 30-minute class in ten steps.** Each step loads its settings with one click and asks one question; the
 screen it opens shows the answer (open *Answer* to check). Follow them in order: each loads everything it needs,
 the prompt included. Everything runs the real default model on this machine, so the numbers you see are
 measured live and differ a little from machine to machine.
