@@ -247,13 +247,15 @@ def lossless_figure(
 SHORTCUTS_HEIGHT = 460
 
 
-def shortcuts_figure(rows: list[dict], n: int) -> go.Figure:
+def shortcuts_figure(rows: list[dict], n: int, floor: float | None = None) -> go.Figure:
     """What each verification rule buys and costs: tokens per target pass (x) against the total-variation
     distance of its samples from the exact p (y, with its bootstrap interval), one point per row.
 
-    rows: {"label" (the rule and its drafter), "exact" (a lossless rule), "tokens_per_pass", "tv", "tv_low",
+    rows: {"number" (the row's number in the lab's table, written beside its point: names would overlap where
+    rules land close together), "label" (the rule and its drafter), "exact" (a lossless rule), "tokens_per_pass", "tv", "tv_low",
     "tv_high", "verdict"}, as app/labs/shortcuts.py builds them from engine.tools.shortcuts.run_rule. The exact
-    rows' TV is the noise of n samples: a shortcut's cost is its distance above theirs."""
+    rows' TV is the noise of n samples: a shortcut's cost is its distance above theirs. floor: the TV an exact
+    sampler of n samples stays below in 95% of runs (engine.tools.exactness.tv_noise_floor), drawn as a line."""
     fig = go.Figure()
     for exact in (True, False):
         group = [r for r in rows if r["exact"] == exact]
@@ -272,24 +274,35 @@ def shortcuts_figure(rows: list[dict], n: int) -> go.Figure:
                     "color": colour,
                 },
                 mode="markers+text",
-                text=[r["short"] for r in group],
+                text=[str(r["number"]) for r in group],
                 textposition="middle right",
-                textfont={"size": 11},
+                textfont={"size": 12},
                 cliponaxis=False,
                 marker={"color": colour, "size": 11, "symbol": "circle" if exact else "x"},
                 name="exact rules (their distance is sampling noise)" if exact else "shortcuts",
-                customdata=[[r["label"], r["tv_low"], r["tv_high"], r["verdict"]] for r in group],
+                customdata=[[f"{r['number']}. {r['label']}", r["tv_low"], r["tv_high"], r["verdict"]] for r in group],
                 hovertemplate="%{customdata[0]}<br>%{x:.2f} tokens per pass<br>TV from p %{y:.3f} "
                 "[%{customdata[1]:.3f}–%{customdata[2]:.3f}]<br>%{customdata[3]}<extra></extra>",
             )
         )
     xs = [r["tokens_per_pass"] for r in rows] or [1.0]
-    fig.update_xaxes(title_text="tokens per target pass (measured)", range=[min(xs) - 0.1, max(xs) + 0.45])
-    fig.update_yaxes(title_text="distance from p (total variation, 95% interval)", rangemode="tozero")
+    if floor is not None:  # a line across the plot, named in the legend (a label on it would cover points)
+        fig.add_trace(
+            go.Scatter(
+                x=[min(xs) - 0.1, max(xs) + 0.2],
+                y=[floor, floor],
+                mode="lines",
+                line={"dash": "dash", "color": SERIES["baseline"], "width": 1},
+                name=f"noise floor: N samples of p itself stay below {floor:.3f} in 95% of runs",
+                hoverinfo="skip",
+            )
+        )
+    fig.update_xaxes(title_text="tokens per target pass", range=[min(xs) - 0.1, max(xs) + 0.2])
+    fig.update_yaxes(title_text="distance from p (TV)", rangemode="tozero")
     apply_layout(
         fig,
         "What each rule buys and what it costs",
-        f"{n} real samples per row · right: more tokens per pass · up: further from the target's p",
+        f"{n} samples per row · right: buys tokens · up: costs exactness · numbers: the table's rows",
         height=SHORTCUTS_HEIGHT,
     )
     return fig

@@ -48,9 +48,16 @@ TABLE_WIDTH_PX = 880  # the results column's width on a 1440 px desktop (898 px 
 MIN_COLUMN_PX = 72
 
 
-def results_table(value: list[list], headers: list[str], label: str, widths: list[str], elem_id: str) -> gr.Dataframe:
+TABLE_ROW_PX = 130  # room for a row whose cells wrap to a few lines (the Shortcuts lab's "where you meet it")
+
+
+def results_table(
+    value: list[list], headers: list[str], label: str, widths: list[str], elem_id: str, rows: int = 0
+) -> gr.Dataframe:
     """A results table; `widths` are shares of a desktop-wide table ("22%"), given to gradio in pixels so
-    that on a narrow screen the table scrolls sideways instead of squeezing its columns into letters."""
+    that on a narrow screen the table scrolls sideways instead of squeezing its columns into letters.
+    rows: how many rows it will hold, for a table that should show them all without scrolling inside its box
+    (0: gradio's default height)."""
     raw = [max(MIN_COLUMN_PX, float(w.rstrip("%")) * TABLE_WIDTH_PX / 100) for w in widths]
     # Narrow columns raised to the minimum: the room they took comes off the wider ones, so the table still
     # fits the results column.
@@ -67,6 +74,7 @@ def results_table(value: list[list], headers: list[str], label: str, widths: lis
         label=label,
         column_widths=pixels,
         elem_id=elem_id,
+        **({"max_height": 80 + rows * TABLE_ROW_PX} if rows else {}),
     )
 
 

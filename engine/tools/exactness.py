@@ -12,7 +12,8 @@ claim empirically, and this module holds the parts that are mathematics rather t
 * ``pair_distribution``: the exact joint law of the first two tokens, p(x1, x2) = p(x1) p(x2 | x1).
 * ``chi_square_test``: goodness of fit of sampled counts against an exact p, with the total
   variation distance; ``TEST_LEVEL`` is the one significance level the labs use.
-* ``tv_interval``: a bootstrap interval of the total-variation distance of sampled counts from p.
+* ``tv_interval``: the spread of a measured total-variation distance from p (a bias-shifted bootstrap);
+  ``tv_noise_floor``: the distance an exact sampler of n samples stays below (simulated from p).
 * ``exactness_verdict``: what a test's p-value says about a sampler, in words (the Lossless lab shows it).
 * ``verify_children_ignoring_q``: the NEGATIVE CONTROL, a deliberately lossy verifier that the
   Lossless lab and the tests pass to the tree walk in place of ``acceptance.verify_children``.
@@ -37,6 +38,7 @@ __all__ = [
     "pair_distribution",
     "toy_sampling",
     "tv_interval",
+    "tv_noise_floor",
     "verify_children_ignoring_q",
 ]
 
@@ -135,25 +137,44 @@ def chi_square_test(counts: dict[int, int], p: dict[int, float], n: int) -> dict
     return {**result, "statistic": float(test.statistic), "pvalue": float(test.pvalue)}
 
 
+def _tv_draws(law: torch.Tensor, target: torch.Tensor, n: int, draws: int, seed: int) -> torch.Tensor:
+    """[draws] total-variation distances from `target` [C] of `draws` histograms of n samples of `law` [C]."""
+    gen = torch.Generator().manual_seed(int(seed))
+    picked = torch.multinomial(law, n * draws, replacement=True, generator=gen)  # [draws * n]
+    hist = torch.zeros(draws, law.shape[0], dtype=torch.float64)  # [draws, C]
+    hist.scatter_add_(1, picked.view(draws, n), torch.ones(draws, n, dtype=torch.float64))
+    return 0.5 * (hist / n - target).abs().sum(dim=1)
+
+
 def tv_interval(
     counts: dict, p: dict, n: int, level: float = 0.95, draws: int = 400, seed: int = 0
 ) -> tuple[float, float]:
-    """A percentile bootstrap interval of the total-variation distance between the sampled histogram and p:
-    `draws` histograms of n samples redrawn from the observed one, the TV of each from p, and the central
-    `level` of them. An exact sampler's TV is not 0 at finite n (about sqrt(cells / n) / 2 by noise alone), so
-    the exact rows' intervals are the noise floor the shortcuts' are read against."""
+    """The spread of the measured total-variation distance from p: `draws` histograms of n samples redrawn from
+    the observed one (a bootstrap), the TV of each from p, and the central `level` of them, shifted by the
+    redraws' bias (their median minus the observed TV: redrawing adds noise of its own, so the raw percentiles sit
+    above the observed TV) and clipped at 0. The interval is centred on the measured TV by construction."""
     keys = sorted(set(p) | set(counts), key=str)
     observed = torch.tensor([float(counts.get(t, 0)) for t in keys], dtype=torch.float64)  # [C]
     target = torch.tensor([float(p.get(t, 0.0)) for t in keys], dtype=torch.float64)  # [C]
     if n <= 0 or observed.sum() <= 0:
         return (math.nan, math.nan)
-    gen = torch.Generator().manual_seed(int(seed))
-    redrawn = torch.multinomial(observed / observed.sum(), n * draws, replacement=True, generator=gen)  # [draws * n]
-    hist = torch.zeros(draws, len(keys), dtype=torch.float64)  # [draws, C]
-    hist.scatter_add_(1, redrawn.view(draws, n), torch.ones(draws, n, dtype=torch.float64))
-    tv = 0.5 * (hist / n - target).abs().sum(dim=1)  # [draws]
-    low, high = torch.quantile(tv, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
-    return (float(low), float(high))
+    tv = float(0.5 * (observed / observed.sum() - target).abs().sum())
+    redrawn = _tv_draws(observed / observed.sum(), target, n, draws, seed)  # [draws]
+    low, mid, high = torch.quantile(
+        redrawn, torch.tensor([(1 - level) / 2, 0.5, (1 + level) / 2], dtype=torch.float64)
+    ).tolist()
+    bias = mid - tv
+    return (max(0.0, low - bias), max(0.0, high - bias))
+
+
+def tv_noise_floor(p: dict, n: int, level: float = 0.95, draws: int = 400, seed: int = 0) -> float:
+    """The TV an exact sampler shows by noise alone: the `level` quantile of the TV from p of `draws` histograms of
+    n samples drawn from p itself. A rule whose measured TV is well above it costs more than noise."""
+    keys = sorted(p, key=str)
+    target = torch.tensor([float(p[t]) for t in keys], dtype=torch.float64)  # [C]
+    if n <= 0 or not keys:
+        return math.nan
+    return float(torch.quantile(_tv_draws(target / target.sum(), target, n, draws, seed), level))
 
 
 def exactness_verdict(test: dict | None, lossy: bool = False) -> str:
