@@ -48,12 +48,16 @@ STEPS = [
         "tab": "playground",
         "example": "copy",
         "do": "This loads the example *Code edit: n-gram copies the code* into the Playground. Press **▶ Run**. "
-        "Watch the coloured text: each underlined run of tokens is one target pass.",
+        "Watch the coloured text: each underlined run of tokens is one target pass. (Compare the answer with the "
+        "prompt too: did the model do what it was asked?)",
         "question": "How many tokens per target pass did this answer get, and why can the n-gram drafter guess "
         "so well here?",
         "answer": "The stats line and the run card show it (several tokens per pass, against 1.00 for plain "
         "decoding). The answer repeats code from the prompt, so prompt lookup proposes long runs the target "
-        "accepts: one pass verifies them all.",
+        "accepts: one pass verifies them all. Look closely: this small model (135M parameters) answers with the "
+        "function copied unchanged and forgets the docstring, which is why nearly every draft is accepted. A larger "
+        "model would add the docstring and copy the rest the same way: the unchanged lines of an edit are where "
+        "prompt lookup pays, the new lines cost a pass each.",
     },
     {
         "title": "2. Accept or reject: the random test u",
