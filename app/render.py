@@ -185,6 +185,15 @@ def stats_line(trace: list[dict], running: bool = False) -> str:
     return '<div class="sl-stats">' + badge + " · ".join(items) + "</div>"
 
 
+def recorded_on(trace: list[dict]) -> str:
+    """A recorded run's date and machine, short enough for a chart title: "recorded 2026-11-30 on AMD EPYC"."""
+    start = start_event(trace or [])
+    host = start.get("host") or {}
+    machine = host.get("gpu") or host.get("cpu") or start.get("device", "?")
+    when = time.strftime("%Y-%m-%d", time.gmtime(start["started_at"])) if start.get("started_at") else "?"
+    return f"recorded {when} on {machine}"
+
+
 def recorded_where(trace: list[dict]) -> str:
     """Where and when a run happened: drafter and settings, dtype, CPU (or GPU), kernel, date."""
     start = start_event(trace or [])

@@ -336,3 +336,15 @@ def test_the_drafter_help_says_where_each_recorded_cost_was_measured():
         figure = f"{example['drafter']} {m['draft_cost_ratio']:.2f}"
         group = re.search(re.escape(figure) + r"[^;]*?\(recorded on ([^;]*?), (\d{4}-\d\d-\d\d)\)", text)
         assert group and group.groups() == (m["cpu"], m["recorded"]), (figure, text)
+
+
+def test_the_recorded_race_is_titled_as_recorded_until_a_new_one_runs():
+    """#40: the race the tab opens on says it was recorded, where and when, in its chart and its results; the
+    streamed pair's table says it is one pair, not a verdict."""
+    from app.tabs import race
+
+    values = race.initial_race()
+    title = values["race_plot"].layout.title.text
+    assert title.startswith("A recorded race") and "recorded 20" in title, title
+    assert values["race_results"].startswith("**A recorded race (recorded 20"), values["race_results"][:120]
+    assert "One pair, not a verdict" in values["race_results"]

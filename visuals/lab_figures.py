@@ -63,8 +63,12 @@ def _tokens_over_time(trace: list[dict]) -> tuple[list[float], list[int]]:
     return xs, ys
 
 
-def race_figure(baseline: list[dict] | None, speculative: list[dict] | None, drafter: str = "") -> go.Figure:
-    """Tokens produced vs measured time for both runs, on one time axis (a step plot: one step per target pass)."""
+def race_figure(
+    baseline: list[dict] | None, speculative: list[dict] | None, drafter: str = "", recorded: str = ""
+) -> go.Figure:
+    """Tokens produced vs measured time for both runs, on one time axis (a step plot: one step per target pass).
+    recorded: where and when a recorded race ran ("recorded 2026-11-30 on AMD EPYC"), in its title; "" for a
+    race run now."""
     fig = go.Figure()
     runs = [
         ("Baseline (no drafter)", baseline, SERIES["baseline"], "circle"),
@@ -86,7 +90,8 @@ def race_figure(baseline: list[dict] | None, speculative: list[dict] | None, dra
             )
         )
     subtitle = "each marker is one target pass; steeper = faster. Both runs are real, one after the other."
-    apply_layout(fig, "Tokens over measured time", subtitle, height=RACE_HEIGHT)
+    title = f"A recorded race: tokens over measured time ({recorded})" if recorded else "Tokens over measured time"
+    apply_layout(fig, title, subtitle, height=RACE_HEIGHT)
     fig.update_xaxes(title_text="elapsed time (s)", rangemode="tozero")
     fig.update_yaxes(title_text="tokens generated", rangemode="tozero")
     if not fig.data:

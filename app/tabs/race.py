@@ -110,14 +110,16 @@ def _verdict_lines(comparison: dict | None, one_pair: float) -> list[str]:
     return lines
 
 
-def _race_results(base: list[dict], spec: list[dict], comparison: dict | None = None) -> str:
+def _race_results(base: list[dict], spec: list[dict], comparison: dict | None = None, recorded: str = "") -> str:
     b, s = run_summary(base), run_summary(spec)
     speedup = measured_speedup(b, s) or float("nan")
     lines = [
+        *(
+            [f"**A recorded race ({recorded})**, not measured on this machine: press **Race** to measure it here."]
+            if recorded
+            else []
+        ),
         *_verdict_lines(comparison, speedup),
-        "",
-        f"The streamed pair: speculative {s['tokens_per_s']:.1f} tokens/s ÷ baseline {b['tokens_per_s']:.1f} "
-        f"tokens/s, both {measured_on(base[0].get('device') if base else None)}, same machine.",
         "",
         f"| | Baseline (no drafter) | Speculative ({s['drafter']}) |",
         "|---|---|---|",
@@ -128,6 +130,11 @@ def _race_results(base: list[dict], spec: list[dict], comparison: dict | None = 
         f"| wall time | {b['wall_s']:.2f} s | {s['wall_s']:.2f} s |",
         f"| tokens / s | {b['tokens_per_s']:.1f} | {s['tokens_per_s']:.1f} |",
         f"| time drafting | — | {s['draft_s']:.2f} s |",
+        "",
+        "*The table is the streamed pair: the two runs drawn above, one after the other, "
+        + (f"{recorded}" if recorded else measured_on(base[0].get("device") if base else None))
+        + ". One pair, not a verdict"
+        + (": the verdict is the median of the alternating pairs above.*" if comparison else ".*"),
     ]
     verdict = (comparison or {}).get("verdict")
     if verdict in ("slower", "no clear difference"):  # the pairs' verdict, never one pair's ratio
@@ -139,16 +146,19 @@ def _race_results(base: list[dict], spec: list[dict], comparison: dict | None = 
     return "\n".join(lines)
 
 
-def race_outcome(base: list[dict], spec: list[dict], drafter: str, comparison: dict | None = None) -> tuple[dict, bool]:
+def race_outcome(
+    base: list[dict], spec: list[dict], drafter: str, comparison: dict | None = None, recorded: str = ""
+) -> tuple[dict, bool]:
     """Race outputs for two finished runs (and the alternating pairs measured after them, when there are),
-    and whether a greedy mismatch calls for the parity check."""
+    and whether a greedy mismatch calls for the parity check. recorded: where and when a recorded race ran
+    (render.recorded_on), said in its chart's title and its results; "" for a race run now."""
     same = base[-1].get("token_ids") == spec[-1].get("token_ids")
     greedy = bool(base[0].get("greedy"))
     values = {
         "race_base": render.token_html(base),
         "race_spec": render.token_html(spec) + render.legend_html(),
-        "race_plot": race_figure(base, spec, drafter),
-        "race_results": _race_results(base, spec, comparison),
+        "race_plot": race_figure(base, spec, drafter, recorded),
+        "race_results": _race_results(base, spec, comparison, recorded),
     }
     if same:
         values["race_note"] = (
@@ -174,7 +184,7 @@ def initial_race() -> dict:
         base, spec = (load_recorded(name) for name in RECORDED_RACE)
     except gr.Error:
         return {}
-    values, _ = race_outcome(base, spec, spec[0].get("drafter", "ngram"))
+    values, _ = race_outcome(base, spec, spec[0].get("drafter", "ngram"), recorded=render.recorded_on(spec))
     values["race_status"] = (
         f"Showing a **recorded real race**: {render.recorded_where(spec)}. "
         "Press **Race** to run it live on this machine; live numbers on another machine, or a busy one, differ."
