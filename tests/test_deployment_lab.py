@@ -83,3 +83,25 @@ def test_a_public_space_fetches_no_url_a_visitor_types(monkeypatch):
     assert window is None and "between 1 and" in message
     with pytest.raises(AnalyzeError):
         parse_pass_costs("")
+
+
+def test_pass_costs_stay_with_the_window_they_were_timed_for(monkeypatch):
+    """#40: timing a server while another server's window is shown (a recorded one) attaches nothing and says
+    why; a fresh scrape starts without the box's old costs; typed costs are called typed."""
+    monkeypatch.setenv("SPECLENS_ALLOW_SCRAPE", "1")
+    recorded, costs_text, _ = deployment.load_saved(deployment.RECORDED[deployment.FIRST])
+    costs, window, message = deployment.probe("http://127.0.0.1:9", recorded)
+    assert window is recorded and "scrape this server first" in message and not isinstance(costs, str)
+    status = deployment.analyze_window(recorded, "1:50/60, 4:90/110/130")[0]
+    assert "Pass costs typed" in status, status
+
+
+def test_the_speedup_colour_scale_starts_at_zero_and_is_white_at_one():
+    from visuals.deployment import expected_speedup_figure
+
+    window, costs, _ = deployment.load_saved(deployment.RECORDED[deployment.FIRST])
+    result = analyze(window["before"], window["after"], window.get("interval_s"), parse_pass_costs(costs))
+    heat = expected_speedup_figure(result).data[0]
+    assert heat.zmin == 0.0 and heat.zmax >= 2.0
+    white = [pos for pos, colour in heat.colorscale if colour.upper() == "#FFFFFF"]
+    assert white == [pytest.approx(1.0 / heat.zmax)]

@@ -77,8 +77,9 @@ def expected_speedup_figure(result: dict) -> go.Figure:
     best = _keyed(result.get("best_k_by_batch") or {})
     z = [[by_batch[b][k] for b in batches] for k in ks]
     text = [[f"{'▶ ' if best.get(b) == k else ''}{by_batch[b][k]:.2f}×" for b in batches] for k in ks]
-    low, high = min(min(row) for row in z), max(max(row) for row in z)
-    span = max(high - 1.0, 1.0 - low, 0.05)
+    # The colour scale of a speedup starts at 0× and is white at 1× (no change): red below, green above, whatever
+    # the range (a scale centred elsewhere, or reaching below 0, would colour a loss as a gain).
+    top = max(2.0, max(max(row) for row in z))
     fig = go.Figure(
         go.Heatmap(
             x=[str(b) for b in batches],
@@ -86,9 +87,9 @@ def expected_speedup_figure(result: dict) -> go.Figure:
             z=z,
             text=text,
             texttemplate="%{text}",
-            zmin=1.0 - span,
-            zmax=1.0 + span,
-            colorscale=[[0.0, PALETTE["rejected"]], [0.5, "#FFFFFF"], [1.0, PALETTE["accepted"]]],
+            zmin=0.0,
+            zmax=top,
+            colorscale=[[0.0, PALETTE["rejected"]], [1.0 / top, "#FFFFFF"], [1.0, PALETTE["accepted"]]],
             colorbar={"title": {"text": "× vs off"}},
             hovertemplate="K = %{y}, batch %{x}: %{z:.2f}× expected<extra></extra>",
         )

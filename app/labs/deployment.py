@@ -183,13 +183,22 @@ def probe(url: str, window: dict | None, baseline_url: str = ""):
     same model without speculation, where its address is given)."""
     if not scrape_allowed():
         return gr.update(), window, f"**Not here:** {_source_note()} Or type the pass costs."
+    if not window or window.get("url") != (url or "").strip():
+        # Pass costs belong to the server they are timed on: never to a window of another server (a recorded one,
+        # say), whose recommendation they would silently change.
+        shown = (window or {}).get("url") or "none yet"
+        return (
+            gr.update(),
+            window,
+            f"**The window shown is not {url or 'this address'}'s** (it is {shown}): scrape this server first "
+            "(**Scrape twice**), then time its passes; its pass costs go with its own window.",
+        )
     try:
         result = probe_pass_costs((url or "").strip(), repeats=5, baseline_url=(baseline_url or "").strip() or None)
     except AnalyzeError as exc:
         return gr.update(), window, f"**Cannot time the server:** {exc}"
     log.info("probed %s: %s", url, json.dumps(result))
-    if window:
-        window = {**window, "pass_costs": result}
+    window = {**window, "pass_costs": result}
     return _pass_text(result), window, ""
 
 
@@ -259,9 +268,12 @@ def _wire(c: dict, out: dict) -> None:
         window, costs, message = load_saved(path)
         return (window, costs, *then_analyze(window, costs, message))
 
-    def from_scrape(url, interval, pass_text):
+    def from_scrape(url, interval):
+        # A new window starts without pass costs: those in the box were another window's (timed or typed there).
         window, message = scrape_window(url, interval)
-        return (window, *then_analyze(window, pass_text, message))
+        if window is None:
+            return (gr.update(), gr.update(), message, gr.update(), gr.update())
+        return (window, "", *then_analyze(window, "", message))
 
     def from_probe(url, window, baseline_url):
         costs, window, message = probe(url, window, baseline_url)
@@ -271,7 +283,7 @@ def _wire(c: dict, out: dict) -> None:
 
     c["recorded"].change(from_recorded, [c["recorded"]], [c["window"], c["pass_ms"], *shown])
     c["upload"].upload(from_upload, [c["upload"]], [c["window"], c["pass_ms"], *shown])
-    c["scrape"].click(from_scrape, [c["url"], c["interval"], c["pass_ms"]], [c["window"], *shown], concurrency_limit=4)
+    c["scrape"].click(from_scrape, [c["url"], c["interval"]], [c["window"], c["pass_ms"], *shown], concurrency_limit=4)
     c["probe"].click(
         from_probe, [c["url"], c["window"], c["baseline_url"]], [c["pass_ms"], c["window"], *shown], concurrency_limit=1
     )

@@ -351,7 +351,7 @@ def analyze(
     if delta["drafts"] < MIN_DRAFTS:
         raise AnalyzeError(
             f"too few drafts in the window ({delta['drafts']:.0f}, at least {MIN_DRAFTS} are needed): send traffic "
-            "during it, or widen --interval"
+            "during it, or leave more time between the two scrapes"
         )
     rate = delta["accepted"] / delta["draft_tokens"] if delta["draft_tokens"] else 0.0
     length = 1.0 + delta["accepted"] / delta["drafts"]
