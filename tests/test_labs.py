@@ -56,8 +56,11 @@ def test_calculator_uses_the_last_playground_run_but_not_a_recorded_one():
     alpha, k, c, fig2, note2, seen = explain.explain_refresh(mine, "", 0.5, 2, 0.0)
     assert seen == "mine" and 1 <= k <= 12 and 0 <= alpha <= 0.99
     assert all(_is_skip(v) for v in explain.explain_refresh(mine, "mine", 0.5, 2, 0.0))
-    k, alpha, draft_ms, note, seen = batch.batch_refresh(mine, "", 4, 0.7, 0)
+    k, alpha, draft_ms, note, seen, source = batch.batch_refresh(mine, "", 4, 0.7, 0)
     assert seen == "mine" and draft_ms >= 0 and "last Playground run" in note
+    assert source.startswith("your Playground run (") and f"K = {k}" in source
+    again = batch.batch_refresh(mine, "mine", 4, 0.7, 0, source)  # the same run: nothing changes
+    assert again[4] == "mine" and all(_is_skip(v) for i, v in enumerate(again) if i != 4)
 
 
 def test_calculator_bad_input_warns_and_changes_nothing():
@@ -230,11 +233,13 @@ def test_batch_lab_measures_pass_times_and_computes_throughput():
     assert all(float(row[1].split()[0]) > 0 and float(row[2].split()[0]) > 0 for row in rows)
     assert len(fig.data) >= 2 and all(len(t.y) == 2 for t in fig.data)
     assert "measured on this machine" in status and "computed" in status
+    assert f"come from {batch.TYPED_SOURCE}" in status  # where α and the draft time came from, named
     # One verdict: the status and the figure's title say the same thing.
     verdict = plain(fig.layout.title.text).split(": ", 1)[1]
     assert verdict in status
     # Moving α recomputes at once from the same pass times (nothing is measured again).
-    status2, fig2, rows2 = batch.recompute(measured, 3, 0.05, 0.5)
+    status2, fig2, rows2 = batch.recompute(measured, 3, 0.05, 0.5, "your Playground run (q4, K = 3, run 12:00:00)")
+    assert "come from your Playground run (q4, K = 3, run 12:00:00)" in status2
     assert [r[1] for r in rows2] == [r[1] for r in rows]  # the same measured pass times
     assert plain(fig2.layout.title.text).split(": ", 1)[1] in status2 and "α = 0.05" in status2
     assert "Measure" in batch.recompute(measured, 4, 0.7, 0.5)[0]  # a new K needs new pass times

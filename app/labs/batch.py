@@ -30,7 +30,7 @@ from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_r
 __all__ = ["build_tab", "batch_refresh", "recompute", "run_batch", "run_vllm_batch", "vllm_available"]
 
 # The run"s inputs (controls, in the order the run takes them) and outputs (results).
-INPUTS = ["k", "alpha", "sizes", "draft_ms", "repeats"]
+INPUTS = ["k", "alpha", "sizes", "draft_ms", "repeats", "source"]
 OUTPUTS = ["status", "plot", "table", "measured"]
 
 MAX_K = 8
@@ -40,6 +40,9 @@ MAX_REPEATS = 10
 MAX_DRAFT_MS = 10_000
 BATCH_SIZES = [1, 2, 4, 8, 16]
 START = {"k": 4, "alpha": 0.7, "draft_ms": 0, "repeats": 5}  # what the tab shows before the session has a run
+# Where K, α and the draft time come from, named in every verdict (nothing borrowed changes a verdict silently).
+START_SOURCE = "the tab's starting values (α = 0.7, free drafting): no Playground run taken yet"
+TYPED_SOURCE = "set by you in this tab"
 BATCH_HEADERS = [
     "batch B",
     "pass, 1 token per row (ms, measured: median [min–max])",
@@ -62,15 +65,17 @@ the measurement.
 """
 
 
-def batch_refresh(trace, seen: str, k, alpha, draft_ms):
-    """Entering the Batch lab: when a new Playground run exists, take its K, α and draft time per token."""
+def batch_refresh(trace, seen: str, k, alpha, draft_ms, source: str = START_SOURCE):
+    """Entering the Batch lab: when a new Playground run exists, take its K, α and draft time per token, and say
+    so: the note and the source every verdict names. Returns (k, α, draft ms, note, seen run, source)."""
     summary, note = last_run(trace)
     if summary is None or summary["run_id"] == seen:
         note = f"{note} Until then α and the draft time are whatever you set here."
-        return gr.skip(), gr.skip(), gr.skip(), note if summary is None else gr.skip(), seen
+        return gr.skip(), gr.skip(), gr.skip(), note if summary is None else gr.skip(), seen, gr.skip()
     k = int(min(MAX_K, max(1, summary["k"])))
     alpha = round(min(MAX_ALPHA, max(0.0, summary["position_acceptance"])), 2)
     per_token = draft_ms_per_position(summary)
+    taken = f"your Playground run ({summary.get('drafter')}, K = {summary['k']}, run {_clock(summary)})"
     return (
         k,
         alpha,
@@ -79,7 +84,14 @@ def batch_refresh(trace, seen: str, k, alpha, draft_ms):
         "(measured)."
         + (" This lab models a chain of K drafts; your run drafted a tree." if summary.get("tree_topk", 1) > 1 else ""),
         summary["run_id"],
+        taken,
     )
+
+
+def _clock(summary: dict) -> str:
+    """When a run started, as the clock on this server read it ("14:02:31")."""
+    started = summary.get("started_at")
+    return time.strftime("%H:%M:%S", time.localtime(float(started))) if started else "earlier"
 
 
 def _ms(median: float, spread: list[float] | None) -> str:
@@ -133,8 +145,10 @@ def _status(result: dict) -> str:
         f"interleaved repeats, spread in the table); throughputs computed from them, α and the draft time.** "
         f"{_cost_words(result, sizes[0], k)}; "
         f"with E = {result['expected_tokens_per_pass']:.2f} tokens per pass (α = {alpha:.2f}, K = {k}): "
-        f"**{result['verdict']}**. Move α or the draft time to recompute at once from these pass times. The engine "
-        "decodes one sequence at a time: batched speculative decoding is computed here, not run."
+        f"**{result['verdict']}**. K, α and the draft time ({result['draft_ms']:g} ms per draft token) come from "
+        f"{result.get('source') or TYPED_SOURCE}: a new Playground run re-measures them, **Measure** the pass times. "
+        "Move α or the draft time to recompute at once from these pass times. The engine decodes one sequence at a "
+        "time: batched speculative decoding is computed here, not run."
     )
 
 
@@ -143,8 +157,9 @@ def _outputs(result: dict):
     return _status(result), guarded("Batch measurements", batch_figure, result), _batch_table(result)
 
 
-def recompute(measured: dict | None, k, alpha, draft_ms):
-    """α, K or the draft time changed: the throughputs again from the session's last pass times."""
+def recompute(measured: dict | None, k, alpha, draft_ms, source: str = TYPED_SOURCE):
+    """α, K or the draft time changed: the throughputs again from the session's last pass times. source: where
+    the new values came from (a Playground run taken on entering the tab, or typed here), named in the verdict."""
     if not measured:
         return gr.skip(), gr.skip(), gr.skip()
     try:
@@ -160,7 +175,9 @@ def recompute(measured: dict | None, k, alpha, draft_ms):
             gr.skip(),
             gr.skip(),
         )
-    return _outputs({**measured, **batch_throughputs(measured, alpha, draft_ms)})
+    return _outputs(
+        {**measured, **batch_throughputs(measured, alpha, draft_ms), "draft_ms": draft_ms, "source": source}
+    )
 
 
 def _checked(k, alpha, batch_sizes, draft_ms, repeats) -> dict:
@@ -187,6 +204,7 @@ def run_batch(
     batch_sizes,
     draft_ms,
     repeats=START["repeats"],
+    source: str = TYPED_SOURCE,
     run_id: str = "",
     progress=gr.Progress(),  # noqa: B008
 ):
@@ -216,7 +234,17 @@ def run_batch(
     measured["measured_on"] = (
         f"{engine.target.name}, {dtype}, {cpu_name()}, {time.perf_counter() - started:.0f} s, {time.strftime('%H:%M')}"
     )
-    yield *_outputs({**measured, **batch_throughputs(measured, lab["alpha"], lab["draft_ms"])}), measured
+    yield (
+        *_outputs(
+            {
+                **measured,
+                **batch_throughputs(measured, lab["alpha"], lab["draft_ms"]),
+                "draft_ms": lab["draft_ms"],
+                "source": source,
+            }
+        ),
+        measured,
+    )
 
 
 # ------------------------------------------------------------------------------ measured on vLLM
@@ -326,6 +354,7 @@ def _controls() -> dict:
     c["note"] = gr.Markdown(
         "No Playground run in this session yet: α = 0.7 and free drafting are assumed.", elem_id="bl-note"
     )
+    c["source"] = gr.State(START_SOURCE)  # where K, α and the draft time came from (START/TYPED_SOURCE or a run)
     return c
 
 
@@ -349,10 +378,12 @@ def build_tab(trace_state: gr.State) -> gr.Tab:
             run_vllm_batch, [c["sizes"], c["repeats"]], [out[key] for key in OUTPUTS], show_progress_on=[out["status"]]
         )
         refreshed = [c["k"], c["alpha"], c["draft_ms"]]
-        for control in (c["k"], c["alpha"], c["draft_ms"]):
+        for control in refreshed:
+            # A value the user types is theirs from then on (.input: their edits only, not the run taken below).
+            control.input(lambda: TYPED_SOURCE, None, [c["source"]], queue=False, show_progress="hidden", **PRIVATE)
             control.change(
                 recompute,
-                [out["measured"], c["k"], c["alpha"], c["draft_ms"]],
+                [out["measured"], *refreshed, c["source"]],
                 [out["status"], out["plot"], out["table"]],
                 show_progress="hidden",
                 concurrency_limit=None,
@@ -360,8 +391,8 @@ def build_tab(trace_state: gr.State) -> gr.Tab:
             )
         c["tab"].select(
             batch_refresh,
-            [trace_state, seen, *refreshed],
-            [*refreshed, c["note"], seen],
+            [trace_state, seen, *refreshed, c["source"]],
+            [*refreshed, c["note"], seen, c["source"]],
             show_progress="hidden",
             concurrency_limit=None,
             **PRIVATE,

@@ -30,6 +30,7 @@ def last_run(trace) -> tuple[dict | None, str]:
             "Your last Playground run drafted nothing (a baseline run, or nothing to copy), so it has no α to show.",
         )
     s["run_id"] = str(trace[0].get("run_id") or trace[0].get("started_at"))
+    s["started_at"] = trace[0].get("started_at")
     return s, (
         f"Your last Playground run ({s.get('drafter')}, K = {s['k']}"
         + (f", tree top-k {s['tree_topk']}" if s.get("tree_topk", 1) > 1 else "")
