@@ -753,3 +753,31 @@ def test_a_batch_verdict_never_names_a_crossover_it_did_not_measure():
     assert result["stops_paying_at"] is None
     fig = batch_figure(result)
     assert "stops paying" not in plain(fig.layout.title.text) and not fig.layout.shapes
+
+
+@pytest.mark.parametrize("name", ["code-edit-ngram-greedy", "chat-int8-tree-sampling"])
+def test_every_chart_of_a_run_names_the_drafter_that_ran(name):
+    """#40: a suffix run's p-vs-q chart once said "n-gram drafter". Relabel a recorded run's drafter and every
+    chart drawn from it names the new one (title or subtitle), none the old."""
+    from visuals.run_charts import accepted_per_pass_figure, kv_cache_figure
+
+    trace = copy.deepcopy(RECORDED[name])
+    old = trace[0]["drafter"]
+    new = "suffix" if old == "ngram" else "q4"
+    trace[0]["drafter"] = new
+    index = next(i for i, e in enumerate(visuals.step_events(trace)) if e.get("drafted"))
+    figures = {
+        "tree": visuals.tree_figure(trace, index),
+        "p vs q": visuals.pq_figure(trace, index),
+        "timeline": visuals.timeline_figure(trace),
+        "tokens per pass": visuals.tokens_per_pass_figure(trace),
+        "acceptance": visuals.acceptance_figure(trace),
+        "accepted per pass": accepted_per_pass_figure(trace),
+        "kv cache": kv_cache_figure(trace),
+    }
+    for what, fig in figures.items():
+        if not fig.data:  # a message ("this trace records no KV cache"), no chart
+            continue
+        words = f"{fig.layout.title.text} {fig.layout.title.subtitle.text or ''}"
+        assert f"{new} drafter" in words or f"on the {new} draft" in words, (what, words)
+        assert f"{old} drafter" not in words and "n-gram drafter" not in words, (what, words)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from .steps import CONTEXT, Pass, absent_note, accept_rule, default_position, read_pass, tried
+from .steps import CONTEXT, Pass, absent_note, accept_rule, default_position, mode_words, read_pass, tried
 from .style import (
     LABELS,
     MARKS,
@@ -204,17 +204,18 @@ def _pq_titles(view: Pass, node_id, has_q_top: bool) -> tuple[str, str]:
         parent = next((n for n in view.nodes if n.get("id") == node_id), {})
         where = f"after '{show_token(parent.get('text'))}' (depth {parent.get('depth')})"
     title = f"Target p vs drafter q, pass {view.number}, {where}"
+    drafter = mode_words(view.start)  # the drafter that ran, named in every subtitle ("suffix drafter")
     if view.point_mass:
-        title += " — q is a point mass on the n-gram draft"
+        title += f" — q is a point mass on the {view.start.get('drafter') or 'copied'} draft"
     if view.baseline:
         subtitle = "baseline: no drafter; the + bonus token is drawn from the target's p"
     elif view.point_mass:
-        subtitle = "n-gram drafter: q = 1 on the drafted token, 0 elsewhere, so a draft is kept with probability p"
+        subtitle = f"{drafter}: q = 1 on the drafted token, 0 elsewhere, so a draft is kept with probability p"
     elif not has_q_top:
-        subtitle = "past the last draft the drafter has no distribution; the + bonus token is drawn from p"
+        subtitle = f"{drafter} · past the last draft the drafter has no distribution; the + bonus token is drawn from p"
     else:
         subtitle = (
-            "a draft is kept with probability min(1, p/q); after a rejection the ↻ token is drawn "
+            f"{drafter} · a draft is kept with probability min(1, p/q); after a rejection the ↻ token is drawn "
             "from the residual norm(max(0, p − q))"
         )
     if view.greedy and view.nodes:

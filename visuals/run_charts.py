@@ -490,7 +490,8 @@ def accepted_per_pass_figure(trace) -> go.Figure:
         )
     )
     subtitle = (
-        f"acceptance rate {s['acceptance_rate']:.2f} ({s['accepted']} of {s['drafted']} drafts)<br>"
+        f"{mode_words(start_event(events))} · acceptance rate {s['acceptance_rate']:.2f} ({s['accepted']} of "
+        f"{s['drafted']} drafts)<br>"
         f"mean acceptance length {s['mean_acceptance_length']:.2f} (tokens per drafting pass, "
         f"{s['passes_drafted']} of {s['target_passes']}; over every pass {s['tokens_per_pass']:.2f})"
     )
@@ -549,7 +550,10 @@ def kv_cache_figure(trace) -> go.Figure:
         )
     )
     written, back = sum(kept) + sum(rolled), sum(rolled)
-    subtitle = f"{written} slots written in {len(steps)} passes, {back} rolled back ({back / written:.0%})"
+    subtitle = (
+        f"{mode_words(start_event(events))} · {written} slots written in {len(steps)} passes, {back} rolled back "
+        f"({back / written:.0%})"
+    )
     fig.update_layout(
         barmode="stack",
         yaxis2={"overlaying": "y", "side": "right", "title": {"text": "cached tokens"}, "showgrid": False},
