@@ -295,3 +295,24 @@ def test_the_labs_show_the_engines_decisions():
     for kind in lossless.SAMPLERS:
         assert lossless._verdict(kind, off) == exactness_verdict(off, lossy=kind == "broken")
     assert lossless._verdict("broken", off) == "differs from p: the shortcut is lossy"
+
+
+def test_a_lab_promises_the_time_its_runs_took_on_this_server():
+    """#40: promised times are measured here (the range of the last runs, scaled to the defaults' samples, with the
+    load), and until a run has finished here the recorded time says it was recorded elsewhere."""
+    from app.labs import durations, lossless, shortcuts
+
+    durations.clear()
+    try:
+        assert "recorded elsewhere" in lossless.waiting_status() and "2026-12-02" in lossless.waiting_status()
+        durations.record("lossless", 12.0, 300)  # 40 ms per sample
+        durations.record("lossless", 24.0, 300)  # 80 ms per sample
+        text = durations.promise("lossless", 900, "unused")
+        assert text.startswith("36 s–72 s for 900 samples, measured on this server (its last 2 runs"), text
+        assert "measured on this server" in lossless.waiting_status()
+        # Entering the tab refreshes a waiting status, never a run's results.
+        assert lossless.refresh_status(lossless.waiting_status()) == lossless.waiting_status()
+        assert _is_skip(lossless.refresh_status("**Done in 40 s** (900 real samples…"))
+        assert "recorded elsewhere" in shortcuts.waiting_status()  # each lab its own runs
+    finally:
+        durations.clear()

@@ -22,6 +22,7 @@ from ..engine_access import get_engine, is_loaded, use_drafter
 from ..inputs import number, seed_or_random
 from ..stopping import ProgressReporter, Stopped
 from ..wiring import run_stop_buttons
+from . import durations
 from .lossless import TOKENS_TESTED, exact_p
 from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
 
@@ -250,7 +251,9 @@ def run_shortcuts(
             shortcuts_figure(_points(lab, results), lab["n"], lab["floor"]),
             _table(lab, results),
         )
-    yield _summary(lab, results, time.perf_counter() - started), gr.skip(), gr.skip()
+    seconds = time.perf_counter() - started
+    durations.record("shortcuts", seconds, len(results) * lab["n"])
+    yield _summary(lab, results, seconds), gr.skip(), gr.skip()
 
 
 # ---------------------------------------------------------------------------------------- layout
@@ -301,11 +304,24 @@ def _controls() -> dict:
     return c
 
 
+# The defaults' duration before any run here: 8 rows × 600 samples, 128 s for each of two seeds, measured
+# 2026-12-04 on a 2-core AMD EPYC (Zen 4) other sessions shared (engine.tools.shortcuts.run_rule, as the lab runs).
+RECORDED_TIME = "about 2 minutes measured 2026-12-04 on a 2-core AMD EPYC, longer when other work holds the cores"
+WAITING = "*Press **Sample** to draw real samples under every rule. With the defaults: {}.*"
+
+
+def waiting_status() -> str:
+    """The status before a run: what the defaults' run will take, on this server when it has run here."""
+    return WAITING.format(durations.promise("shortcuts", len(ROWS) * SHORTCUTS_DEFAULTS["n"], RECORDED_TIME))
+
+
+def refresh_status(status: str):
+    """Entering the tab: the promise again from this server's latest runs, unless a run's results are shown."""
+    return waiting_status() if (status or "").startswith(WAITING.split("{")[0]) else gr.skip()
+
+
 def _results() -> dict:
-    status = status_box(
-        "*Press **Sample** to draw real samples under every rule (8 rules × N samples: minutes on a 2-core CPU).*",
-        "sc-status",
-    )
+    status = status_box(waiting_status(), "sc-status")
     title = "What each rule buys and what it costs"
     plot = results_plot(title, "Press Sample to draw real samples", "sc-plot")
     empty = {"rows": list(ROWS), "weight": DEFAULT_WEIGHT, "threshold": DEFAULT_THRESHOLD}
@@ -318,6 +334,7 @@ def _results() -> dict:
 
 def _wire(c: dict, out: dict) -> None:
     wire_lab_run(c, out, run_shortcuts, INPUTS, OUTPUTS)
+    c["tab"].select(refresh_status, [out["status"]], [out["status"]], show_progress="hidden", queue=False)
 
 
 def build_tab() -> gr.Tab:

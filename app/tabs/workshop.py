@@ -25,11 +25,11 @@ __all__ = ["STEPS", "layout", "load_step", "step_values", "wire"]
 # bfloat16), measured 2026-12-02 on a handler thread as the app runs it: 36 s on a quiet 2-core Xeon with
 # AMX-BF16 (62 s before the kernels stopped opening a parallel region per product: csrc/task_pool.h);
 # 448 s on a teacher's 2-core machine whose cores other work held (2026-12-01).
-LOSSLESS_TIME = "36 s measured on a quiet 2-core CPU, up to 7 ½ minutes when other work holds the cores"
+LOSSLESS_TIME = "36 s measured 2026-12-02 on a quiet 2-core Xeon, up to 7 ½ minutes when other work held the cores"
 # Step 5's duration with the Shortcuts lab's defaults (8 rules × 600 real samples of the first two tokens,
 # bfloat16), measured 2026-12-04 on a 2-core AMD EPYC (Zen 4, AVX512-BF16) other sessions shared: 128 s for
 # each of two seeds (the sum of its rows, run as the lab runs them: engine.tools.shortcuts.run_rule).
-SHORTCUTS_TIME = "about 2 minutes measured on a 2-core CPU, longer when other work holds the cores"
+SHORTCUTS_TIME = "about 2 minutes measured 2026-12-04 on a 2-core AMD EPYC, longer when other work holds the cores"
 
 
 def _recorded(lesson: str) -> str:
@@ -84,7 +84,8 @@ STEPS = [
     {
         "title": "4. Lossless: test it, do not trust it",
         "tab": "lossless",
-        "do": f"Press **▶ Sample** with the lab's settings as they open (300 samples per sampler: {LOSSLESS_TIME}).",
+        "do": f"Press **▶ Sample** with the lab's settings as they open (300 samples per sampler: {LOSSLESS_TIME}; "
+        "the lab's status says how long its runs took on this server once one has run).",
         "question": "Does speculative sampling's histogram of the first two tokens differ from the target's exact "
         "p? And the broken verifier's?",
         "answer": "The table's verdicts: the exact rule is consistent with p (its p-value is like plain "
@@ -94,7 +95,8 @@ STEPS = [
     {
         "title": "5. Shortcuts: what a lossy verifier buys, and what it costs",
         "tab": "shortcuts",
-        "do": f"Press **▶ Sample** with the lab's settings as they open (8 rules × 600 samples: {SHORTCUTS_TIME}).",
+        "do": f"Press **▶ Sample** with the lab's settings as they open (8 rules × 600 samples: {SHORTCUTS_TIME}; "
+        "the lab's status says how long its runs took on this server once one has run).",
         "question": "Which rules keep more drafts per target pass than the exact rule with the same drafter, and "
         "which of them still sample the target's p?",
         "answer": "The table and the chart: the exact rule and block verification stay consistent with p (their "
