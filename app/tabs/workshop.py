@@ -137,8 +137,8 @@ STEPS = [
         "settings included. Press **▶ Race**: the baseline and the tree run back to back, then five more "
         "pairs are measured.",
         "question": "The tree gets several tokens per target pass. Is it faster than plain decoding? Why not?",
-        "answer": "The race's table shows about 7 tokens per pass, yet its verdict is *slower* (0.59× measured "
-        "on a quiet 2-core CPU; on a busy one, slower or no clear difference). Each depth of the tree costs the "
+        "answer": "The race's table shows about 7 tokens per pass, yet its verdict is *slower* "
+        f"({_recorded('does-not-pay')}; on a busy machine, slower or no clear difference). Each depth of the tree costs the "
         "int8 drafter a pass of its own, and the target verifies 49 tokens at once: the speedup is "
         "E ÷ (K·c + 1) at best, and a large draft cost c eats E. The Explain tab's calculator shows the same.",
     },
