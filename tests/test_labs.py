@@ -4,6 +4,8 @@ on the real default model with small settings, and bad input answered with a cle
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -316,3 +318,33 @@ def test_a_lab_promises_the_time_its_runs_took_on_this_server():
         assert "recorded elsewhere" in shortcuts.waiting_status()  # each lab its own runs
     finally:
         durations.clear()
+
+
+def test_the_recorded_gpu_passes_are_those_of_their_log():
+    """The GPU picture in Explain quotes its record (assets/recorded/h200-pass-times.json): every figure in it is
+    in the log it names, for the drafter it names."""
+    from app.labs import explain
+
+    gpu = explain.GPU_RECORD
+    log = (Path(__file__).resolve().parent.parent / gpu["source"].split(" ")[0]).read_text()
+    medians = {
+        name: [float(m) for m in re.findall(rf"^{name}\s+run [123]:.*median\s+([\d.]+)", log, re.MULTILINE)]
+        for name in ("none", "ngram")
+    }
+    assert sorted(gpu["one_token_pass_ms"]) == sorted(medians["none"])
+    assert sorted(gpu["ngram_verify_pass_ms"]) == sorted(medians["ngram"])
+    assert f"/ {gpu['copy_bandwidth_gb_s']} GB/s copy bandwidth" in log
+    assert gpu["recorded"] in gpu["source"]
+
+
+@pytest.mark.slow
+def test_explain_measures_pass_widths_here_beside_the_recorded_gpu():
+    from app.labs import explain
+
+    outputs = list(explain.measure_pass_widths())
+    fig, text = outputs[-1]
+    cpu = fig.data[-1]
+    assert list(cpu.x) == list(range(1, explain.PASS_WIDTHS + 1)) and all(ms > 0 for ms in cpu.y)
+    assert text.startswith("**Measured on this machine now**") and "Recorded on a GPU" in text, text
+    assert "GB/s this machine reads (measured now)" in text
+    assert len(fig.data) == 3  # the GPU's band and one-token point, this CPU's line

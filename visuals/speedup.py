@@ -21,7 +21,7 @@ from engine.trace import events_of, step_events
 
 from .style import LABEL_BG, NOTE_SIZE, PALETTE, SERIES, apply_layout, fmt_speedup, set_subtitle
 
-__all__ = ["speedup_figure", "run_speedup_figure", "batch_figure"]
+__all__ = ["speedup_figure", "run_speedup_figure", "batch_figure", "pass_width_figure"]
 
 K_SHOWN = 12  # the curves run over K = 1..12 at least
 COMPARISON_ALPHAS = (0.5, 0.7, 0.9)
@@ -370,3 +370,63 @@ def batch_figure(measurements: dict) -> go.Figure:
     fig.update_yaxes(title_text="tokens per second (computed)", rangemode="tozero")
     apply_layout(fig, title, subtitle, height=BATCH_HEIGHT)
     return fig
+
+
+PASS_WIDTH_HEIGHT = 460
+
+
+def pass_width_figure(cpu: dict | None, gpu: dict) -> go.Figure:
+    """What one target pass costs against the number of tokens it verifies: this CPU's passes measured live
+    (cpu: {"widths", "ms", "measured_on"}, or None before a measurement) beside a GPU's recorded ones (gpu: the
+    record in assets/recorded/, its one-token passes and its n-gram verify passes, whose widths were not recorded
+    one by one: drawn as a band over the widths shown)."""
+    fig = go.Figure()
+    widths = (cpu or {}).get("widths") or list(range(1, 17))
+    low, high = min(gpu["ngram_verify_pass_ms"]), max(gpu["ngram_verify_pass_ms"])
+    fig.add_trace(
+        go.Scatter(
+            x=[widths[0], widths[-1], widths[-1], widths[0], widths[0]],
+            y=[low, low, high, high, low],
+            fill="toself",
+            mode="lines",
+            line={"width": 0},
+            fillcolor="rgba(120, 120, 120, 0.18)",
+            name=f"{gpu['device'].split(',')[0]}, n-gram verify passes (up to K + 1 tokens), recorded {gpu['recorded']}",
+            hoverinfo="skip",
+        )
+    )
+    one = gpu["one_token_pass_ms"]
+    fig.add_trace(
+        go.Scatter(
+            x=[1],
+            y=[sorted(one)[len(one) // 2]],
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [max(one) - sorted(one)[len(one) // 2]],
+                "arrayminus": [sorted(one)[len(one) // 2] - min(one)],
+            },
+            mode="markers",
+            marker={"size": 11, "symbol": "diamond", "color": SERIES["baseline"]},
+            name=f"{gpu['device'].split(',')[0]}, one-token pass, recorded {gpu['recorded']}",
+            hovertemplate="%{y:.1f} ms (recorded)<extra></extra>",
+        )
+    )
+    if cpu:
+        fig.add_trace(
+            go.Scatter(
+                x=cpu["widths"],
+                y=cpu["ms"],
+                mode="lines+markers",
+                line={"color": PALETTE["accepted"], "width": 2.5},
+                marker={"size": 6},
+                name=f"this CPU, measured now ({cpu['measured_on']})",
+                hovertemplate="%{x} tokens: %{y:.1f} ms (measured)<extra></extra>",
+            )
+        )
+    fig.update_xaxes(title_text="tokens verified in one target pass", dtick=1 if widths[-1] <= 16 else None)
+    fig.update_yaxes(title_text="ms per target pass", rangemode="tozero")
+    subtitle = (
+        "measured here: press Measure" if not cpu else "one pass per width, median of 3 rounds, 64 tokens of context"
+    )
+    return apply_layout(fig, "What a wider target pass costs: this CPU and a GPU", subtitle, height=PASS_WIDTH_HEIGHT)

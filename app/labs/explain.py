@@ -7,7 +7,9 @@ with the engine's own acceptance rule (engine.tools.exactness.toy_sampling).
 
 from __future__ import annotations
 
+import json
 import math
+import time
 
 import gradio as gr
 
@@ -15,14 +17,25 @@ from engine.metrics import expected_tokens_per_pass, wall_clock_speedup
 from engine.tools.exactness import overlap, toy_sampling
 from visuals import speedup_figure
 from visuals.lab_figures import toy_figure
+from visuals.speedup import pass_width_figure
 
-from ..config import MAX_CONCURRENT_RUNS
+from ..config import ASSETS, MAX_CONCURRENT_RUNS
+from ..engine_access import get_engine, is_loaded
 from ..figure_guard import guarded
 from ..inputs import number, seed_or_random
-from ..wiring import PRIVATE
+from ..wiring import MODEL_RUNS, PRIVATE
 from .last_run import last_run
 
-__all__ = ["TOY_DEFAULT", "build_tab", "calculator", "explain_refresh", "parse_toy_table", "run_toy"]
+__all__ = [
+    "GPU_RECORD",
+    "TOY_DEFAULT",
+    "build_tab",
+    "calculator",
+    "explain_refresh",
+    "measure_pass_widths",
+    "parse_toy_table",
+    "run_toy",
+]
 
 LATEX = [
     {"left": "$$", "right": "$$", "display": True},
@@ -95,6 +108,71 @@ TOY_TEXT = (
     "(`verify_children`), otherwise draw from the residual. The bars split what came out into accepted drafts "
     "and resampled tokens: together they land on p, even where q is far from p."
 )
+
+GPU_TEXT = (
+    "### Why checking K + 1 tokens costs about as much as checking one\n"
+    "A target pass reads every weight of the model once, however many tokens it verifies; for one sequence the "
+    "arithmetic on a few more tokens hides behind that. **Measure** times passes of 1 to 16 tokens on this "
+    "machine, now; beside them, passes recorded on a GPU. What limits a pass differs: on a CPU, **reading the "
+    "weights** from memory; on a GPU with a model this small, **launching its kernels** (30 layers of small "
+    "kernels issued from Python), since its memory reads the weights in a fraction of a millisecond. Either way a "
+    "wider pass is almost free, until enough tokens share it that the arithmetic itself dominates (the Batch lab "
+    "measures where)."
+)
+PASS_WIDTHS = 16  # the widest pass measured
+READ_BOUND_SHARE = (
+    0.5  # a one-token pass reading its weights at half the machine's read bandwidth or more is bound by it
+)
+GPU_RECORD = json.loads((ASSETS / "recorded" / "h200-pass-times.json").read_text())
+
+
+def _gpu_words(gpu: dict) -> str:
+    one, verify = gpu["one_token_pass_ms"], gpu["ngram_verify_pass_ms"]
+    return (
+        f"**Recorded on a GPU** ({gpu['device']}, {gpu['recorded']}; {gpu['source']}): a one-token pass took "
+        f"{min(one):.1f}–{max(one):.1f} ms and n-gram's verify passes, up to K + 1 tokens each, "
+        f"{min(verify):.1f}–{max(verify):.1f} ms. Its limit: {gpu['limit']}."
+    )
+
+
+def measure_pass_widths(progress=gr.Progress()):  # noqa: B008 (gradio injects the tracker)
+    """Generator: (figure, text) — this machine's target passes of 1..PASS_WIDTHS tokens, timed now
+    (engine.model.pass_timing.pass_costs_ms), beside the recorded GPU passes."""
+    from engine.host import cpu_name
+    from engine.model.pass_timing import pass_costs_ms
+    from engine.tools.bench import read_bandwidth_gbs
+
+    if not is_loaded("default", "auto"):
+        yield gr.skip(), "Loading the model (once per server)…"
+    engine = get_engine("default", "auto", progress)
+    yield gr.skip(), "Timing target passes of 1 to 16 tokens…"
+    model = engine.target.model
+    started = time.perf_counter()
+    ms = pass_costs_ms(model, PASS_WIDTHS, repeats=3)
+    dtype = str(model.dtype).removeprefix("torch.")
+    where = f"{cpu_name()}, {dtype}, {time.strftime('%H:%M')}"
+    cpu = {"widths": list(range(1, PASS_WIDTHS + 1)), "ms": ms, "measured_on": where}
+    mb = model.weight_bytes / 1e6
+    pace, reads = mb / ms[0], read_bandwidth_gbs(size_mb=128, repeats=5) if model.device.type == "cpu" else None
+    if reads:
+        share = pace / reads
+        limit = (
+            "reading the weights, not the arithmetic, sets the pace"
+            if share >= READ_BOUND_SHARE
+            else "the rest of a pass is work outside reading the weights (attention, norms, Python)"
+        )
+        bound = f" against the {reads:.1f} GB/s this machine reads (measured now): {share:.0%}, so {limit}"
+    else:
+        bound = ""
+    text = (
+        f"**Measured on this machine now** ({where}, {time.perf_counter() - started:.1f} s): a pass over 1 token "
+        f"took {ms[0]:.1f} ms, over 4 tokens {ms[3]:.1f} ms ({ms[3] / ms[0]:.2f}×), over 16 tokens {ms[-1]:.1f} ms "
+        f"({ms[-1] / ms[0]:.2f}×). Each pass reads the target's {mb:.0f} MB of weights: at 1 token that is "
+        f"{pace:.1f} GB/s{bound}. Other work on this machine slows every width alike; compare the widths within "
+        f"this run.\n\n{_gpu_words(GPU_RECORD)}"
+    )
+    yield guarded("Pass width", pass_width_figure, cpu, GPU_RECORD), text
+
 
 TOY_DEFAULT = [
     ["cat", 0.40, 0.15],
@@ -263,6 +341,10 @@ def build_tab(trace_state: gr.State) -> gr.Tab:
         seen = gr.State("")
         gr.Markdown(TOY_TEXT)
         toy = _toy_controls()
+        gr.Markdown(GPU_TEXT)
+        widths_btn = gr.Button("▶ Measure passes of 1 to 16 tokens", variant="primary", elem_id="ex-widths-run")
+        widths_plot = gr.Plot(pass_width_figure(None, GPU_RECORD), show_label=False, elem_id="ex-widths-plot")
+        widths_text = gr.Markdown(_gpu_words(GPU_RECORD), elem_id="ex-widths-text")
     sliders = [calc["alpha"], calc["k"], calc["c"]]
     for slider in sliders:
         slider.input(
@@ -288,6 +370,15 @@ def build_tab(trace_state: gr.State) -> gr.Tab:
         [toy["plot"], toy["text"]],
         concurrency_limit=MAX_CONCURRENT_RUNS,
         concurrency_id="toy",  # its own queue: sampling the toy needs no model
+        **PRIVATE,
+    )
+    widths_btn.click(
+        measure_pass_widths,
+        None,
+        [widths_plot, widths_text],
+        concurrency_id=MODEL_RUNS,
+        concurrency_limit=MAX_CONCURRENT_RUNS,
+        show_progress_on=[widths_text],
         **PRIVATE,
     )
     return tab
