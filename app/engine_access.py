@@ -166,8 +166,8 @@ class Generation:
         try:
             for event in self._events:
                 seen.append(event)
-                if event.get("type") == "finish":
-                    record_run(seen)  # the served run, counted once for /metrics
+                if event.get("type") == "finish" and not event.get("incomplete"):
+                    record_run(seen)  # the served run, counted once for /metrics (a server that died: not a run)
                 yield event
         except (OutOfMemory, VllmError) as exc:  # smaller settings, or a server gone: the app keeps serving
             raise gr.Error(str(exc)) from None

@@ -93,7 +93,8 @@ def write_trace_file(trace: list[dict], session: str | None = None) -> str:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     drafter = re.sub(r"[^A-Za-z0-9_.-]", "-", str(start_event(trace).get("drafter", "run")))[:DRAFTER_NAME_LEN]
-    partial = "" if finish_event(trace) else "-partial"
+    finish = finish_event(trace)
+    partial = "" if finish and not finish.get("incomplete") else "-partial"
     path = folder / f"speclens-{drafter}-{time.strftime('%Y%m%d-%H%M%S')}{partial}.json"
     path.write_text(dumps(trace), encoding="utf-8")
     return str(path)

@@ -313,6 +313,13 @@ def _generate(args, engine, backend=None) -> int:
             answers.append(finish["text"])
             if args.trace:
                 trace_io.save(events, args.trace)
+            if finish.get("incomplete"):  # a vLLM server that stopped answering mid-run (engine.vllm.backend)
+                kept = " (kept in --trace/--events, marked incomplete)" if args.trace or args.events else ""
+                print(
+                    f"\nerror: {finish.get('error')}. {len(finish['token_ids'])} tokens had been streamed{kept}.",
+                    file=sys.stderr,
+                )
+                return 1
             if args.json:
                 out = {
                     "prompt": prompt,

@@ -409,3 +409,59 @@ def test_the_probe_times_plain_and_speculative_passes_and_the_lab_reads_the_serv
     assert "too few drafts in the window" in status
     with pytest.raises(AnalyzeError, match="no speculative decoding counters"):
         probe_pass_costs(baseline_server.url, max_batch=1, repeats=2)
+
+
+# The last test of this module: it kills the n-gram server (its fixture's teardown finds the group gone).
+@pytest.mark.slow
+def test_a_server_that_dies_mid_run_says_so_and_the_streamed_tokens_are_kept(ngram_server, tmp_path, monkeypatch):
+    """#41: a real vLLM server killed while two runs stream from it, one from the CLI (`generate --vllm-url`) and
+    one from the Playground's `vllm` drafter. Both say the server stopped answering mid-run (not a setup problem),
+    within seconds of the kill, and keep what was streamed in an incomplete trace; a new run then says the server
+    cannot be reached."""
+    import signal
+
+    import gradio as gr
+
+    from app import config
+    from app.tabs import playground
+
+    prompt = "Write the numbers from one to three hundred in words, separated by commas."
+    trace_path, events_path = tmp_path / "cli.json", tmp_path / "cli.jsonl"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "engine", "generate", "--vllm-url", ngram_server.url, "--prompt", prompt,
+         "--max-new-tokens", "1000", "--trace", str(trace_path), "--events", str(events_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    monkeypatch.setattr(config, "VLLM_URL", ngram_server.url)
+    updates = playground.run_playground(
+        prompt=prompt, target="SmolLM2-135M-Instruct", drafter="vllm", k=4, topk=1, budget=0, temperature=0.0,
+        top_p=1.0, top_k=0, seed=0, max_new_tokens=1000, dtype="auto", request=None, progress=None,
+    )  # fmt: skip
+    killed_at = None
+    final = None
+    for update in updates:
+        final = dict(zip(playground.PLAY_KEYS, update))
+        started = isinstance(final.get("trace"), list) and final["trace"] and final["trace"][0]["type"] == "start"
+        if killed_at is None and started:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (events_path.exists() and events_path.read_text().strip()):
+                time.sleep(0.1)  # the CLI's run has begun too
+            time.sleep(1.0)  # a few chunks streamed
+            os.killpg(ngram_server.process.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+    assert killed_at is not None, "the Playground's run never started"
+    assert time.monotonic() - killed_at < 15
+    status = final["status"]
+    assert "stopped answering mid-run" in status and "Kept the" in status, status
+    assert "per-step counts" not in status and "prompt token ids" not in status
+    kept = final["trace"][-1]
+    assert kept["stop_reason"] == "server_stopped" and kept["incomplete"] and kept["token_ids"], kept
+    out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 1, (out, err)
+    assert "stopped answering mid-run" in err and "per-step counts" not in err, err
+    saved = trace.load(trace_path)
+    assert saved[0]["type"] == "start" and saved[-1]["stop_reason"] == "server_stopped" and saved[-1]["token_ids"]
+    with pytest.raises(gr.Error, match="cannot reach vLLM"):
+        list(playground.run_playground(**{**dict(prompt="Hi", target="SmolLM2-135M-Instruct", drafter="vllm", k=4,
+             topk=1, budget=0, temperature=0.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=8, dtype="auto"),
+             "request": None, "progress": None}))  # fmt: skip

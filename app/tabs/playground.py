@@ -250,6 +250,24 @@ def _stopped_status(trace: list[dict]) -> str:
     )
 
 
+def _server_stopped(trace: list[dict], finish: dict, request) -> dict:
+    """The outputs when the vLLM server stopped answering mid-run: what it said, the text it had streamed, and
+    the incomplete trace to download (no pass to draw: vLLM sends its per-pass counts only with its last chunk)."""
+    streamed = finish.get("text") or ""
+    return {
+        "status": f"⚠ **{finish.get('error')}.** Kept the {len(finish.get('token_ids') or [])} tokens it had "
+        "streamed (below, and in the trace download, marked incomplete); no target pass can be drawn, because vLLM "
+        "sends its per-pass counts only at the end of a run. Run again once the server is back.",
+        "text": render.token_html([], empty_message=streamed or "(nothing streamed)"),
+        "stats": "",
+        "download": gr.DownloadButton(
+            value=write_trace_file(trace, session_id(request)), interactive=True, label="⬇ Incomplete trace"
+        ),
+        "trace": list(trace),
+        "run_btn": end_run(),
+    }
+
+
 def _has_rejection(trace: list[dict], index: int) -> bool:
     steps = step_events(trace)
     return 0 <= index < len(steps) and any(n.get("decision") == "rejected" for n in steps[index].get("nodes") or [])
@@ -374,6 +392,10 @@ def run_playground(
     trace: list[dict] = []
     with generation as events:
         stopped = yield from _stream(events, trace, run_id)
+    finish = trace[-1] if trace and trace[-1].get("type") == "finish" else None
+    if finish is not None and finish.get("incomplete"):  # the vLLM server stopped answering mid-run
+        yield pack(PLAY_KEYS, _server_stopped(trace, finish, request))
+        return
     index = interesting_step_index(trace)
     status = _stopped_status(trace) if stopped else _done_status(trace, index)
     values = finished_outputs(trace, status, download=write_trace_file(trace, session_id(request)), step_index=index)

@@ -61,6 +61,8 @@ from engine import config
 from engine.events import TOP_N, rounded, step_record
 
 __all__ = [
+    "SERVER_STOPPED",
+    "VllmStopped",
     "ABSENT",
     "ENV_URL",
     "VllmBackend",
@@ -83,6 +85,14 @@ ABSENT = [
 
 class VllmError(RuntimeError):
     """The server is unreachable or answered something unusable; the message says which."""
+
+
+class VllmStopped(VllmError):
+    """The server stopped answering in the middle of a streamed run (it died, or the connection dropped): the
+    stream ended without its end marker, or reading it failed after it had begun."""
+
+
+SERVER_STOPPED = "server_stopped"  # a finish event's stop_reason when the server stopped answering mid-run
 
 
 def parse_prometheus(text: str) -> dict:
@@ -414,10 +424,20 @@ class VllmBackend:
                 except ValueError:
                     pass
                 raise VllmError(f"vLLM at {self.url}{path} answered {resp.status}: {raw}")
+            chunks = 0
             while True:
-                line = resp.readline()
-                if not line:
-                    break
+                try:
+                    line = resp.readline()
+                except (OSError, http.client.HTTPException) as exc:
+                    raise VllmStopped(
+                        f"vLLM at {self.url} stopped answering mid-run, after {chunks} streamed chunks ({exc}): "
+                        "the server stopped or the connection dropped"
+                    ) from None
+                if not line:  # the connection closed before the stream's end marker
+                    raise VllmStopped(
+                        f"vLLM at {self.url} stopped answering mid-run: the stream ended after {chunks} chunks "
+                        "without its end marker ([DONE]); the server stopped or the connection dropped"
+                    )
                 line = line.strip()
                 if not line.startswith(b"data:"):
                     continue
@@ -430,6 +450,7 @@ class VllmBackend:
                     raise VllmError(f"vLLM sent a stream line that is not JSON: {payload[:200]!r}") from None
                 if "error" in chunk and "choices" not in chunk:
                     raise VllmError(f"vLLM reported an error mid-stream: {_error_text(chunk)}")
+                chunks += 1
                 yield time.perf_counter(), chunk
         except (OSError, http.client.HTTPException) as exc:
             raise VllmError(f"vLLM stream from {self.url}{path} failed: {exc}") from None
@@ -490,12 +511,20 @@ class VllmBackend:
         got = _Received()
         started = time.perf_counter()
         start_sent = False
-        for arrived, chunk in self._stream(path, body):
-            got.add(arrived, chunk)
-            # payload "off" (the benchmark): nothing but the stream while it runs.
-            if not start_sent and got.prompt_ids is not None and payload != "off":
-                start_sent = True
-                yield start_event(run, text, got.prompt_ids, self._text_of)
+        try:
+            for arrived, chunk in self._stream(path, body):
+                got.add(arrived, chunk)
+                # payload "off" (the benchmark): nothing but the stream while it runs.
+                if not start_sent and got.prompt_ids is not None and payload != "off":
+                    start_sent = True
+                    yield start_event(run, text, got.prompt_ids, self._text_of)
+        except VllmStopped as exc:
+            if not start_sent:  # nothing of the run arrived: the error alone says it
+                raise
+            # The run began: its trace keeps what was streamed, marked incomplete. vLLM reports its per-step
+            # counts only with the last chunk, so no step can be rebuilt: the finish carries the tokens and says why.
+            yield _stopped_finish(got, k, time.perf_counter() - started, started, str(exc))
+            return
         wall_s = time.perf_counter() - started
         if got.prompt_ids is None:
             raise VllmError("vLLM's stream carried no prompt token ids (is return_token_ids supported? vLLM >= 0.10)")
@@ -708,6 +737,28 @@ def _finish(got: _Received, plan: list, choices: int, steps: list[dict], k: int,
             "one_token_choices": choices,
             "rule": "fewest steps sharing a chunk, then drafting steps first (see align_steps)",
         },
+    }
+    return finish
+
+
+def _stopped_finish(got: _Received, k: int, wall_s: float, started: float, why: str) -> dict:
+    """The finish event of a run whose server stopped answering mid-run: stop_reason SERVER_STOPPED, the tokens
+    and text streamed before it stopped, metrics over no steps (vLLM sends its per-step counts at the end, which
+    never came), ``incomplete`` and the ``error`` in words."""
+    from engine.events import finish_event
+    from engine.metrics import summarize_steps
+
+    prefill_s = got.chunks[0][0] - started if got.chunks else 0.0
+    finish = finish_event(
+        SERVER_STOPPED, "".join(got.text_parts), got.token_ids, summarize_steps([], k, wall_s, prefill_s)
+    )
+    finish["incomplete"] = True
+    finish["error"] = why
+    finish["vllm"] = {
+        "finish_reason": None,
+        "usage": got.usage,
+        "speculative_decoding": None,
+        "streamed_chunks": len(got.chunks),
     }
     return finish
 
