@@ -20,10 +20,14 @@ INTRO = """
 # SpecLens: speculative decoding, made visible
 A big **target** model normally produces one token per forward pass. With **speculative decoding** a cheap
 **drafter** guesses the next few tokens and the target checks all the guesses in **one** pass, keeping the ones it
-agrees with. Every kept token follows the target's own distribution exactly, so the text is what the target
-would have written anyway; it just needs fewer target passes. Everything below runs a real model on this
-machine (SmolLM2-135M-Instruct); nothing is simulated. New here? The **Workshop** tab is a guided class in
-ten one-click steps.
+agrees with. New here? The **Workshop** tab is a guided class in ten one-click steps.
+"""
+# The rest of the introduction: hidden on a phone (assets/style.css), where the Playground's Run must show on the
+# first screen; the Explain tab says it at length.
+INTRO_MORE = """
+Every kept token follows the target's own distribution exactly, so the text is what the target would have written
+anyway; it just needs fewer target passes. Everything below runs a real model on this machine
+(SmolLM2-135M-Instruct); nothing is simulated.
 """
 
 
@@ -77,8 +81,9 @@ def build_demo() -> gr.Blocks:
     first = {"play": playground.initial_values(), "steps": step_through.initial_values(), "race": race.initial_race()}
     with SpecLensBlocks(title="SpecLens: speculative decoding, made visible") as demo:
         gr.Markdown(INTRO, elem_classes=["sl-intro"])
+        gr.Markdown(INTRO_MORE, elem_classes=["sl-intro", "sl-intro-more"])
         missing = gr.Markdown("", visible=False, elem_id="sl-missing-model", elem_classes=["sl-status"])
-        with gr.Tabs() as tabs:
+        with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab one tap away, a phone too
             play = playground.layout(first["play"])
             class_steps = workshop.layout()
             steps = step_through.layout(first["steps"])

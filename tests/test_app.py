@@ -345,6 +345,6 @@ def test_the_recorded_race_is_titled_as_recorded_until_a_new_one_runs():
 
     values = race.initial_race()
     title = values["race_plot"].layout.title.text
-    assert title.startswith("A recorded race") and "recorded 20" in title, title
+    assert title.startswith("Tokens over time, recorded 20"), title
     assert values["race_results"].startswith("**A recorded race (recorded 20"), values["race_results"][:120]
     assert "One pair, not a verdict" in values["race_results"]

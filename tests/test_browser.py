@@ -516,6 +516,15 @@ LAYOUT_CHECKS = r"""
 """
 TABLES_WIDER_THAN_BOX = """() => [...document.querySelectorAll('.virtual-table-viewport')]
   .filter((e) => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map((e) => [e.scrollWidth, e.clientWidth])"""
+TABLES_TALLER_THAN_BOX = """() => [...document.querySelectorAll('.virtual-table-viewport')]
+  .filter((e) => e.clientHeight > 0 && e.scrollHeight > e.clientHeight + 1).map((e) => [e.scrollHeight, e.clientHeight])"""
+PHONE_SCREEN_PX = 844  # a phone's first screen (390 × 844): the Playground's Run must show on it
+TAB_BAR = """() => ({
+  hidden: [...document.querySelectorAll('[role=tab]')].filter((t) => t.getBoundingClientRect().height === 0)
+    .map((t) => t.innerText.trim()),
+  more: [...document.querySelectorAll('.overflow-menu')].some((m) => !m.classList.contains('hide')
+    && m.getBoundingClientRect().height > 0),
+})"""
 # On a phone these tabs show the run's results right under the prompt and Run, above the settings.
 RESULTS_FIRST = {"Playground": "#sl-output", "Race": "#race-results"}
 RESULTS_ABOVE_SETTINGS = """(first) => {
@@ -530,6 +539,7 @@ TABS = [
     ("Race", "#race-plot .main-svg"),
     ("Explain", "#ex-calc .main-svg"),
     ("Lossless lab", "#ll-plot .main-svg"),
+    ("Shortcuts lab", "#sc-plot .main-svg"),
     ("Drafters lab", "#dr-curves .main-svg"),
     ("Parity lab", "#pl-table table"),
     ("Batch lab", "#bl-plot .main-svg"),
@@ -551,7 +561,8 @@ def _open_tab(page, name: str) -> None:
 def test_every_tab_is_laid_out_cleanly(app_url, browser, width):
     """Screenshots of every tab at a desktop and a phone width (artifacts/screenshots/layout-*), and the page's
     own geometry checked: no plot title overflows its figure, no table header breaks inside a word, no toast
-    covers the content."""
+    covers the content; every tab is in the visible tab bar (no "More tabs" menu), the Playground's Run is on a
+    phone's first screen, and on a desktop no results table scrolls inside its box, either way."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": width, "height": 900})
     page.goto(app_url, wait_until="domcontentloaded")
@@ -560,6 +571,12 @@ def test_every_tab_is_laid_out_cleanly(app_url, browser, width):
     wide = page.evaluate("() => document.documentElement.scrollWidth")
     if wide > width + 1:
         problems.append(f"the page is {wide} px wide on a {width} px screen (it scrolls sideways)")
+    bar = page.evaluate(TAB_BAR)
+    if bar["hidden"] or bar["more"]:
+        problems.append(f"at {width} px not every tab is one tap away: hidden {bar['hidden']}, a 'More tabs' menu")
+    run = page.locator("#sl-run").first.bounding_box()
+    if width < 640 and (run is None or run["y"] + run["height"] > PHONE_SCREEN_PX):
+        problems.append(f"at {width} px the Playground's Run is below a phone's first screen: {run}")
     for tab, ready in TABS:
         _open_tab(page, tab)
         page.wait_for_selector(ready, timeout=30_000)
@@ -571,6 +588,10 @@ def test_every_tab_is_laid_out_cleanly(app_url, browser, width):
             problems += [
                 f"{tab} at {width} px: a table is {w} px wide in a {box} px box"
                 for w, box in page.evaluate(TABLES_WIDER_THAN_BOX)
+            ]
+            problems += [
+                f"{tab} at {width} px: a table is {h} px tall in a {box} px box (it scrolls inside it)"
+                for h, box in page.evaluate(TABLES_TALLER_THAN_BOX)
             ]
         first = RESULTS_FIRST.get(tab)
         if width < 640 and first and not page.evaluate(RESULTS_ABOVE_SETTINGS, first):

@@ -90,7 +90,7 @@ def race_figure(
             )
         )
     subtitle = "each marker is one target pass; steeper = faster. Both runs are real, one after the other."
-    title = f"A recorded race: tokens over measured time ({recorded})" if recorded else "Tokens over measured time"
+    title = f"Tokens over time, {recorded}" if recorded else "Tokens over measured time"
     apply_layout(fig, title, subtitle, height=RACE_HEIGHT)
     fig.update_xaxes(title_text="elapsed time (s)", rangemode="tozero")
     fig.update_yaxes(title_text="tokens generated", rangemode="tozero")

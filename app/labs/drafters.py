@@ -510,7 +510,14 @@ def _results() -> dict:
     first_status, first_table, first_curves, first_surface, first_families = initial_outputs()
     status = status_box(first_status, "dr-status")
     widths = ["14%", "11%", "11%", "12%", "12%", "12%", "8%", "20%"]
-    table = results_table(first_table, HEADERS, "Measured in this lab run", widths, "dr-table")
+    table = results_table(
+        first_table,
+        HEADERS,
+        "Measured in this lab run",
+        widths,
+        "dr-table",
+        rows=max(len(first_table), 2 * len(DRAFTERS) + 1),
+    )
     curves = results_plot("How deep do drafts survive, drafter by drafter", "Press Run all", "dr-curves", first_curves)
     surface = results_plot(
         "Where each drafter lands on the speedup surface", "Press Run all", "dr-surface", first_surface

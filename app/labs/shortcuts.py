@@ -47,7 +47,7 @@ HEADERS = [
     "rule [drafter]",
     "where you meet it",
     "tokens per pass",
-    "vs exact, same drafter",
+    "vs exact rule",
     "TV from p (95% spread)",
     "p-value",
     "verdict",
