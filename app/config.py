@@ -31,6 +31,7 @@ from engine.model.loading import DEFAULT_MODEL, PRESETS
 __all__ = [
     "ASSETS",
     "CSS_PATH",
+    "TAP_JS",
     "LAB_SAMPLES_FLOOR",
     "MAX_CONCURRENT_RUNS",
     "MAX_LAB_SAMPLES",
@@ -52,6 +53,7 @@ __all__ = [
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 TRACES_DIR = ASSETS / "traces"
 CSS_PATH = ASSETS / "style.css"
+TAP_JS = ASSETS / "tap.js"  # a tapped token's details on a touch screen (no hover there)
 
 LAB_SAMPLES_FLOOR = 100  # the lossless lab's N slider starts here
 

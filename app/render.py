@@ -152,7 +152,7 @@ def legend_html(baseline: bool = False) -> str:
         )
     items.append(
         '<span class="sl-legend-item"><span class="sl-swatch sl-swatch-pass">tokens</span> '
-        "alternating underline = one target pass (hover a token for details)</span>"
+        "alternating underline = one target pass (hover or tap a token for details)</span>"
     )
     return '<div class="sl-legend">' + "".join(items) + "</div>"
 

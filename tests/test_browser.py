@@ -598,3 +598,22 @@ def test_every_tab_is_laid_out_cleanly(app_url, browser, width):
             problems.append(f"{tab} at {width} px: the settings come before the results ({first})")
     page.close()
     assert not problems, "\n".join(problems)
+
+
+def test_a_tap_shows_a_tokens_details_on_a_touch_screen(app_url, browser):
+    """#40: on a phone there is no hover. A tap on a token of the text shows what its hover text says (assets/tap.js),
+    and a tap elsewhere hides it."""
+    page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page.goto(app_url, wait_until="domcontentloaded")
+    page.wait_for_selector("#sl-output .sl-tok[title]", timeout=60_000)
+    page.wait_for_timeout(500)
+    token = page.locator("#sl-output .sl-tok[title]").nth(3)
+    token.scroll_into_view_if_needed()
+    token.tap()
+    tip = page.locator("#sl-tap-tip")
+    tip.wait_for(state="visible", timeout=5_000)
+    assert tip.inner_text() == token.get_attribute("title")
+    assert "pass " in tip.inner_text() and "p = " in tip.inner_text()
+    page.locator("h1").first.tap()
+    tip.wait_for(state="hidden", timeout=5_000)
+    page.close()

@@ -153,7 +153,7 @@ def timeline_figure(trace) -> go.Figure:
     )
     subtitle = (
         f"{mode_words(start_event(events))} · one row per target pass, longer row = more tokens from that pass · "
-        "↻ and + are tokens the target picked itself; hover for details"
+        "↻ and + are tokens the target picked itself; hover or tap for details"
     )
     fig.update_layout(barmode="overlay")
     fig.update_xaxes(

@@ -321,7 +321,7 @@ def _tree_titles(view: Pass) -> tuple[str, str]:
         shape = "chain" if _is_chain(view.nodes) else "tree"
         subtitle = (
             f"{mode_words(start)}, {shape} · left to right = position after the context · "
-            "colour and mark = the target's decision · thick line = tokens kept · hover a token for p, q, u"
+            "colour and mark = the target's decision · thick line = tokens kept · hover or tap a token for p, q, u"
         )
     if step.get("truncated"):
         subtitle += " · output cut at end-of-text / max_new_tokens"

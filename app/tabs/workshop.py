@@ -65,7 +65,7 @@ STEPS = [
         "prompt": "Tell me a short story about a lighthouse keeper and a storm.",
         "settings": {"drafter": "int8", "k": 4, "topk": 1, "temperature": 0.8, "seed": 7, "max_new_tokens": 48},
         "do": "This loads a story prompt, sampled at temperature 0.8 with the int8 drafter. Press **▶ Run**, then "
-        "drag the pass slider to a pass whose tree has a ✗ rejected node and hover that node.",
+        "drag the pass slider to a pass whose tree has a ✗ rejected node and hover (or tap) that node.",
         "question": "For a rejected draft: what were p, q, min(1, p/q) and u? Why was it rejected?",
         "answer": "The hover and the p vs q chart show them: a draft is kept when u < min(1, p/q). A rejected one "
         "had u ≥ min(1, p/q), which happens most where the drafter was more confident than the target (q > p).",
