@@ -157,7 +157,7 @@ def _draft_note(node: dict, greedy: bool) -> str:
     if u is not None:
         text += f" · u = {fmt_uniform(u)}"
     if node.get("adjusted"):
-        text += " (after the sibling's rejection)"
+        text += "<br>(after the sibling's rejection)"
     return text
 
 

@@ -224,11 +224,8 @@ def _add_root(fig: go.Figure, view: Pass, layout: _Layout, sizes: _Sizes) -> Non
         go.Scatter(
             x=[0],
             y=[layout.y[ROOT]],
-            mode="markers+text",
+            mode="markers",  # the axis names it ("context" below it): a label left of it was cut on a phone
             marker={"size": sizes.marker + HALO, "color": SERIES["context"], "symbol": "square"},
-            text=[ROOT_LABEL],
-            textposition="middle left",
-            textfont={"size": sizes.text},
             hovertext=[_root_hover(view)],
             hovertemplate="%{hovertext}<extra></extra>",
             name=f"{ROOT_LABEL} (already committed)",
@@ -236,6 +233,12 @@ def _add_root(fig: go.Figure, view: Pass, layout: _Layout, sizes: _Sizes) -> Non
             meta={"role": "root"},
         )
     )
+
+
+def _label_side(depth: float) -> str:
+    """Where a token's label goes: above its marker at odd depths, below at even ones, so that the labels of
+    neighbouring depths on one row never meet (on a phone a depth is a few characters wide)."""
+    return "top center" if int(round(depth)) % 2 else "bottom center"
 
 
 def _add_nodes(fig: go.Figure, view: Pass, layout: _Layout, sizes: _Sizes) -> None:
@@ -260,7 +263,7 @@ def _add_nodes(fig: go.Figure, view: Pass, layout: _Layout, sizes: _Sizes) -> No
                     "line": {"width": 2 if decision == "not_reached" else 1, "color": colour},
                 },
                 text=[f"{MARKS.get(decision, '')} {show_token(n.get('text'), sizes.label_len)}" for n in members],
-                textposition="top center",
+                textposition=[_label_side(layout.depth[n["id"]]) for n in members],
                 textfont={"size": sizes.text},
                 hovertext=[_node_hover(n, by_id, view.point_mass) for n in members],
                 hovertemplate="%{hovertext}<extra></extra>",
@@ -286,7 +289,7 @@ def _add_extra(fig: go.Figure, view: Pass, layout: _Layout, sizes: _Sizes) -> No
                 "line": {"width": 1, "color": "#333333"},
             },
             text=[f"{MARKS[kind]} {show_token(extra.get('text'), sizes.label_len)}"],
-            textposition="top center",
+            textposition=[_label_side(layout.depth[EXTRA])],
             textfont={"size": sizes.text},
             hovertext=[_extra_hover(extra, view.baseline, view.greedy)],
             hovertemplate="%{hovertext}<extra></extra>",
