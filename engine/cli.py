@@ -379,6 +379,9 @@ def _analyze(args) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
+    if result.get("gauges_only"):  # SGLang: gauges, not counters (engine.tools.analyze.gauge_reading)
+        print(f"recommendation: {result['recommendation']}")
+        return 0
     print(
         f"{result['server']}: {result['drafts']:.0f} drafts in the window ({result['requests']:.0f} requests, "
         f"{result['tokens']:.0f} tokens)\n"

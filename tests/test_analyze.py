@@ -236,3 +236,32 @@ def test_fuzzed_scrapes_get_a_result_or_a_clear_message():
             assert str(exc), "an empty message"
             outcomes["refused"] += 1
     assert outcomes["refused"] > 100, outcomes
+
+
+def test_sglang_gauges_say_what_they_can_and_what_they_cannot():
+    """#41: SGLang exports gauges (recent averages), not counters. The analyzer reads the second scrape's mean
+    acceptance length and rate, says they are SGLang's averages, and names what cannot be derived (no window, no
+    per-position acceptance or α, no draft counts); the CLI and the Your deployment tab say the same."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from app.labs import deployment
+    from engine.tools.analyze import GAUGE_LIMITS, analyze, gauge_reading
+
+    root = Path(__file__).resolve().parent.parent
+    path = root / "assets" / "scrapes" / "sglang-gauges-format-example.json"
+    window = json.loads(path.read_text())
+    assert "not measured" in window["note"]
+    result = analyze(window["before"], window["after"], window["interval_s"])
+    assert result["gauges_only"] and result["server"] == "sglang"
+    assert result["mean_acceptance_length"] == 2.4 and result["acceptance_rate"] == 0.42
+    assert "no acceptance by position" in result["recommendation"] and GAUGE_LIMITS in result["recommendation"]
+    assert gauge_reading("vllm:spec_decode_num_drafts_total 5\n") is None
+    status = deployment.analyze_window(window, "")[0]
+    assert "SGLang's gauges" in status and "2.40 tokens per pass" in status and "no window" in status
+    out = subprocess.run(
+        [sys.executable, "-m", "engine", "analyze", str(path)], capture_output=True, text=True, cwd=root, timeout=120
+    )
+    assert out.returncode == 0 and "SGLang reports a mean acceptance length of 2.40" in out.stdout, out

@@ -22,7 +22,8 @@ def acceptance_window_figure(result: dict) -> go.Figure:
     """Acceptance by draft position in the window (bars, measured) beside the fitted α^i (line), with the
     draft acceptance rate and the mean acceptance length side by side in the title."""
     rates = result.get("acceptance_by_position") or []
-    title = f"Acceptance rate {result['acceptance_rate']:.2f} · length {result['mean_acceptance_length']:.2f}"
+    rate = result.get("acceptance_rate")
+    title = f"Acceptance rate {'—' if rate is None else f'{rate:.2f}'} · length {result['mean_acceptance_length']:.2f}"
     if not rates:
         return message_figure(title, "This server exports no per-position counters: only the rate and the length.")
     positions = list(range(1, len(rates) + 1))

@@ -88,6 +88,19 @@ def _empty():
 
 def _summary(window: dict, result: dict) -> str:
     seconds = f" in {result['interval_s']:.0f} s" if result.get("interval_s") else ""
+    if result.get("gauges_only"):  # SGLang: what its gauges say, and what they cannot
+        rate = result.get("acceptance_rate")
+        return "\n".join(
+            [
+                f"**Window:** {window.get('url', 'a saved window')}{seconds} (SGLang's gauges).",
+                "",
+                "| draft acceptance rate | mean acceptance length |",
+                "|---|---|",
+                f"| {'—' if rate is None else f'{rate:.3f}'} | {result['mean_acceptance_length']:.2f} tokens per pass |",
+                "",
+                f"**What these can tell:** {result['recommendation']}.",
+            ]
+        )
     traffic = f"{result['requests']:.0f} requests, {result['tokens']:.0f} tokens" if result["requests"] else ""
     alpha = f"{result['alpha_fit']:.2f}" if result.get("alpha_fit") else "—"
     lines = [

@@ -17,6 +17,11 @@ under ``speclens:``). Counters only grow, so what a window of traffic did is the
   _weigh). The recommendation is the K with the highest expected speedup at low load and the batch from
   which no K clears 1 + MIN_GAIN (turn speculation off there), or turning it off where none ever does.
 
+SGLang exports gauges instead (``sglang:spec_accept_length``, ``sglang:spec_accept_rate``): SGLang's recent
+averages at the moment of a scrape, not counters. From them ``gauge_reading`` gives the mean acceptance length and
+the rate as SGLang reports them, and says what cannot be derived: no window (the difference of two averages is not
+the traffic between the scrapes), no per-position acceptance and so no α, no draft counts.
+
 These speedups are estimates from measured inputs (the window's acceptance, the probed pass costs) under the
 α^i chain model, and are labelled "expected" wherever shown; a race on the server measures the real one.
 
@@ -35,7 +40,7 @@ import urllib.request
 
 from engine.metrics import expected_tokens_per_pass, modelled_speedup
 
-__all__ = ["AnalyzeError", "analyze", "parse_prometheus", "scrape", "snapshot"]
+__all__ = ["AnalyzeError", "GAUGE_LIMITS", "analyze", "gauge_reading", "parse_prometheus", "scrape", "snapshot"]
 
 MAX_LINE = 4096
 MIN_DRAFTS = 20  # fewer drafts in the window say too little about acceptance
@@ -331,13 +336,54 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
     }
 
 
+GAUGES = {"mean_acceptance_length": "sglang:spec_accept_length", "acceptance_rate": "sglang:spec_accept_rate"}
+GAUGE_LIMITS = (
+    "SGLang exports gauges, not counters: each is SGLang's recent average when scraped, so no window of traffic "
+    "(the difference of two averages is not what happened between the scrapes), no acceptance by position and "
+    "so no α, and no draft counts can be derived; the expected speedup by K needs counters (vLLM, llama.cpp, "
+    "SpecLens) or a race on the server"
+)
+
+
+def gauge_reading(text: str, model: str | None = None) -> dict | None:
+    """SGLang's speculation gauges in one scrape: {"server": "sglang", "mean_acceptance_length", "acceptance_rate"
+    (None when not exported), "gauges_only": True, "limits"}; None when the scrape has no such gauge. The mean over
+    label sets (one per model and engine)."""
+    samples = parse_prometheus(text)
+    found: dict = {}
+    for key, name in GAUGES.items():
+        values = [
+            v
+            for n, labels, v in samples
+            if n == name and (model is None or labels.get("model_name") in (None, model)) and math.isfinite(v)
+        ]
+        found[key] = sum(values) / len(values) if values else None
+    if found["mean_acceptance_length"] is None:
+        return None
+    return {"server": "sglang", **found, "gauges_only": True, "limits": GAUGE_LIMITS}
+
+
 def analyze(
     before: str, after: str, interval_s: float | None = None, pass_costs: dict | None = None, model=None
 ) -> dict:
     """The window between two scrapes (texts): rates, lengths, per-position acceptance with its α fit, the
     window's passes, per K the expected tokens per pass and (with `pass_costs`, engine/tools/pass_costs.py's
     dict) the expected speedup by batch size, and a recommendation in one sentence. AnalyzeError for counters
-    that went down, too few drafts, or unusable pass costs."""
+    that went down, too few drafts, or unusable pass costs. A server that exports SGLang's gauges instead of
+    counters gets what they say (``gauge_reading`` of the second scrape, ``gauges_only``) and what they cannot."""
+    if not any(SPEC.match(name) for name, _, _ in parse_prometheus(after)) and not _declared_prefixes(after):
+        gauges = gauge_reading(after, model)
+        if gauges is not None:
+            rate = gauges["acceptance_rate"]
+            return {
+                **gauges,
+                "interval_s": interval_s,
+                "recommendation": (
+                    f"SGLang reports a mean acceptance length of {gauges['mean_acceptance_length']:.2f}"
+                    + (f" and an acceptance rate of {rate:.2f}" if rate is not None else "")
+                    + f" (its recent averages at the second scrape). {GAUGE_LIMITS}"
+                ),
+            }
     a, b = snapshot(before, model), snapshot(after, model)
     if a["prefix"] != b["prefix"]:
         raise AnalyzeError(f"the two scrapes come from different servers ({a['prefix']} and {b['prefix']})")
