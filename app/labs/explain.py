@@ -156,10 +156,11 @@ def measure_pass_widths(progress=gr.Progress()):  # noqa: B008 (gradio injects t
     pace, reads = mb / ms[0], read_bandwidth_gbs(size_mb=128, repeats=5) if model.device.type == "cpu" else None
     if reads:
         share = pace / reads
-        limit = (
+        limit = (  # one reading on a shared machine: a cause is named only when the share is clearly high
             "reading the weights, not the arithmetic, sets the pace"
             if share >= READ_BOUND_SHARE
-            else "the rest of a pass is work outside reading the weights (attention, norms, Python)"
+            else "the rest is other work on this machine or work outside reading the weights (attention, norms, "
+            "Python): one reading cannot tell which, measure again"
         )
         bound = f" against the {reads:.1f} GB/s this machine reads (measured now): {share:.0%}, so {limit}"
     else:
