@@ -32,6 +32,7 @@ __all__ = [
     "ASSETS",
     "CSS_PATH",
     "TAP_JS",
+    "TITLES_JS",
     "LAB_SAMPLES_FLOOR",
     "MAX_CONCURRENT_RUNS",
     "MAX_LAB_SAMPLES",
@@ -54,6 +55,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 TRACES_DIR = ASSETS / "traces"
 CSS_PATH = ASSETS / "style.css"
 TAP_JS = ASSETS / "tap.js"  # a tapped token's details on a touch screen (no hover there)
+TITLES_JS = ASSETS / "titles.js"  # chart titles re-wrapped to their chart's real width
 
 LAB_SAMPLES_FLOOR = 100  # the lossless lab's N slider starts here
 

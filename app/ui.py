@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .config import CSS_PATH, TAP_JS
+from .config import CSS_PATH, TAP_JS, TITLES_JS
 from .engine_access import missing_model_banner
 from .labs import batch, deployment, drafters, explain, lossless, parity, shortcuts
 from .tabs import api, playground, race, step_through, workshop
@@ -51,7 +51,7 @@ class SpecLensBlocks(gr.Blocks):
     def launch(self, *args, **kwargs):
         kwargs.setdefault("theme", theme())
         kwargs.setdefault("css_paths", [CSS_PATH] if CSS_PATH.is_file() else None)
-        kwargs.setdefault("js", TAP_JS.read_text(encoding="utf-8") if TAP_JS.is_file() else None)
+        kwargs.setdefault("js", page_js())
         kwargs.setdefault("footer_links", ["api", "gradio"])
         kwargs.setdefault("max_file_size", "20mb")  # uploads are traces; engine.trace refuses > 20 MiB too
         block = not kwargs.pop("prevent_thread_lock", False)
@@ -60,6 +60,14 @@ class SpecLensBlocks(gr.Blocks):
         if block:
             self.block_thread()
         return result
+
+
+def page_js() -> str | None:
+    """The page's scripts (gradio runs one function on load): each asset file is one arrow function."""
+    parts = [path.read_text(encoding="utf-8").strip() for path in (TAP_JS, TITLES_JS) if path.is_file()]
+    if not parts:
+        return None
+    return "() => {\n" + "\n".join(f"({part})();" for part in parts) + "\n}"
 
 
 def add_metrics_route(app) -> None:

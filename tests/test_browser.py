@@ -475,6 +475,20 @@ LAYOUT_CHECKS = r"""
         problems.push(`legend or note outside its figure: "${t.textContent.slice(0, 60)}"`);
       }
     }
+    // A title is not squeezed: it wraps only when its line would not fit beside the mode bar (a desktop's wide
+    // figure used to hold a phone's 38 characters per line in a third of its width).
+    const gtitle = plot.querySelector('.gtitle');
+    if (gtitle && gtitle.querySelectorAll('tspan.line').length > 1) {
+      let shown = Math.min(box.width, window.innerWidth);
+      for (let el = plot.parentElement; el && el !== document.body; el = el.parentElement) {
+        if (getComputedStyle(el).overflowX !== 'visible' && el.clientWidth > 0) shown = Math.min(shown, el.clientWidth);
+      }
+      const modebar = plot.querySelector('.modebar');
+      const room = shown - (modebar ? modebar.getBoundingClientRect().width : 0);
+      if (gtitle.getBoundingClientRect().width < 0.5 * room) {
+        problems.push(`a plot title wraps in under half its room: "${gtitle.textContent.slice(0, 60)}"`);
+      }
+    }
     // The plotly mode bar (shown on hover) never covers the title.
     const bar = plot.querySelector('.modebar');
     const title = plot.querySelector('.gtitle');
@@ -560,7 +574,7 @@ def _open_tab(page, name: str) -> None:
 @pytest.mark.parametrize("width", [1440, 390], ids=["desktop-1440", "phone-390"])
 def test_every_tab_is_laid_out_cleanly(app_url, browser, width):
     """Screenshots of every tab at a desktop and a phone width (artifacts/screenshots/layout-*), and the page's
-    own geometry checked: no plot title overflows its figure, no table header breaks inside a word, no toast
+    own geometry checked: no plot title overflows its figure or wraps in under half its room, no table header breaks inside a word, no toast
     covers the content; every tab is in the visible tab bar (no "More tabs" menu), the Playground's Run is on a
     phone's first screen, and on a desktop no results table scrolls inside its box, either way."""
     SHOTS.mkdir(parents=True, exist_ok=True)

@@ -781,3 +781,26 @@ def test_every_chart_of_a_run_names_the_drafter_that_ran(name):
         words = f"{fig.layout.title.text} {fig.layout.title.subtitle.text or ''}"
         assert f"{new} drafter" in words or f"on the {new} draft" in words, (what, words)
         assert f"{old} drafter" not in words and "n-gram drafter" not in words, (what, words)
+
+
+def test_every_title_carries_its_raw_text_for_the_page_to_rewrap():
+    """#40: titles are wrapped for a phone here (plotly does not wrap); the page re-wraps them to the figure's
+    real width (assets/titles.js, checked in the browser layout test). It needs the raw texts and the line
+    sizes, and a new subtitle keeps the plot area's height."""
+    from visuals.speedup import speedup_figure
+    from visuals.style import SUBTITLE_CHARS, TITLE_CHARS, TITLE_PAD, set_subtitle
+
+    fig = speedup_figure(0.7, 4, 0.1)
+    wrap = fig.layout.meta["wrap"]
+    assert "<br>" not in wrap["title"] and wrap["title"].replace(" ", "") == fig.layout.title.text.replace(
+        "<br>", ""
+    ).replace(" ", "")
+    assert (wrap["title_chars"], wrap["subtitle_chars"]) == (TITLE_CHARS, SUBTITLE_CHARS)
+    assert (wrap["top"], wrap["height"]) == (fig.layout.margin.t, fig.layout.height)
+    plot_area = fig.layout.height - fig.layout.margin.t
+    long = "a subtitle long enough to take several lines on a phone's figure " * 3
+    set_subtitle(fig, f"{wrap['subtitle']}<br>{long}")
+    again = fig.layout.meta["wrap"]
+    assert again["subtitle"] == f"{wrap['subtitle']}<br>{long}" and again["top"] == fig.layout.margin.t > wrap["top"]
+    assert fig.layout.height - fig.layout.margin.t == plot_area
+    assert abs(fig.layout.title.y - (1 - TITLE_PAD / fig.layout.height)) < 1e-9

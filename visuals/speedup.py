@@ -19,7 +19,7 @@ from engine.metrics import (
 )
 from engine.trace import events_of, step_events
 
-from .style import LABEL_BG, NOTE_SIZE, PALETTE, SERIES, apply_layout, fmt_speedup, set_subtitle
+from .style import LABEL_BG, NOTE_SIZE, PALETTE, SERIES, apply_layout, fmt_speedup, raw_subtitle, set_subtitle
 
 __all__ = ["speedup_figure", "run_speedup_figure", "batch_figure", "pass_width_figure"]
 
@@ -248,7 +248,7 @@ def run_speedup_figure(trace, baseline_trace=None) -> go.Figure:
         )
     else:
         note = "c unknown (no timings yet): taken as 0"
-    set_subtitle(fig, f"{fig.layout.title.subtitle.text}<br>{note}")
+    set_subtitle(fig, f"{raw_subtitle(fig)}<br>{note}")
     return fig
 
 

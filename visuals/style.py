@@ -104,9 +104,12 @@ DEFAULT_HEIGHT = 450
 MESSAGE_HEIGHT = 320
 TOP_MARGIN = 60  # room for a one-line title
 # Titles and subtitles are wrapped so that every line fits a figure on a 390 px phone screen (about
-# 330 px of figure): plotly does not wrap text, and a longer line runs out of the figure.
+# 330 px of figure): plotly does not wrap text, and a longer line runs out of the figure. In the app the page
+# re-wraps them to the figure's real width (assets/titles.js, from the raw texts and these sizes kept in the
+# layout's `meta["wrap"]`), so that a desktop's wide figure does not squeeze its title into a third of it.
 TITLE_CHARS = 38  # characters per title line at TITLE_SIZE
 SUBTITLE_CHARS = 52  # characters per subtitle line at SUBTITLE_SIZE
+TITLE_FIGURE_PX = 330  # the figure width TITLE_CHARS and SUBTITLE_CHARS are for
 LEGEND_CHARS = 36  # characters per legend entry line (a 390 px phone's figure holds about that many)
 MESSAGE_CHARS = 40  # characters per line of a message figure's note
 TITLE_PAD = 12  # from the figure's top edge to its title
@@ -238,11 +241,47 @@ def title_block(title: str, subtitle: str) -> tuple[str, str, int]:
     return title, subtitle, max(top, TOP_MARGIN)
 
 
+def _wrap_meta(title: str, subtitle: str, top: int, height: int) -> dict:
+    """What the page needs to re-wrap a figure's title block to its real width (assets/titles.js): the raw
+    texts, the line sizes above, and the top margin and height they were laid out with."""
+    return {
+        "title": title,
+        "subtitle": subtitle,
+        "top": top,
+        "height": height,
+        "figure_px": TITLE_FIGURE_PX,
+        "title_chars": TITLE_CHARS,
+        "subtitle_chars": SUBTITLE_CHARS,
+        "pad": TITLE_PAD,
+        "title_line": TITLE_LINE,
+        "subtitle_line": SUBTITLE_LINE,
+        "subtitle_gap": SUBTITLE_GAP,
+        "to_plot": TITLE_TO_PLOT,
+        "min_top": TOP_MARGIN,
+    }
+
+
+def raw_subtitle(fig: go.Figure) -> str:
+    """A laid-out figure's subtitle as it was given, before wrapping."""
+    wrap = (fig.layout.meta or {}).get("wrap") if isinstance(fig.layout.meta, dict) else None
+    return wrap["subtitle"] if wrap else (fig.layout.title.subtitle.text or "")
+
+
 def set_subtitle(fig: go.Figure, subtitle: str) -> go.Figure:
-    """Replace a laid-out figure's subtitle, wrapped, with the top margin it needs."""
-    title = fig.layout.title.text or ""
-    _, subtitle, top = title_block(title.replace("<br>", " "), subtitle)
-    fig.update_layout(title_subtitle_text=subtitle, margin={"t": top})
+    """Replace a laid-out figure's subtitle, wrapped, with the top margin it needs (the plot area keeps its
+    height)."""
+    meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
+    wrap = meta.get("wrap")
+    raw_title = wrap["title"] if wrap else (fig.layout.title.text or "").replace("<br>", " ")
+    _, wrapped, top = title_block(raw_title, subtitle)
+    height = fig.layout.height + top - (fig.layout.margin.t or TOP_MARGIN)
+    fig.update_layout(
+        title_subtitle_text=wrapped,
+        margin={"t": top},
+        height=height,
+        title_y=1.0 - TITLE_PAD / height,
+        meta={**meta, "wrap": _wrap_meta(raw_title, subtitle, top, height)},
+    )
     return fig
 
 
@@ -257,6 +296,7 @@ def apply_layout(
     """The common look: opaque light card (readable inside light and dark pages), explicit font colours."""
     c = LIGHT
     height = int(height) if height is not None else DEFAULT_HEIGHT
+    raw_title, raw_sub = title, subtitle
     title, subtitle, top = title_block(title, subtitle)
     height += top - TOP_MARGIN  # the plot area keeps its size however many lines the titles take
     bottom = BOTTOM_MARGIN_LEGEND if legend_bottom else BOTTOM_MARGIN
@@ -279,6 +319,7 @@ def apply_layout(
         "margin": {**SIDE_MARGINS, "t": top, "b": bottom},
         "hoverlabel": HOVER_LABEL,
         "legend": {"font": {"color": c["font"]}, "bgcolor": "rgba(0,0,0,0)"},
+        "meta": {"wrap": _wrap_meta(raw_title, raw_sub, top, height)},
     }
     if legend_bottom:
         # Legend y is in plot-area fractions; convert the fixed pixel offset under the plot into one.
