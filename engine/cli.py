@@ -199,6 +199,29 @@ def _add_analyze(sub) -> None:
         help="the same model served without speculation: its plain passes are what speculation is weighed against",
     )
     an.add_argument("--model", default=None, help="only this model_name's counters")
+    an.add_argument(
+        "--what-if",
+        action="store_true",
+        help="measure what the window's acceptance by position (or --tau) buys by batch size: the same model served "
+        "with vLLM's synthetic rejection against one without speculation (engine/tools/what_if.py)",
+    )
+    an.add_argument("--tau", type=float, default=None, help="what-if for a drafter of this mean acceptance length")
+    an.add_argument(
+        "--what-if-k", type=int, default=None, help="drafts per pass of the what-if (default: the window's K, else 4)"
+    )
+    an.add_argument(
+        "--what-if-url",
+        default=None,
+        metavar="URL",
+        help="a what-if server you started (the printed line); default: start one here",
+    )
+    an.add_argument(
+        "--baseline-url", default=None, metavar="URL", help="the same model without speculation, beside --what-if-url"
+    )
+    an.add_argument(
+        "--what-if-batches", default="1,2,4,8,16", metavar="B,B,...", help="batch sizes of the what-if sweep"
+    )
+    an.add_argument("--what-if-repeats", type=int, default=2, help="repeats of each batch size (default 2)")
     an.add_argument("--save", default=None, metavar="FILE", help="also save the two scrapes (for offline use)")
     an.add_argument("--json", action="store_true", help="print the analysis as JSON")
 
@@ -373,8 +396,12 @@ def _analyze(args) -> int:
             with open(args.save, "w", encoding="utf-8") as fh:
                 json.dump({**window, "pass_costs": costs}, fh)
         result = analyze(window["before"], window["after"], window.get("interval_s"), costs, args.model)
+        if args.what_if or args.tau is not None:
+            result["what_if"] = _what_if(args, window, result)
     except AnalyzeError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        for name, line in (getattr(exc, "lines", None) or {}).items():
+            print(f"  {name}: {line}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result))
@@ -425,7 +452,85 @@ def _analyze(args) -> int:
         for k in sorted(result["speedup_by_batch"][batches[0]]):
             print(f"  {k:<3}" + "".join(f"{result['speedup_by_batch'][b][k]:>7.2f}x" for b in batches))
     print(f"recommendation: {result['recommendation']}")
+    if result.get("what_if"):
+        _print_what_if(result["what_if"])
     return 0
+
+
+def _what_if(args, window: dict, result: dict) -> dict:
+    """engine/tools/what_if.py from the CLI: the rates (the window's, or --tau's), the servers (given, or started
+    here), the sweep."""
+    from engine.tools.analyze import AnalyzeError
+    from engine.tools.what_if import measure_what_if, rates_for, start_what_if_servers, window_shape
+
+    try:
+        batches = [int(b) for b in args.what_if_batches.split(",") if b.strip()]
+    except ValueError:
+        raise AnalyzeError(
+            f"--what-if-batches is a list of batch sizes such as 1,2,4,8,16, got {args.what_if_batches!r}"
+        ) from None
+    if not batches or any(not 1 <= b <= 64 for b in batches):
+        raise AnalyzeError("--what-if-batches must hold batch sizes between 1 and 64")
+    if not 1 <= args.what_if_repeats <= 10:
+        raise AnalyzeError("--what-if-repeats must be between 1 and 10")
+    if bool(args.what_if_url) != bool(args.baseline_url):
+        raise AnalyzeError(
+            "--what-if-url and --baseline-url go together (the what-if server and one without speculation)"
+        )
+    k = args.what_if_k or result.get("k") or 4
+    if args.tau is not None:
+        rates = rates_for(k, tau=args.tau)
+    elif result.get("acceptance_by_position"):
+        rates = rates_for(k, rates=result["acceptance_by_position"])
+    else:
+        raise AnalyzeError("the window has no acceptance by position: give --tau")
+    shape = window_shape(window["before"], window["after"])
+    print(
+        f"what-if: rates {', '.join(f'{r:.2f}' for r in rates)} (τ = {1 + sum(rates):.2f}) at K = {k}, requests of "
+        f"{shape['prompt_tokens']:.0f} prompt and {shape['output_tokens']:.0f} output tokens (the window's means)…",
+        file=sys.stderr,
+    )
+    servers = None
+    if args.what_if_url:
+        urls = (args.what_if_url, args.baseline_url)
+    else:
+        servers = start_what_if_servers(rates, model=args.model)
+        urls = (servers[0].url, servers[1].url)
+    try:
+        return measure_what_if(*urls, shape, rates, batch_sizes=batches, repeats=args.what_if_repeats, window=result)
+    finally:
+        for server in servers or ():
+            server.stop()
+
+
+def _print_what_if(report: dict) -> None:
+    shape = report["shape"]
+    print(
+        f"what-if, measured: a drafter keeping drafts at {', '.join(f'{r:.2f}' for r in report['rates'])} by position "
+        f"(τ = {report['tau']:.2f}), requests of {shape['prompt_tokens']:.0f} prompt and {shape['output_tokens_asked']} "
+        f"output tokens, {report['settings']['repeats']} repeats per batch size"
+    )
+    if report["synthetic"] is not True:
+        print(
+            "  note: the what-if server does not say it runs synthetic rejection (vLLM shows its config only in dev "
+            "mode): its acceptance is what it measured (below), not necessarily the rates asked"
+        )
+    accepted = report["modes"]["what-if"]["acceptance_rate"]
+
+    def num(x, unit=""):
+        return "—" if x is None else f"{x:.2f}{unit}"
+
+    print(
+        f"  {'B':<4} {'measured (slowest–quickest repeat)':<36} {'predicted':>10} {'measured ÷ predicted':>21} {'acceptance':>11}"
+    )
+    for i, b in enumerate(report["batch_sizes"]):
+        low, high = report["speedup_bounds"][i]
+        measured = f"{num(report['speedup'][i], 'x')} ({num(low)}–{num(high)})"
+        print(
+            f"  {b:<4} {measured:<36} {num(report['predicted'][i], 'x'):>10} "
+            f"{num(report['measured_vs_predicted'][i]):>21} {num(accepted[i]):>11}"
+        )
+    print(f"  verdict (measured): {report['verdict']}")
 
 
 def _launch_command(args) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import urllib.request
@@ -265,3 +266,80 @@ def test_sglang_gauges_say_what_they_can_and_what_they_cannot():
         [sys.executable, "-m", "engine", "analyze", str(path)], capture_output=True, text=True, cwd=root, timeout=120
     )
     assert out.returncode == 0 and "SGLang reports a mean acceptance length of 2.40" in out.stdout, out
+
+
+# ------------------------------------------------------------------------------------------ what-if
+
+
+def test_the_what_if_rates_are_the_windows_or_vllms_own_schedule_for_a_typed_tau():
+    """engine/tools/what_if.py: the window's acceptance by position is vLLM's unconditional per-position rate;
+    a typed τ gives vLLM's minimum-variance schedule, checked against vLLM's own function where it is installed."""
+    from engine.tools.what_if import rates_for, serve_lines, synthetic_config
+
+    saved = json.loads((ROOT / "assets" / "scrapes" / "vllm-ngram-chat.json").read_text())
+    window = analyze(saved["before"], saved["after"], saved["interval_s"], saved["pass_costs"])
+    rates = rates_for(window["k"], rates=window["acceptance_by_position"])
+    assert (
+        len(rates) == 8
+        and rates == sorted(rates, reverse=True)
+        and abs(rates[0] - window["acceptance_by_position"][0]) < 1e-4
+    )
+    assert rates_for(4, tau=3.3) == pytest.approx([1.0, 1.0, 0.3, 0.0])
+    assert rates_for(3, rates=[0.5]) == [0.5, 0.0, 0.0]
+    config = synthetic_config(rates_for(4, tau=2.5))
+    assert config["rejection_sample_method"] == "synthetic" and config["num_speculative_tokens"] == 4
+    line = serve_lines("HuggingFaceTB/SmolLM2-135M-Instruct", rates_for(4, tau=2.5))["what_if"]
+    assert json.loads(line.split("--speculative-config ", 1)[1].strip("'")) == config
+    for bad, words in (
+        ({"tau": 6.0}, "between 1 and K + 1"),
+        ({"rates": [0.5, 0.7]}, "must not increase"),
+        ({"rates": [1.2]}, "in [0, 1]"),
+        ({"rates": [0.5], "tau": 2.0}, "not both"),
+    ):
+        with pytest.raises(AnalyzeError, match=re.escape(words)):
+            rates_for(4, **bad)
+    vllm_python = ROOT / ".venv-vllm" / "bin" / "python"
+    if vllm_python.is_file():  # vLLM's own τ → rates, in its own environment
+        code = (
+            "import json; from vllm.config.speculative import SpeculativeConfig as S; "
+            "print(json.dumps([S._acceptance_length_to_rates(t, 4) for t in (1.0, 2.5, 3.3, 5.0)]))"
+        )
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+        out = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        theirs = json.loads(out.stdout.strip().splitlines()[-1])
+        for tau, rates in zip((1.0, 2.5, 3.3, 5.0), theirs):
+            assert rates_for(4, tau=tau) == pytest.approx(rates)
+
+
+def test_the_what_if_requests_take_the_windows_shape():
+    from engine.tools.what_if import RUN, shaped_prompts, window_shape
+
+    saved = json.loads((ROOT / "assets" / "scrapes" / "vllm-ngram-chat.json").read_text())
+    shape = window_shape(saved["before"], saved["after"])
+    after = {n: v for n, _, v in parse_prometheus(saved["after"])}
+    before = {n: v for n, _, v in parse_prometheus(saved["before"])}
+    count = after["vllm:request_prompt_tokens_count"] - before.get("vllm:request_prompt_tokens_count", 0)
+    assert shape["requests"] == count > 0
+    want = (after["vllm:request_prompt_tokens_sum"] - before.get("vllm:request_prompt_tokens_sum", 0)) / count
+    assert shape["prompt_tokens"] == pytest.approx(want)
+    prompts = shaped_prompts(shape["prompt_tokens"], 6)
+    assert all(len(p) == max(RUN, round(shape["prompt_tokens"])) for p in prompts)
+    assert len({tuple(p[:RUN]) for p in prompts}) == 6  # no shared prefix: no prefix-cache hit
+    assert all(p[RUN : 2 * RUN] == p[:RUN] for p in prompts if len(p) >= 2 * RUN)  # the run repeats: n-gram matches
+    with pytest.raises(AnalyzeError, match="histograms"):
+        window_shape(_scrape(0, 0, 0, [0]), _scrape(50, 200, 100, [40, 30]))
+
+
+def test_the_cli_what_if_says_what_is_wrong(tmp_path):
+    saved = tmp_path / "window.json"
+    saved.write_text((ROOT / "assets" / "scrapes" / "vllm-ngram-chat.json").read_text())
+    run = [sys.executable, "-m", "engine", "analyze", str(saved), "--what-if"]
+    for extra, words in (
+        (["--tau", "12"], "between 1 and K + 1"),
+        (["--what-if-url", "http://127.0.0.1:9"], "go together"),
+        (["--what-if-batches", "1,x"], "--what-if-batches"),
+        (["--what-if-url", "http://127.0.0.1:9", "--baseline-url", "http://127.0.0.1:9"], "cannot reach"),
+    ):
+        out = subprocess.run(run + extra, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert out.returncode == 2 and words in out.stderr, (extra, out.stderr[-800:])

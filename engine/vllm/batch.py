@@ -88,13 +88,15 @@ def measure_batches(
     repeats: int = 3,
     temperature: float = 0.0,
     chat: bool = True,
+    ignore_eos: bool = False,
     progress=None,
 ) -> dict:
     """Measured throughput and latency per batch size, for each server.
 
     servers: {mode name: URL or VllmBackend}, e.g. {"baseline": url, "speculative": url}.
     prompts: texts (chat) or token-id lists; request i of a batch in repeat r gets
-    prompts[(r * B + i) % len]. max_num_seqs of the server must allow B at once.
+    prompts[(r * B + i) % len]. max_num_seqs of the server must allow B at once. ignore_eos: every request
+    decodes max_new_tokens (engine/tools/what_if.py's production-shaped requests).
     Returns {"batch_sizes", "modes": {name: {"url", "speculative", "k", "tok_per_s",
     "tok_per_s_min", "tok_per_s_max", "latency_s" (median per-request latency),
     "latency_min_s", "latency_max_s", "acceptance_rate"}}, "speedup" (speculative ÷
@@ -110,6 +112,8 @@ def measure_batches(
     backends = {name: _backend(server) for name, server in servers.items()}
     infos = {name: b.info() for name, b in backends.items()}
     kw = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "chat": chat, "seed": 0}
+    if ignore_eos:  # every request decodes its full length (a what-if's production-shaped requests)
+        kw["ignore_eos"] = True
     for b in backends.values():  # warm-up: first requests allocate and may compile
         b.complete(prompts[0], **{**kw, "max_new_tokens": 4})
     runs = _interleaved_batches(backends, prompts, sizes, kw, int(repeats), progress)
