@@ -200,6 +200,11 @@ def _add_analyze(sub) -> None:
     )
     an.add_argument("--model", default=None, help="only this model_name's counters")
     an.add_argument(
+        "--drafter",
+        default="ngram",
+        help="the method the server drafts with (its counters do not say), for the ticket's launch line (default ngram)",
+    )
+    an.add_argument(
         "--what-if",
         action="store_true",
         help="measure what the window's acceptance by position (or --tau) buys by batch size: the same model served "
@@ -372,7 +377,7 @@ def _generate(args, engine, backend=None) -> int:
 def _analyze(args) -> int:
     import os
 
-    from engine.tools.analyze import AnalyzeError, analyze, load_recording, record
+    from engine.tools.analyze import AnalyzeError, analyze, load_recording, record, ticket
     from engine.tools.pass_costs import parse_pass_costs, probe_pass_costs
 
     try:
@@ -398,6 +403,8 @@ def _analyze(args) -> int:
         result = analyze(window["before"], window["after"], window.get("interval_s"), costs, args.model)
         if args.what_if or args.tau is not None:
             result["what_if"] = _what_if(args, window, result)
+        if not result.get("gauges_only"):
+            result["ticket"] = ticket(result, args.drafter, result.get("what_if"))
     except AnalyzeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         for name, line in (getattr(exc, "lines", None) or {}).items():
@@ -454,6 +461,7 @@ def _analyze(args) -> int:
     print(f"recommendation: {result['recommendation']}")
     if result.get("what_if"):
         _print_what_if(result["what_if"])
+    print(f"for a ticket: {result['ticket']}")
     return 0
 
 

@@ -343,3 +343,33 @@ def test_the_cli_what_if_says_what_is_wrong(tmp_path):
     ):
         out = subprocess.run(run + extra, capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert out.returncode == 2 and words in out.stderr, (extra, out.stderr[-800:])
+
+
+def test_the_ticket_sentence_names_k_per_load_band_the_gain_and_the_line_that_turns_it_on():
+    """#41 item 5: one sentence to paste into a ticket (engine.tools.analyze.ticket), from the recorded windows of
+    the real vLLM server: the K per band of batch sizes as the analyzer weighed them, the expected gain labelled
+    as modelled, and launch-command's line for the server's engine and the model its counters name."""
+    from engine.tools.analyze import ticket
+    from engine.tools.launch import launch_command
+
+    for workload in ("chat", "code-edit"):
+        saved = json.loads((ROOT / "assets" / "scrapes" / f"vllm-ngram-{workload}.json").read_text())
+        result = analyze(saved["before"], saved["after"], saved["interval_s"], saved["pass_costs"])
+        assert result["model_name"] == "SmolLM2-135M-Instruct"
+        sentence = ticket(result)
+        best = result["best_k_by_batch"]
+        low = min(best)
+        for b, k in best.items():
+            assert (f"K = {k} at B = " in sentence) if k else (f"B = {b}" in sentence)
+        assert f"{result['speedup_by_batch'][low][best[low]]:.2f}× expected at batch {low} (modelled" in sentence
+        line = launch_command("vllm", "ngram", k=best[low], target="SmolLM2-135M-Instruct")["command"]
+        assert sentence.endswith(f"serve with: {line}") and "\n" not in sentence
+    off = analyze(_scrape(0, 0, 0, [0, 0]), _scrape(50, 200, 20, [15, 5]), 30, _costs({1: 20, 4: 30}, {1: 60, 4: 90}))
+    assert ticket(off).startswith("Turn speculation off on this vllm server") and "--speculative-config" not in ticket(
+        off
+    )
+    measured = {"speedup": [1.31], "speedup_bounds": [(1.2, 1.4)], "batch_sizes": [1], "rates": [0.9, 0.8]}
+    assert "measured by a what-if at K = 2: 1.31× (1.20–1.40 over its repeats) at batch 1" in ticket(
+        json.loads(json.dumps(result)) | {"best_k_by_batch": best, "speedup_by_batch": result["speedup_by_batch"]},
+        what_if=measured,
+    )

@@ -28,6 +28,8 @@ def test_a_recorded_window_shows_rate_and_length_side_by_side_and_a_recommendati
     assert heat.type == "heatmap" and len(heat.y) == 8
     assert [int(b) for b in heat.x] == sorted(int(b) for b in window["pass_costs"]["decode_ms"])
     assert "expected, not measured" in speedup.layout.title.subtitle.text
+    # the same advice as one sentence for a ticket, with the line that turns it on for the model the counters name
+    assert "**For a ticket**" in status and "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct" in status
 
 
 def test_typed_costs_replace_the_probed_ones_and_bad_ones_get_a_message():

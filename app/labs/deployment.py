@@ -15,7 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.tools.analyze import AnalyzeError, analyze, load_recording, record
+from engine.tools.analyze import AnalyzeError, analyze, load_recording, record, ticket
 from engine.tools.pass_costs import parse_pass_costs, probe_pass_costs
 from visuals.deployment import acceptance_window_figure, expected_speedup_figure
 
@@ -141,6 +141,12 @@ def _summary(window: dict, result: dict) -> str:
                 )
         lines.insert(-1, passes + ".")
         lines.insert(-1, "")
+    if result.get("best_k_by_batch"):
+        # The same advice as one sentence with the line that turns it on (engine.tools.analyze.ticket; the server's
+        # counters do not name its method: n-gram assumed, as the recorded windows ran, and said).
+        lines.append(
+            f"\n**For a ticket** (method assumed: n-gram; `analyze --drafter` names another):\n\n> {ticket(result)}"
+        )
     if window.get("cpu"):
         lines.append(f"\nRecorded on {window['cpu']}, {window.get('recorded', '')}.")
     return "\n".join(lines)

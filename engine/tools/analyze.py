@@ -40,7 +40,16 @@ import urllib.request
 
 from engine.metrics import expected_tokens_per_pass, modelled_speedup
 
-__all__ = ["AnalyzeError", "GAUGE_LIMITS", "analyze", "gauge_reading", "parse_prometheus", "scrape", "snapshot"]
+__all__ = [
+    "AnalyzeError",
+    "GAUGE_LIMITS",
+    "analyze",
+    "gauge_reading",
+    "parse_prometheus",
+    "scrape",
+    "snapshot",
+    "ticket",
+]
 
 MAX_LINE = 4096
 MIN_DRAFTS = 20  # fewer drafts in the window say too little about acceptance
@@ -336,6 +345,75 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
     }
 
 
+ENGINE_OF = {"vllm": "vllm", "llamacpp": "llama.cpp"}  # a scrape's prefix → engine/tools/launch.py's engine
+
+
+def _bands(best: dict) -> str:
+    """'K = 4 at B = 1–2, K = 2 at B = 4–8, off from B = 16': runs of batch sizes with the same best K; a batch
+    without gain between batches with gain is named as the probe's noise (as the recommendation does)."""
+    batches = sorted(best)
+    runs: list[list[int]] = []
+    for b in batches:
+        if runs and best[runs[-1][-1]] == best[b]:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    parts = []
+    for i, run in enumerate(runs):
+        span = f"B = {run[0]}" if len(run) == 1 else f"B = {run[0]}–{run[-1]}"
+        if best[run[0]]:
+            parts.append(f"K = {best[run[0]]} at {span}")
+        elif any(best[b] for r in runs[i + 1 :] for b in r):
+            parts.append(f"no clear gain at {span} (the probe's noise: probe again there)")
+        else:
+            parts.append(f"off from B = {run[0]}")
+    return ", ".join(parts)
+
+
+def ticket(result: dict, drafter: str = "ngram", what_if: dict | None = None) -> str:
+    """The recommendation as one sentence an engineer can paste into a ticket: the K (or off) per load band, the
+    gain (expected, or measured by a what-if, with its spread: each labelled), and the line that turns it on
+    (engine/tools/launch.py, for the server's engine and the model its counters name). `drafter` is the method
+    the server runs (its counters do not say)."""
+    from engine.tools.launch import launch_command
+
+    best = result.get("best_k_by_batch")
+    if not best:
+        return result["recommendation"]
+    low = min(best)
+    model = result.get("model_name") or "MODEL"
+    engine = ENGINE_OF.get(result["server"])
+    k_low = best[low] or max(result["speedup_by_batch"][low], key=result["speedup_by_batch"][low].__getitem__)
+    line = None
+    if engine:
+        made = launch_command(engine, drafter if best[low] else "none", k=int(k_low), target=model)
+        line = made["command"] or f"({made['notes'][0]})"
+    if not any(best.values()):
+        head = (
+            f"Turn speculation off on this {result['server']} server: no K is expected to gain {MIN_GAIN:.0%} at any "
+            f"load probed (best at batch {low}: K = {k_low}, {result['speedup_by_batch'][low][k_low]:.2f}× expected)"
+        )
+    else:
+        head = (
+            f"Run {_bands(best)} (B: concurrent requests) on this {result['server']} server: "
+            f"{result['speedup_by_batch'][low][best[low]]:.2f}× expected at batch {low} (modelled from this window's "
+            "acceptance and the probed pass costs)"
+        )
+    if what_if and what_if.get("speedup"):
+        i = 0
+        lo, hi = what_if["speedup_bounds"][i]
+        spread = f" ({lo:.2f}–{hi:.2f} over its repeats)" if lo is not None and hi is not None else ""
+        head += (
+            f"; measured by a what-if at K = {len(what_if['rates'])}: {what_if['speedup'][i]:.2f}×{spread} at batch "
+            f"{what_if['batch_sizes'][i]}"
+        )
+    if line:
+        head += f"; {'serve with' if best[low] else 'serve without speculation'}: {line}"
+    elif result["server"] == "speclens":
+        head += f"; SpecLens: python -m engine generate --drafter {drafter} --k {k_low}"
+    return head
+
+
 GAUGES = {"mean_acceptance_length": "sglang:spec_accept_length", "acceptance_rate": "sglang:spec_accept_rate"}
 GAUGE_LIMITS = (
     "SGLang exports gauges, not counters: each is SGLang's recent average when scraped, so no window of traffic "
@@ -404,8 +482,14 @@ def analyze(
     by_position = [per_pos[i] / delta["drafts"] for i in positions if i >= 0]
     alpha = _fit_alpha(by_position)
     k_now = len(by_position) or None
+    names = {
+        labels.get("model_name")
+        for name, labels, _ in parse_prometheus(after)
+        if name.startswith(f"{b['prefix']}:spec_decode") and labels.get("model_name")
+    }
     result = {
         "server": a["prefix"],
+        "model_name": model or (names.pop() if len(names) == 1 else None),
         "interval_s": interval_s,
         "drafts": delta["drafts"],
         "draft_tokens": delta["draft_tokens"],
