@@ -177,7 +177,26 @@ def _add_launch_command(sub) -> None:
 
 def _add_analyze(sub) -> None:
     an = sub.add_parser("analyze", help="does speculation pay on your server? two scrapes of its /metrics")
-    an.add_argument("source", help="a server's URL (vLLM, llama.cpp or SpecLens) or a file saved with --save")
+    an.add_argument(
+        "source",
+        nargs="?",
+        default=None,
+        help="a server's URL (vLLM, llama.cpp or SpecLens) or a file saved with --save (optional with --requests)",
+    )
+    an.add_argument(
+        "--requests",
+        default=None,
+        metavar="FILE.jsonl",
+        help="responses with per-request speculative metrics (vLLM --per-request-spec-decode-metrics), one per line: "
+        "which requests speculation pays for",
+    )
+    an.add_argument(
+        "--break-even",
+        type=float,
+        default=None,
+        metavar="TAU",
+        help="the τ a request needs to pay (a speculative pass's cost ÷ a plain one's); default: from the pass costs",
+    )
     an.add_argument("--interval", type=float, default=60.0, help="seconds between the two scrapes (default 60)")
     an.add_argument(
         "--pass-ms",
@@ -381,6 +400,19 @@ def _analyze(args) -> int:
     from engine.tools.pass_costs import parse_pass_costs, probe_pass_costs
 
     try:
+        requests = None
+        if args.requests:
+            from engine.tools.per_request import read_requests
+
+            try:
+                with open(args.requests, encoding="utf-8") as fh:
+                    requests = read_requests(fh.read(20_000_001)[:20_000_000])
+            except OSError as exc:
+                raise AnalyzeError(f"cannot read {args.requests}: {exc.strerror or exc}") from None
+        if args.source is None:
+            if requests is None:
+                raise AnalyzeError("give a server's URL, a saved window, or --requests FILE.jsonl")
+            return _print_requests(requests, args.break_even, None, args.json)
         if os.path.isfile(args.source):
             window = load_recording(args.source)
         else:
@@ -405,6 +437,10 @@ def _analyze(args) -> int:
             result["what_if"] = _what_if(args, window, result)
         if not result.get("gauges_only"):
             result["ticket"] = ticket(result, args.drafter, result.get("what_if"))
+        if requests is not None:
+            from engine.tools.per_request import request_distribution
+
+            result["per_request"] = request_distribution(requests, args.break_even or _break_even(result))
     except AnalyzeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         for name, line in (getattr(exc, "lines", None) or {}).items():
@@ -417,8 +453,9 @@ def _analyze(args) -> int:
         print(f"recommendation: {result['recommendation']}")
         return 0
     print(
-        f"{result['server']}: {result['drafts']:.0f} drafts in the window ({result['requests']:.0f} requests, "
-        f"{result['tokens']:.0f} tokens)\n"
+        f"{result['server']}: {result['drafts']:.0f} drafts in the window ("
+        + (f"{result['requests']:.0f} requests, " if result["requests"] else "requests not counted by this server, ")
+        + f"{result['tokens']:.0f} tokens)\n"
         f"draft acceptance rate {result['acceptance_rate']:.3f} beside mean acceptance length "
         f"{result['mean_acceptance_length']:.2f} tokens per drafting pass"
     )
@@ -462,7 +499,57 @@ def _analyze(args) -> int:
     if result.get("what_if"):
         _print_what_if(result["what_if"])
     print(f"for a ticket: {result['ticket']}")
+    if result.get("per_request"):
+        _print_distribution(result["per_request"])
     return 0
+
+
+def _break_even(result: dict) -> float | None:
+    """τ at which a request pays at batch 1 with every pass drafting at the server's K: its speculative pass's
+    cost ÷ the reference pass's (the analyzer's fitted pass costs); None without pass costs."""
+    costs = result.get("pass_costs")
+    if not costs or 1 not in costs.get("plain_ms", {}):
+        return None
+    k = result.get("k") or costs["k"]
+    return max(1.0, (costs["plain_ms"][1] + k * costs["token_ms"][1]) / costs["reference_ms"][1])
+
+
+def _print_requests(requests: list, break_even: float | None, result: dict | None, as_json: bool) -> int:
+    from engine.tools.per_request import request_distribution
+
+    dist = request_distribution(requests, break_even)
+    if as_json:
+        print(json.dumps({"per_request": dist}))
+    else:
+        _print_distribution(dist)
+    return 0
+
+
+def _print_distribution(dist: dict) -> None:
+    q = dist["tau_quantiles"]
+    print(
+        f"per request ({dist['requests']} requests, {' and '.join(dist['schemas'])} histograms): mean acceptance "
+        f"length τ min {q['min']:.2f}, p10 {q['p10']:.2f}, median {q['median']:.2f}, p90 {q['p90']:.2f}, max "
+        f"{q['max']:.2f}; mean over requests {dist['tau_request_mean']:.2f} beside {dist['tau_step_mean']:.2f} over "
+        "verify steps (what /metrics gives: requests with more steps weigh more)"
+    )
+    total = sum(dist["histogram"]) or 1
+    print(
+        "  verify steps by drafts accepted: "
+        + ", ".join(f"{j}: {n / total:.0%}" for j, n in enumerate(dist["histogram"]))
+    )
+    for label, row in dist["by_label"].items():
+        print(
+            f"  {label}: {row['requests']} request{'s' if row['requests'] != 1 else ''}, median τ {row['tau_median']:.2f}"
+        )
+    if dist["break_even"] is not None:
+        print(
+            f"  with a break-even τ of {dist['break_even']:.2f} (a speculative pass's cost ÷ a plain one's): "
+            f"{dist['paying']} of {dist['requests']} requests pay, {dist['not_paying']} "
+            + ("does not" if dist["not_paying"] == 1 else "do not")
+        )
+    else:
+        print("  which requests pay needs a break-even τ: give --break-even, or pass costs (--probe, --pass-ms)")
 
 
 def _what_if(args, window: dict, result: dict) -> dict:

@@ -373,3 +373,110 @@ def test_the_ticket_sentence_names_k_per_load_band_the_gain_and_the_line_that_tu
         json.loads(json.dumps(result)) | {"best_k_by_batch": best, "speedup_by_batch": result["speedup_by_batch"]},
         what_if=measured,
     )
+
+
+# ------------------------------------------------------------------------------------------ per request
+
+
+def test_per_request_metrics_read_as_a_distribution_in_both_schemas():
+    """#41 item 3 (engine/tools/per_request.py): real responses of the real vLLM CPU server (dense histograms,
+    scripts/record_per_request.py) and the earlier sparse variant (a format example, labelled) read alike; each
+    request's τ comes from its own histogram and matches what vLLM reported; the spread says which requests pay."""
+    from engine.tools.per_request import read_requests, request_distribution
+
+    real = (ROOT / "assets" / "scrapes" / "vllm-ngram-requests.jsonl").read_text()
+    readings = read_requests(real)
+    assert len(readings) >= 10 and {r["schema"] for r in readings} == {"dense"}
+    for line, reading in zip([json.loads(x) for x in real.splitlines() if x.strip()], readings):
+        spec = line["metrics"]["speculative_decoding"]
+        assert (
+            reading["tau"] == pytest.approx(spec["mean_acceptance_length"])
+            and reading["steps"] == spec["num_spec_steps"]
+        )
+        assert reading["accepted"] == spec["num_accepted_draft_tokens"]
+    dist = request_distribution(readings, break_even=2.0)
+    taus = sorted(r["tau"] for r in readings)
+    assert dist["tau_quantiles"]["min"] == taus[0] and dist["tau_quantiles"]["max"] == taus[-1]
+    assert dist["paying"] == sum(t > 2.0 for t in taus) and dist["paying"] + dist["not_paying"] == len(taus)
+    steps = sum(r["steps"] for r in readings)
+    assert dist["tau_step_mean"] == pytest.approx(1 + sum(r["accepted"] for r in readings) / steps)
+    assert sum(dist["histogram"]) == steps
+    # copying workloads keep more per pass than chat: which requests pay shows by workload
+    assert dist["by_label"]["code-edit"]["tau_median"] > dist["by_label"]["chat"]["tau_median"]
+    sparse = read_requests((ROOT / "assets" / "scrapes" / "vllm-per-request-sparse-format-example.jsonl").read_text())
+    assert {r["schema"] for r in sparse} == {"sparse"} and len(sparse) == 6  # the note line has no metrics
+    dense_again = [{"acceptance_histogram": r["histogram"], "num_spec_steps": r["steps"]} for r in sparse]
+    assert [r["tau"] for r in read_requests("\n".join(map(json.dumps, dense_again)))] == [r["tau"] for r in sparse]
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("not json", "line 1 is not JSON"),
+        ('{"choices": []}', "none of the 1 records"),
+        ('{"acceptance_histogram": [3, -1]}', "whole counts"),
+        ('{"acceptance_histogram": {"x": 2}}', "keys are draft counts"),
+        ('{"acceptance_histogram": [3, 1], "mean_acceptance_length": 2.0}', "disagrees with its histogram"),
+        ('{"acceptance_histogram": [3, 1], "num_spec_steps": 5}', "is not its histogram's 4 steps"),
+        ('{"data": {"metrics": {"speculative_decoding": {"num_spec_steps": 2}}}}', "no acceptance_histogram"),
+    ],
+)
+def test_bad_per_request_records_get_clear_messages(text, words):
+    from engine.tools.per_request import read_requests
+
+    with pytest.raises(AnalyzeError, match=re.escape(words)):
+        read_requests("\n" + text + "\n" if "line 1" not in words else text)
+
+
+def test_the_cli_reads_per_request_records_with_and_without_a_window(tmp_path):
+    requests = ROOT / "assets" / "scrapes" / "vllm-ngram-requests.jsonl"
+    alone = subprocess.run(
+        [sys.executable, "-m", "engine", "analyze", "--requests", str(requests), "--break-even", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert alone.returncode == 0, alone.stderr
+    assert "per request (" in alone.stdout and "dense histograms" in alone.stdout and "requests pay" in alone.stdout
+    window = ROOT / "assets" / "scrapes" / "vllm-ngram-code-edit.json"
+    both = subprocess.run(
+        [sys.executable, "-m", "engine", "analyze", str(window), "--requests", str(requests), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    result = json.loads(both.stdout)
+    assert result["per_request"]["break_even"] >= 1.0  # from the window's pass costs
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"acceptance_histogram": [1, 2]}\n[1\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "engine", "analyze", "--requests", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2 and "line 2 is not JSON" in out.stderr
+    none = subprocess.run(
+        [sys.executable, "-m", "engine", "analyze"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert none.returncode == 2 and "--requests" in none.stderr
+
+
+def test_a_llamacpp_window_reads_as_vllms_schema():
+    """#41 item 3: llama.cpp's counters (llamacpp:spec_decode_*, per position included; a format example written
+    from its documented names, labelled) read like vLLM's; its tokens are its tokens_predicted, its requests are
+    not counted, and the ticket's line is llama-server's."""
+    saved = json.loads((ROOT / "assets" / "scrapes" / "llamacpp-format-example.json").read_text())
+    assert "not measured" in saved["note"]
+    from engine.tools.analyze import ticket
+
+    result = analyze(saved["before"], saved["after"], 60, _costs({1: 20, 4: 30}, {1: 26, 4: 45}, k=8))
+    assert result["server"] == "llamacpp" and result["k"] == 8 and result["requests"] == 0
+    assert result["tokens"] == 11540 - 9900 and result["drafts"] == 240
+    assert result["acceptance_by_position"][0] == pytest.approx((1080 - 900) / 240)
+    assert "llama-server -m MODEL.gguf --spec-type ngram-simple" in ticket(result) and "typed pass costs" in ticket(
+        result
+    )

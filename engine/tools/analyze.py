@@ -136,6 +136,8 @@ def snapshot(text: str, model: str | None = None, require_speculation: bool = Tr
 
     requests = sum(v for n, _, v in samples if n in (f"{prefix}:request_success_total", f"{prefix}:request_success"))
     tokens = sum(v for n, _, v in samples if n in (f"{prefix}:generation_tokens_total", f"{prefix}:generation_tokens"))
+    if not tokens:  # llama.cpp: the tokens it predicted
+        tokens = sum(v for n, _, v in samples if n == f"{prefix}:tokens_predicted_total")
     if not tokens:  # ours: the tokens the runs emitted
         tokens = total("spec_decode_num_emitted_tokens")
     # vLLM: the seconds each request spent decoding, summed over requests (a histogram's _sum)
@@ -397,7 +399,7 @@ def ticket(result: dict, drafter: str = "ngram", what_if: dict | None = None) ->
         head = (
             f"Run {_bands(best)} (B: concurrent requests) on this {result['server']} server: "
             f"{result['speedup_by_batch'][low][best[low]]:.2f}× expected at batch {low} (modelled from this window's "
-            "acceptance and the probed pass costs)"
+            f"acceptance and the {'typed' if result['pass_costs'].get('source') == 'typed' else 'probed'} pass costs)"
         )
     if what_if and what_if.get("speedup"):
         i = 0
