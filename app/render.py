@@ -129,7 +129,8 @@ def token_html(trace: list[dict], running: bool = False, empty_message: str | No
     parts = ['<div class="sl-text' + (" sl-baseline" if baseline else "") + '">']
     if not steps:
         message = empty_message or ("Waiting for the first target pass…" if running else "No tokens yet.")
-        parts.append(f'<span class="sl-muted">{html.escape(message)}</span>')
+        loaded = " sl-loaded" if empty_message and not running else ""  # the page greys the last run's results
+        parts.append(f'<span class="sl-muted{loaded}">{html.escape(message)}</span>')
     eos = set(start.get("eos_ids") or [])
     parts.extend(_pass_html(step, baseline, eos) for step in steps)
     if running:
@@ -268,6 +269,12 @@ def _card_numbers(s: dict) -> list[str]:
             f"tried) beside a **mean acceptance length of {s.get('mean_acceptance_length', 1.0):.2f}** tokens per "
             f"drafting pass (1 + accepted ÷ drafting passes: a rate can fall while the length stays); "
             f"α = accepted ÷ depths tried = **{_alpha_text(s)}**"
+            + (
+                f"; {plural(s['dropped_at_end'], 'token', 'tokens')} past the run's end (EOS or the token limit) "
+                "counted as accepted but not output, so the length exceeds tokens per pass"
+                if s.get("dropped_at_end")
+                else ""
+            )
         )
         if s["finished"]:
             lines.append(theory_line(s))

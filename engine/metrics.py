@@ -325,6 +325,10 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
         # vLLM's mean acceptance length: tokens per pass that drafted (its accepted drafts + the bonus or
         # resampled token). Read beside acceptance_rate: a rate can fall while the length stays.
         "mean_acceptance_length": 1.0 + accepted / len(drafted_depths) if drafted_depths else 1.0,
+        # Tokens the passes produced past the run's end (an end-of-sequence token, or max_new_tokens, met inside
+        # a pass's accepted path): counted in the acceptance, not in the output, so the mean acceptance length
+        # can exceed tokens per pass even when every pass drafted.
+        "dropped_at_end": max(0, accepted + passes - tokens) if passes else 0,
         "theoretical_tokens_per_pass": sum(theory_each) / passes if drafted else 1.0,
         "passes_drafted": len(drafted_depths),
         "mean_drafted_depth": sum(drafted_depths) / len(drafted_depths) if drafted_depths else 0.0,

@@ -58,11 +58,18 @@ def test_calculator_uses_the_last_playground_run_but_not_a_recorded_one():
     alpha, k, c, fig2, note2, seen = explain.explain_refresh(mine, "", 0.5, 2, 0.0)
     assert seen == "mine" and 1 <= k <= 12 and 0 <= alpha <= 0.99
     assert all(_is_skip(v) for v in explain.explain_refresh(mine, "mine", 0.5, 2, 0.0))
-    k, alpha, draft_ms, note, seen, source = batch.batch_refresh(mine, "", 4, 0.7, 0)
+    chain = [dict(e) for e in load_recorded("code-edit-ngram-greedy.json")]  # the Batch lab takes a chain's numbers
+    chain[0] = {**chain[0], "started_at": 1.0, "run_id": "mine"}
+    k, alpha, draft_ms, note, seen, source = batch.batch_refresh(chain, "", 4, 0.7, 0)
     assert seen == "mine" and draft_ms >= 0 and "last Playground run" in note
     assert source.startswith("your Playground run (") and f"K = {k}" in source
-    again = batch.batch_refresh(mine, "mine", 4, 0.7, 0, source)  # the same run: nothing changes
+    again = batch.batch_refresh(chain, "mine", 4, 0.7, 0, source)  # the same run: nothing changes
     assert again[4] == "mine" and all(_is_skip(v) for i, v in enumerate(again) if i != 4)
+    # a tree run (the Workshop's step 7 before step 10): a chain model takes neither its α nor its time per depth
+    tree = [dict(e) for e in mine]
+    tree[0] = {**tree[0], "run_id": "tree"}
+    k, alpha, draft_ms, note, seen, source = batch.batch_refresh(tree, "mine", 6, 0.9, 40.0, source)
+    assert (k, alpha, draft_ms, seen, source) == (4, 0.7, 0, "tree", batch.TREE_SOURCE) and "drafted a tree" in note
 
 
 def test_calculator_bad_input_warns_and_changes_nothing():

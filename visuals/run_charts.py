@@ -495,6 +495,9 @@ def accepted_per_pass_figure(trace) -> go.Figure:
         f"mean acceptance length {s['mean_acceptance_length']:.2f} (tokens per drafting pass, "
         f"{s['passes_drafted']} of {s['target_passes']}; over every pass {s['tokens_per_pass']:.2f})"
     )
+    if s.get("dropped_at_end"):
+        n = s["dropped_at_end"]
+        subtitle += f"<br>{n} token{'' if n == 1 else 's'} past the run's end (EOS or the token limit) counted as accepted, not output"
     fig.update_xaxes(title_text="drafts kept in the pass", tickmode="array", tickvals=kept)
     fig.update_yaxes(title_text="drafting passes", range=[0, max(counts) * 1.18])  # room for the top bar's label
     apply_layout(fig, f"{ACCEPTED_PER_PASS_TITLE} Accepted drafts per pass", subtitle, height=HISTOGRAM_HEIGHT)

@@ -320,7 +320,7 @@ def _tree_titles(view: Pass) -> tuple[str, str]:
         acc = int(step.get("accepted_len") or 0)
         drafted = int(step.get("drafted") or len(view.nodes))
         n_out = len(step.get("emitted") or [])
-        title = f"Draft tree, pass {view.number}: {acc} of {drafted} drafted tokens accepted → {n_out} tokens out"
+        title = f"Draft tree, pass {view.number}: {acc} of {drafted} drafted tokens accepted → {n_out} token{'' if n_out == 1 else 's'} out"
         shape = "chain" if _is_chain(view.nodes) else "tree"
         subtitle = (
             f"{mode_words(start)}, {shape} · left to right = position after the context · "

@@ -43,6 +43,10 @@ START = {"k": 4, "alpha": 0.7, "draft_ms": 0, "repeats": 5}  # what the tab show
 # Where K, α and the draft time come from, named in every verdict (nothing borrowed changes a verdict silently).
 START_SOURCE = "the tab's starting values (α = 0.7, free drafting): no Playground run taken yet"
 TYPED_SOURCE = "set by you in this tab"
+TREE_SOURCE = (
+    "the tab's starting values (α = 0.7, free drafting): your last Playground run drafted a tree, which this lab's "
+    "chain model does not take"
+)
 BATCH_HEADERS = [
     "batch B",
     "pass, 1 token per row (ms, measured: median [min–max])",
@@ -72,6 +76,19 @@ def batch_refresh(trace, seen: str, k, alpha, draft_ms, source: str = START_SOUR
     if summary is None or summary["run_id"] == seen:
         note = f"{note} Until then α and the draft time are whatever you set here."
         return gr.skip(), gr.skip(), gr.skip(), note if summary is None else gr.skip(), seen, gr.skip()
+    if summary.get("tree_topk", 1) > 1:
+        # This lab models a chain of K drafts: a tree's α (per depth, any sibling) and its draft time per depth
+        # (a level of several candidates) are not a chain's, and taken as one they rose with the batch size.
+        return (
+            START["k"],
+            START["alpha"],
+            START["draft_ms"],
+            f"Your last Playground run drafted a tree (top-k {summary['tree_topk']}, run {_clock(summary)}): this lab "
+            "models a chain of K drafts, so it does not take a tree's α and draft time. It uses its starting values; "
+            "run a chain (tree top-k 1) to take yours.",
+            summary["run_id"],
+            TREE_SOURCE,
+        )
     k = int(min(MAX_K, max(1, summary["k"])))
     alpha = round(min(MAX_ALPHA, max(0.0, summary["position_acceptance"])), 2)
     per_token = draft_ms_per_position(summary)
@@ -80,9 +97,7 @@ def batch_refresh(trace, seen: str, k, alpha, draft_ms, source: str = START_SOUR
         k,
         alpha,
         round(per_token, 2),
-        f"K, α and the draft time are set from it. {note} Drafting took {per_token:.2f} ms per draft token "
-        "(measured)."
-        + (" This lab models a chain of K drafts; your run drafted a tree." if summary.get("tree_topk", 1) > 1 else ""),
+        f"K, α and the draft time are set from it. {note} Drafting took {per_token:.2f} ms per draft token (measured).",
         summary["run_id"],
         taken,
     )

@@ -69,7 +69,10 @@ different from p). The exact rows' distance is not zero: N samples of p itself a
 dashed line in the chart is that noise floor, simulated from p.
 
 * **Exact rule**: keep a draft with min(1, p/q), else draw from norm(max(0, p − q)). **Block verification**
-  (vLLM's `block`): a chain's whole prefix by a joint ratio; exact too, never fewer tokens on average.
+  (vLLM's `block`): a chain's whole prefix by a joint ratio; exact too, and never fewer tokens *in expectation*
+  (a few hundred samples can still show it a little below the exact rule: sampling noise, like the distances).
+  A noise floor is a 95% line: one exact run in twenty lands above it, which is why the verdict is the chi-square
+  test's, not the line's.
 * **q dropped**: keep with min(1, p): the drafter's q left out of the ratio.
 * **Drafter's temperature dropped**: drafts drawn at your temperature, tested with the drafter's q at T = 1.
 * **Static ensemble (w)**: keep with min(1, 1 − w + w·p/q); its output is w·p + (1 − w)·q, not p

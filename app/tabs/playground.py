@@ -428,7 +428,11 @@ def loaded_outputs(name: str) -> dict:
     """What Load leaves in the text and its stats line: not the last run's (other settings, another prompt),
     but where the new one will appear and that Run starts it."""
     return {
-        "text": render.token_html([], empty_message=f"Loaded “{name}”: press ▶ Run to generate it on this machine."),
+        "text": render.token_html(
+            [],
+            empty_message=f"Loaded “{name}”: press ▶ Run to generate it on this machine. The summary and charts "
+            "below are the previous run's (greyed) until then.",
+        ),
         "stats": "",
     }
 

@@ -143,7 +143,7 @@ STEPS = [
         "E ÷ (K·c + 1) at best, and a large draft cost c eats E. The Explain tab's calculator shows the same.",
     },
     {
-        "title": "9. A cheaper model drafter pays on open chat",
+        "title": "9. Can a cheaper model drafter pay on open chat?",
         "tab": "race",
         "example": "model-drafter",
         "do": "This loads the example *Explain a fridge: q4 self-drafts guess new text that n-gram cannot* into the "
@@ -159,11 +159,14 @@ STEPS = [
     {
         "title": "10. Batch size, and greedy parity",
         "tab": "batch",
-        "do": "Press **▶ Measure**, then open the **Parity lab** and press its button too.",
+        "do": "Press **▶ Measure**, then open the **Parity lab** and press its button too. The Batch lab models "
+        "a chain of K drafts: after step 7's tree it uses its starting values (K = 4, α = 0.7, free drafting), and "
+        "its verdict says where they came from.",
         "question": "At which batch size does speculation stop paying on this machine? Are greedy outputs with "
         "and without speculation identical?",
-        "answer": "The Batch lab's title gives the batch size (a pass over K + 1 tokens per row stops being almost "
-        "free once many rows share it). The Parity lab shows identical greedy outputs; where they differ, it "
+        "answer": "The Batch lab's title gives the batch size from which speculation stops paying (a pass over "
+        "K + 1 tokens per row stops being almost free once many rows share it), or says that it pays at every batch "
+        "size measured, or that the repeats' spread allows no verdict at some (on a busy machine). The Parity lab shows identical greedy outputs; where they differ, it "
         "names a numerical near-tie between the two best tokens, not a bug.",
     },
 ]
