@@ -491,6 +491,16 @@ LAYOUT_CHECKS = r"""
         problems.push(`a plot title wraps in under half its room: "${gtitle.textContent.slice(0, 60)}"`);
       }
     }
+    // A figure wider than its box scrolls sideways inside it (p vs q on a phone): never cut by a box that hides
+    // what overflows (gradio's own blocks set overflow hidden).
+    for (let el = plot.parentElement; el && el !== document.body; el = el.parentElement) {
+      const style = getComputedStyle(el);
+      if (style.overflowX === 'auto' || style.overflowX === 'scroll') break;
+      if ((style.overflowX === 'hidden' || style.overflowX === 'clip') && box.right > el.getBoundingClientRect().right + 2) {
+        problems.push(`a figure is cut at the right by a box that hides overflow: #${plot.closest('[id]')?.id}`);
+        break;
+      }
+    }
     // The plotly mode bar (shown on hover) never covers the title.
     const bar = plot.querySelector('.modebar');
     const title = plot.querySelector('.gtitle');
