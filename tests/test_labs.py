@@ -156,6 +156,15 @@ def test_bad_lab_input_fails_fast_with_a_clear_error(call, message):
 
 
 # ------------------------------------------------------------------------------ the real model
+def _column(name: str) -> int:
+    from app.labs.lossless import LOSSLESS_HEADERS
+
+    return LOSSLESS_HEADERS.index(name)
+
+
+P_VALUE, VERDICT = _column("p-value"), _column("verdict")
+
+
 def _final_table(outputs) -> dict:
     """The Lossless lab's last table, by sampler name (without the drafter tag)."""
     return {row[0].split(" [")[0]: row for row in [o[2] for o in outputs if not _is_skip(o[2])][-1]}
@@ -176,10 +185,10 @@ def test_lossless_lab_passes_the_exact_sampler_and_catches_the_broken_one():
     final_fig = [o[1] for o in outputs if not _is_skip(o[1])][-1]
     table = _final_table(outputs)
     exact, broken = table[lossless.SAMPLERS["exact"]], table[lossless.SAMPLERS["broken"]]
-    assert float(exact[4]) > 1e-3, table
-    assert float(broken[4]) < 1e-3, table
-    assert exact[6] == "consistent with p" and "the shortcut is lossy" in broken[6]
-    assert table[lossless.SAMPLERS["plain"]][6] == "not run"
+    assert float(exact[P_VALUE]) > 1e-3, table
+    assert float(broken[P_VALUE]) < 1e-3, table
+    assert exact[VERDICT] == "consistent with p" and "the shortcut is lossy" in broken[VERDICT]
+    assert table[lossless.SAMPLERS["plain"]][VERDICT] == "not run"
     bars = [t for t in final_fig.data if (t.meta or {}).get("role") in lossless.SAMPLERS]
     assert len(bars) == 2 and all(abs(sum(b.y) - 1.0) < 1e-9 for b in bars)
     assert "Done" in status and "Measured" in status
@@ -199,8 +208,8 @@ def test_lossless_lab_runs_block_verification_and_it_is_exact():
     (status, _, _), outputs = _last(run)
     table = _final_table(outputs)
     block = table[lossless.SAMPLERS["block"]]
-    assert float(block[4]) > 1e-3 and block[6] == "consistent with p", table
-    assert table[lossless.SAMPLERS["exact"]][6] == "not run" and "Done" in status
+    assert float(block[P_VALUE]) > 1e-3 and block[VERDICT] == "consistent with p", table
+    assert table[lossless.SAMPLERS["exact"]][VERDICT] == "not run" and "Done" in status
 
 
 @pytest.mark.slow
@@ -216,7 +225,7 @@ def test_lossless_lab_offers_the_eagle_head_and_it_is_exact():
     (status, _, _), outputs = _last(run)
     table = _final_table(outputs)
     exact = table[lossless.SAMPLERS["exact"]]
-    assert float(exact[4]) > 1e-3 and exact[6] == "consistent with p", table
+    assert float(exact[P_VALUE]) > 1e-3 and exact[VERDICT] == "consistent with p", table
     assert "Done" in status and "eagle" in status
 
 
@@ -239,7 +248,8 @@ def test_batch_lab_measures_pass_times_and_computes_throughput():
 
     (status, fig, rows, measured), _ = _last(batch.run_batch(3, 0.7, [2, 1], 0.5, 1))
     assert [row[0] for row in rows] == [1, 2]
-    assert all(float(row[1].split()[0]) > 0 and float(row[2].split()[0]) > 0 for row in rows)
+    assert rows[0][1].endswith("×")  # the speedup beside its batch size
+    assert all(float(row[2].split()[0]) > 0 and float(row[3].split()[0]) > 0 for row in rows)
     assert len(fig.data) >= 2 and all(len(t.y) == 2 for t in fig.data)
     assert "measured on this machine" in status and "computed" in status
     assert f"come from {batch.TYPED_SOURCE}" in status  # where α and the draft time came from, named
@@ -249,7 +259,7 @@ def test_batch_lab_measures_pass_times_and_computes_throughput():
     # Moving α recomputes at once from the same pass times (nothing is measured again).
     status2, fig2, rows2 = batch.recompute(measured, 3, 0.05, 0.5, "your Playground run (q4, K = 3, run 12:00:00)")
     assert "come from your Playground run (q4, K = 3, run 12:00:00)" in status2
-    assert [r[1] for r in rows2] == [r[1] for r in rows]  # the same measured pass times
+    assert [r[2] for r in rows2] == [r[2] for r in rows]  # the same measured pass times
     assert plain(fig2.layout.title.text).split(": ", 1)[1] in status2 and "α = 0.05" in status2
     assert "Measure" in batch.recompute(measured, 4, 0.7, 0.5)[0]  # a new K needs new pass times
 

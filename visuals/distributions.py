@@ -198,11 +198,13 @@ def _add_notes(fig: go.Figure, rows: list[_Row], greedy: bool, xmax: float) -> i
 
 
 def _pq_titles(view: Pass, node_id, has_q_top: bool) -> tuple[str, str]:
+    # The candidates' place as the tree's axis and the Step-through name it: position +1 right after the context,
+    # +(d + 1) after a token at depth d.
     if node_id == CONTEXT:
-        where = "right after the context"
+        where = "right after the context (position +1)"
     else:
         parent = next((n for n in view.nodes if n.get("id") == node_id), {})
-        where = f"after '{show_token(parent.get('text'))}' (depth {parent.get('depth')})"
+        where = f"after '{show_token(parent.get('text'))}' (position +{(parent.get('depth') or 0) + 1})"
     title = f"Target p vs drafter q, pass {view.number}, {where}"
     drafter = mode_words(view.start)  # the drafter that ran, named in every subtitle ("suffix drafter")
     if view.point_mass:

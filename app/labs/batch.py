@@ -47,13 +47,14 @@ TREE_SOURCE = (
     "the tab's starting values (α = 0.7, free drafting): your last Playground run drafted a tree, which this lab's "
     "chain model does not take"
 )
+# The speedup beside its batch size: on a phone the table scrolls sideways and shows its first columns.
 BATCH_HEADERS = [
     "batch B",
+    "speedup (computed)",
     "pass, 1 token per row (ms, measured: median [min–max])",
     "pass, K+1 tokens per row (ms, measured: median [min–max])",
     "without speculation (tok/s, computed)",
     "with speculation (tok/s, computed)",
-    "speedup (computed)",
 ]
 
 BATCH_TEXT = """
@@ -127,7 +128,7 @@ def _batch_table(result: dict) -> list[list]:
         result["throughput_speculative"],
         result["speedup"],
     ):
-        rows.append([b, _ms(t1, s1), _ms(tk, sk), f"{plain:.1f}", f"{spec:.1f}", f"{ratio:.2f}×"])
+        rows.append([b, f"{ratio:.2f}×", _ms(t1, s1), _ms(tk, sk), f"{plain:.1f}", f"{spec:.1f}"])
     return rows
 
 
@@ -379,7 +380,7 @@ def _results() -> dict:
     )
     plot = results_plot("Throughput vs batch size", "Press Measure to time real target passes", "bl-plot")
     widths = ["10%", "18%", "18%", "18%", "18%", "18%"]
-    table = results_table([["—"] * 5 + ["not run"]], BATCH_HEADERS, "Measured and computed", widths, "bl-table")
+    table = results_table([["—", "not run"] + ["—"] * 4], BATCH_HEADERS, "Measured and computed", widths, "bl-table")
     return {"status": status, "plot": plot, "table": table, "measured": gr.State(None)}
 
 

@@ -58,7 +58,8 @@ SAMPLERS = {
 }
 DEFAULT_SAMPLERS = ("plain", "exact", "broken")  # block verification is ticked by choice (N more passes)
 PLAIN_SHAPE = {"k": 1, "topk": 1}  # plain sampling drafts nothing: one target pass per sample
-LOSSLESS_HEADERS = ["sampler", "N", "chi-square", "df", "p-value", "TV distance", "verdict"]
+# The verdict beside the sampler it judges: on a phone the table scrolls sideways and shows its first columns.
+LOSSLESS_HEADERS = ["sampler", "verdict", "p-value", "TV distance", "N", "chi-square", "df"]
 MIN_SAMPLES = 10  # fewer samples than this test nothing
 # Ranges the lab accepts. Temperature 0 would be greedy (nothing to sample); top-k keeps p to a readable
 # number of bars, at least 2 so that there is something to test.
@@ -106,12 +107,12 @@ def _lossless_table(results: dict, n: int) -> list[list]:
         rows.append(
             [
                 name + (f" [{res['drafter']}]" if res and res.get("drafter") not in (None, "none") else ""),
+                _verdict(kind, test),
+                "—" if not test else fmt_pvalue(test["pvalue"]),
+                "—" if not test else f"{test['tv']:.3f}",
                 n if res else "—",
                 "—" if not test or test["statistic"] is None else f"{test['statistic']:.1f}",
                 "—" if not test else test["df"],
-                "—" if not test else fmt_pvalue(test["pvalue"]),
-                "—" if not test else f"{test['tv']:.3f}",
-                _verdict(kind, test),
             ]
         )
     return rows
@@ -410,7 +411,7 @@ def _results() -> dict:
     status = status_box(waiting_status(), "ll-status")
     title = "Next-token histograms against the target's exact p"
     plot = results_plot(title, "Press Sample to draw real samples", "ll-plot")
-    widths = ["22%", "6%", "10%", "5%", "10%", "12%", "35%"]
+    widths = ["22%", "35%", "10%", "12%", "6%", "10%", "5%"]
     table = results_table(_lossless_table({}, 0), LOSSLESS_HEADERS, "Tests against the exact p", widths, "ll-table")
     return {"status": status, "plot": plot, "table": table}
 

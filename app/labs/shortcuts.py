@@ -43,14 +43,15 @@ SHORTCUTS_DEFAULTS = {
     "threshold": DEFAULT_THRESHOLD,
     "tokens": 2,
 }
+# The verdict beside the rule it judges: on a phone the table scrolls sideways and shows its first columns.
 HEADERS = [
     "rule [drafter]",
-    "where you meet it",
+    "verdict",
     "tokens per pass",
     "vs exact rule",
     "TV from p (95% spread)",
     "p-value",
-    "verdict",
+    "where you meet it",
 ]
 TEMPERATURE_RANGE = (0.05, 2.0)
 TOP_K_RANGE = (2, 50)
@@ -107,12 +108,12 @@ def _table(lab: dict, results: dict) -> list[list]:
         rows.append(
             [
                 f"{index}. {_row_label(key, drafter, lab)}",
-                RULES[key].where,
+                res["verdict"] if res else "not run",
                 "—" if not res else f"{res['tokens_per_pass']:.2f}",
                 "—" if gain is None else f"{gain:+.0%}",
                 "—" if not res else f"{test['tv']:.3f} ({res['tv_low']:.3f}–{res['tv_high']:.3f})",
                 "—" if not test else fmt_pvalue(test["pvalue"]),
-                res["verdict"] if res else "not run",
+                RULES[key].where,
             ]
         )
     return rows
@@ -328,7 +329,7 @@ def _results() -> dict:
     title = "What each rule buys and what it costs"
     plot = results_plot(title, "Press Sample to draw real samples", "sc-plot")
     empty = {"rows": list(ROWS), "weight": DEFAULT_WEIGHT, "threshold": DEFAULT_THRESHOLD}
-    widths = ["24%", "24%", "8%", "8%", "12%", "8%", "16%"]
+    widths = ["24%", "16%", "8%", "8%", "12%", "8%", "24%"]
     table = results_table(
         _table(empty, {}), HEADERS, "Each rule against the exact p", widths, "sc-table", rows=len(ROWS)
     )

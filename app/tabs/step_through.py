@@ -40,10 +40,10 @@ def position_choices(step: dict) -> tuple[list[tuple[str, int]], int | None]:
     for i, dist in enumerate(step.get("dists") or []):
         node = dist.get("node", -1)
         if node == -1:
-            label = "position 1: right after the committed text"
+            label = "position +1: right after the context"
         else:
             info = nodes.get(node, {})
-            label = f"position {(info.get('depth') or 0) + 1}: after {render.md_token(info.get('text')).strip('`')}"
+            label = f"position +{(info.get('depth') or 0) + 1}: after {render.md_token(info.get('text')).strip('`')}"
         if node in rejected_parents:
             label += " · rejection here"
             default = i if default is None else default
