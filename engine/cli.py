@@ -438,9 +438,9 @@ def _analyze(args) -> int:
         if not result.get("gauges_only"):
             result["ticket"] = ticket(result, args.drafter, result.get("what_if"))
         if requests is not None:
-            from engine.tools.per_request import request_distribution
+            from engine.tools.per_request import break_even_of, request_distribution
 
-            result["per_request"] = request_distribution(requests, args.break_even or _break_even(result))
+            result["per_request"] = request_distribution(requests, args.break_even or break_even_of(result))
     except AnalyzeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         for name, line in (getattr(exc, "lines", None) or {}).items():
@@ -502,16 +502,6 @@ def _analyze(args) -> int:
     if result.get("per_request"):
         _print_distribution(result["per_request"])
     return 0
-
-
-def _break_even(result: dict) -> float | None:
-    """τ at which a request pays at batch 1 with every pass drafting at the server's K: its speculative pass's
-    cost ÷ the reference pass's (the analyzer's fitted pass costs); None without pass costs."""
-    costs = result.get("pass_costs")
-    if not costs or 1 not in costs.get("plain_ms", {}):
-        return None
-    k = result.get("k") or costs["k"]
-    return max(1.0, (costs["plain_ms"][1] + k * costs["token_ms"][1]) / costs["reference_ms"][1])
 
 
 def _print_requests(requests: list, break_even: float | None, result: dict | None, as_json: bool) -> int:

@@ -107,3 +107,20 @@ def test_the_speedup_colour_scale_starts_at_zero_and_is_white_at_one():
     assert heat.zmin == 0.0 and heat.zmax >= 2.0
     white = [pos for pos, colour in heat.colorscale if colour.upper() == "#FFFFFF"]
     assert white == [pytest.approx(1.0 / heat.zmax)]
+
+
+def test_per_request_responses_read_as_which_requests_pay(tmp_path):
+    """#41 item 3 in the tab: the recorded responses of the real vLLM CPU server read as a distribution of τ, with
+    the break-even from the window's pass costs; a bad log gets a message and an empty figure."""
+    window, costs, _ = deployment.load_saved(deployment.RECORDED[deployment.FIRST])
+    text, figure = deployment.read_requests_file(str(deployment.RECORDED_REQUESTS), window, costs)
+    bars = figure.data[0]
+    assert "**16 requests**" in text and len(bars.y) == 16 and list(bars.y) == sorted(bars.y)
+    assert "Break-even τ" in text and "requests pay" in text and "code-edit median τ" in text
+    assert "break-even" in figure.layout.title.subtitle.text
+    alone, _ = deployment.read_requests_file(str(deployment.RECORDED_REQUESTS), None, "")
+    assert "needs a break-even" in alone
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"acceptance_histogram": "x"}\n')
+    message, empty = deployment.read_requests_file(str(bad), window, costs)
+    assert message.startswith("**Cannot read the log:**") and not empty.data

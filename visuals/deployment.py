@@ -10,7 +10,9 @@ import plotly.graph_objects as go
 
 from .style import PALETTE, SERIES, apply_layout, message_figure
 
-__all__ = ["acceptance_window_figure", "expected_speedup_figure"]
+__all__ = ["acceptance_window_figure", "expected_speedup_figure", "requests_figure"]
+
+REQUESTS_TITLE = "Which requests pay: mean acceptance length per request"
 
 
 def _keyed(table: dict) -> dict[int, object]:
@@ -105,3 +107,52 @@ def expected_speedup_figure(result: dict) -> go.Figure:
         f"{costs.get('source') or 'given'}) · decode passes only · ▶ = the best K at that load"
     )
     return apply_layout(fig, "Expected speedup by K and batch size", subtitle, height=460, legend_bottom=False)
+
+
+def requests_figure(readings: list[dict], dist: dict) -> go.Figure:
+    """Each request's mean acceptance length τ (engine/tools/per_request.py: from its own histogram), sorted, one
+    bar per request; with a break-even τ, bars above it (the request pays) in the accepted colour, the others in
+    the rejected colour, and the break-even as a dashed line. Draws what the reading decided."""
+    if not readings:
+        return message_figure(REQUESTS_TITLE, "Read a log of responses with per-request speculative metrics.")
+    ordered = sorted(readings, key=lambda r: r["tau"])
+    cut = dist.get("break_even")
+    colours = [
+        PALETTE["drafted"] if cut is None else PALETTE["accepted"] if r["tau"] > cut else PALETTE["rejected"]
+        for r in ordered
+    ]
+    names = [f"{r.get('label') or 'request'} (line {r['line']})" for r in ordered]
+    fig = go.Figure(
+        go.Bar(
+            x=list(range(1, len(ordered) + 1)),
+            y=[r["tau"] for r in ordered],
+            marker={"color": colours},
+            customdata=[[n, r["steps"], r["accepted"]] for n, r in zip(names, ordered)],
+            hovertemplate="%{customdata[0]}: τ = %{y:.2f} (%{customdata[2]} drafts kept in %{customdata[1]} "
+            "verify steps)<extra>measured by the server</extra>",
+            name="τ per request (measured)",
+        )
+    )
+    if cut is not None:
+        fig.add_hline(y=cut, line={"dash": "dash", "color": SERIES["theory"], "width": 2})
+        fig.add_annotation(
+            xref="paper",
+            x=0.0,
+            xanchor="left",
+            y=cut,
+            yanchor="bottom",
+            showarrow=False,
+            text=f"break-even τ = {cut:.2f}: {dist['paying']} of {dist['requests']} pay",
+        )
+    q = dist["tau_quantiles"]
+    subtitle = (
+        f"{dist['requests']} requests, sorted · median τ {q['median']:.2f} (p10 {q['p10']:.2f}, p90 {q['p90']:.2f}) · "
+        f"mean over requests {dist['tau_request_mean']:.2f}, over verify steps {dist['tau_step_mean']:.2f} (what "
+        "/metrics gives)"
+        + (" · break-even from the window's pass costs" if cut is not None else " · no pass costs: no break-even")
+    )
+    fig.update_xaxes(
+        title_text="requests, by τ", tickvals=list(range(1, len(ordered) + 1)) if len(ordered) <= 20 else None
+    )
+    fig.update_yaxes(title_text="τ: tokens per verify step", rangemode="tozero")
+    return apply_layout(fig, REQUESTS_TITLE, subtitle, legend_bottom=False)

@@ -17,12 +17,22 @@ import gradio as gr
 
 from engine.tools.analyze import AnalyzeError, analyze, load_recording, record, ticket
 from engine.tools.pass_costs import parse_pass_costs, probe_pass_costs
-from visuals.deployment import acceptance_window_figure, expected_speedup_figure
+from engine.tools.per_request import break_even_of, read_requests, request_distribution
+from visuals.deployment import REQUESTS_TITLE, acceptance_window_figure, expected_speedup_figure, requests_figure
 
 from ..config import ASSETS, scrape_allowed
 from .panels import lab_tab, results_plot, status_box
 
-__all__ = ["RECORDED", "analyze_window", "build_tab", "load_saved", "probe", "scrape_window"]
+__all__ = [
+    "RECORDED",
+    "RECORDED_REQUESTS",
+    "analyze_window",
+    "build_tab",
+    "load_saved",
+    "probe",
+    "read_requests_file",
+    "scrape_window",
+]
 
 log = logging.getLogger("speclens.app")
 
@@ -32,6 +42,13 @@ RECORDED = {
     "vLLM on CPU, n-gram K = 8: code edits (recorded)": SCRAPES / "vllm-ngram-code-edit.json",
     "vLLM on CPU, n-gram K = 8: chat (recorded)": SCRAPES / "vllm-ngram-chat.json",
 }
+# Responses of the real vLLM CPU server with their own speculative metrics (scripts/record_per_request.py).
+RECORDED_REQUESTS = SCRAPES / "vllm-ngram-requests.jsonl"
+MAX_REQUESTS_BYTES = 20 * 1024 * 1024
+REQUESTS_WAITING = (
+    "Upload a log of responses from a server started with `--per-request-spec-decode-metrics summary` (one JSON "
+    "per line), or read the recorded one: which requests speculation pays for, and which it does not."
+)
 MAX_INTERVAL_S = 300
 MODEL_TOLERANCE = 0.2  # beyond this the cost model's ms per pass and the server's own are said to disagree
 
@@ -224,6 +241,59 @@ def probe(url: str, window: dict | None, baseline_url: str = ""):
 FIRST = "vLLM on CPU, n-gram K = 8: chat (recorded)"  # what the tab opens on: a real window, never empty
 
 
+def read_requests_file(path, window: dict | None, pass_text: str):
+    """(markdown, figure) of a log of responses read as a distribution of τ across requests
+    (engine/tools/per_request.py), with the break-even from the window's pass costs where there are some."""
+    from visuals.style import message_figure
+
+    if not path:
+        return REQUESTS_WAITING, message_figure(REQUESTS_TITLE, REQUESTS_WAITING)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(MAX_REQUESTS_BYTES + 1)
+        if len(text) > MAX_REQUESTS_BYTES:
+            raise AnalyzeError(f"the log is over {MAX_REQUESTS_BYTES // (1024 * 1024)} MiB")
+        readings = read_requests(text)
+        break_even, where = None, "no pass costs for this window: no break-even"
+        if window and (pass_text or "").strip():
+            try:
+                costs = parse_pass_costs(pass_text, k=(window.get("pass_costs") or {}).get("k"))
+                result = analyze(window["before"], window["after"], window.get("interval_s"), costs)
+                break_even = break_even_of(result)
+                where = "from the window's pass costs (batch 1, every pass drafting at its K)"
+            except AnalyzeError:
+                pass  # the window's own problem is said above the window's charts
+        dist = request_distribution(readings, break_even)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"**Cannot read the log:** {exc}", message_figure(REQUESTS_TITLE, "Nothing read.")
+    except AnalyzeError as exc:
+        return f"**Cannot read the log:** {exc}", message_figure(REQUESTS_TITLE, "Nothing read.")
+    q = dist["tau_quantiles"]
+    lines = [
+        f"**{dist['requests']} requests** ({' and '.join(dist['schemas'])} histograms): mean acceptance length τ "
+        f"from {q['min']:.2f} to {q['max']:.2f}, median {q['median']:.2f}; the mean over requests "
+        f"{dist['tau_request_mean']:.2f} beside {dist['tau_step_mean']:.2f} over verify steps (what /metrics gives: "
+        "requests with more steps weigh more).",
+    ]
+    if dist["by_label"]:
+        lines.append(
+            "By workload: "
+            + "; ".join(
+                f"{k} median τ {v['tau_median']:.2f} ({v['requests']} request{'s' if v['requests'] != 1 else ''})"
+                for k, v in dist["by_label"].items()
+            )
+            + "."
+        )
+    if break_even is not None:
+        lines.append(
+            f"Break-even τ {break_even:.2f} {where}: **{dist['paying']} of {dist['requests']} requests pay**, "
+            f"{dist['not_paying']} {'does' if dist['not_paying'] == 1 else 'do'} not."
+        )
+    else:
+        lines.append(f"Which requests pay needs a break-even τ: {where}.")
+    return "\n\n".join(lines), requests_figure(readings, dist)
+
+
 def _first() -> tuple:
     """(window, costs text, status, acceptance figure, speedup figure) of the window the tab opens on."""
     window, costs, message = load_saved(RECORDED[FIRST])
@@ -265,6 +335,11 @@ def _controls(first: tuple) -> dict:
     c["probe"] = gr.Button("Time the servers' passes (their OpenAI API)", interactive=allowed)
     c["analyze"] = gr.Button("Analyse", variant="primary")
     c["window"] = gr.State(first[0])
+    gr.Markdown("**Which requests pay?** Per-request metrics, read as a distribution.", elem_classes=["sl-note"])
+    c["requests_recorded"] = gr.Button("Read 16 recorded responses (vLLM on CPU, n-gram K = 8)", size="sm")
+    c["requests_upload"] = gr.File(
+        label="…or a log of your server's responses (JSONL)", file_types=[".jsonl", ".json"], type="filepath"
+    )
     return c
 
 
@@ -272,6 +347,8 @@ def _results(first: tuple) -> dict:
     out = {"status": status_box(first[2], "sl-deploy-status")}
     out["acceptance"] = results_plot("Acceptance in the window", WAITING, "sl-deploy-acceptance", first[3])
     out["speedup"] = results_plot("Expected speedup by K and batch size", WAITING, "sl-deploy-speedup", first[4])
+    out["requests_status"] = gr.Markdown(REQUESTS_WAITING, elem_id="sl-deploy-requests-status")
+    out["requests"] = results_plot(REQUESTS_TITLE, REQUESTS_WAITING, "sl-deploy-requests")
     return out
 
 
@@ -307,6 +384,13 @@ def _wire(c: dict, out: dict) -> None:
         from_probe, [c["url"], c["window"], c["baseline_url"]], [c["pass_ms"], c["window"], *shown], concurrency_limit=1
     )
     c["analyze"].click(analyze_window, [c["window"], c["pass_ms"]], shown)
+    per_request = [out["requests_status"], out["requests"]]
+    c["requests_recorded"].click(
+        lambda window, text: read_requests_file(str(RECORDED_REQUESTS), window, text),
+        [c["window"], c["pass_ms"]],
+        per_request,
+    )
+    c["requests_upload"].upload(read_requests_file, [c["requests_upload"], c["window"], c["pass_ms"]], per_request)
 
 
 def build_tab() -> gr.Tab:

@@ -29,7 +29,7 @@ import statistics
 
 from engine.tools.analyze import AnalyzeError
 
-__all__ = ["histogram_of", "read_requests", "request_distribution", "spec_metrics_of"]
+__all__ = ["break_even_of", "histogram_of", "read_requests", "request_distribution", "spec_metrics_of"]
 
 MAX_RECORDS = 100_000
 MAX_K = 64  # histogram entries beyond this are not a draft length
@@ -182,3 +182,18 @@ def request_distribution(readings: list[dict], break_even: float | None = None) 
         out["paying"] = sum(1 for t in taus if t > break_even)
         out["not_paying"] = len(taus) - out["paying"]
     return out
+
+
+def break_even_of(result: dict) -> float | None:
+    """The τ a request needs to pay at batch 1 with every pass drafting at the server's K: its speculative pass's
+    cost ÷ the reference pass's, from a window's fitted pass costs (engine/tools/analyze.py); None without them."""
+    costs = result.get("pass_costs")
+    if not costs:
+        return None
+    plain, token, ref = (
+        {int(b): v for b, v in (costs.get(name) or {}).items()} for name in ("plain_ms", "token_ms", "reference_ms")
+    )
+    if 1 not in plain or 1 not in token or not ref.get(1):
+        return None
+    k = result.get("k") or costs.get("k") or 1
+    return max(1.0, (plain[1] + k * token[1]) / ref[1])
