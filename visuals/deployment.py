@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .style import PALETTE, SERIES, apply_layout, message_figure
+from .style import LABEL_BG, PALETTE, SERIES, apply_layout, message_figure
 
 __all__ = ["acceptance_window_figure", "expected_speedup_figure", "requests_figure"]
 
@@ -143,6 +143,8 @@ def requests_figure(readings: list[dict], dist: dict) -> go.Figure:
             yanchor="bottom",
             showarrow=False,
             text=f"break-even τ = {cut:.2f}: {dist['paying']} of {dist['requests']} pay",
+            bgcolor=LABEL_BG,
+            yshift=3,
         )
     q = dist["tau_quantiles"]
     subtitle = (
