@@ -220,7 +220,9 @@ def run_shortcuts(
     for index, (key, drafter) in enumerate(lab["rows"]):
         step = f"{index + 1}/{len(lab['rows'])} {_row_label(key, drafter, lab)}"
         yield f"{step}: sampling {lab['n']}…", gr.skip(), gr.skip()
-        tracker = ProgressReporter(progress, step, run_id, offset=index / len(lab["rows"]), share=1 / len(lab["rows"]))
+        # The bar's percentage is the whole lab's; the count is this row's samples, and the words say so.
+        row = f"row {index + 1} of {len(lab['rows'])}, samples of this row"
+        tracker = ProgressReporter(progress, row, run_id, offset=index / len(lab["rows"]), share=1 / len(lab["rows"]))
         try:
             res = run_rule(
                 engine,
