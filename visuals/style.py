@@ -320,6 +320,9 @@ def apply_layout(
         "hoverlabel": HOVER_LABEL,
         "legend": {"font": {"color": c["font"]}, "bgcolor": "rgba(0,0,0,0)"},
         "meta": {"wrap": _wrap_meta(raw_title, raw_sub, top, height)},
+        # plotly's tool bar (shown on hover) stands down the right edge instead of across the top right, where
+        # it took a third of a half-width figure's title line
+        "modebar": {"orientation": "v"},
     }
     if legend_bottom:
         # Legend y is in plot-area fractions; convert the fixed pixel offset under the plot into one.
