@@ -330,7 +330,8 @@ def test_the_workshop_runs_in_order(app_url, browser):
     page.locator("#bl-run").click(timeout=30_000)
     status = _wait_text(page, "#bl-status", "Pass times measured on this machine", 300_000)
     assert re.search(
-        r"(speculation (stops paying at batch size \d+|pays at every|does not pay|never clearly pays)"
+        r"(speculation (stops paying at batch size \d+|pays up to batch size \d+|pays at every|does not pay|never "
+        r"clearly pays)"
         r"|no batch size measured where it clearly stops paying|no clear verdict at any batch size)",
         status,
     ), status
