@@ -452,49 +452,7 @@ def _analyze(args) -> int:
     if result.get("gauges_only"):  # SGLang: gauges, not counters (engine.tools.analyze.gauge_reading)
         print(f"recommendation: {result['recommendation']}")
         return 0
-    print(
-        f"{result['server']}: {result['drafts']:.0f} drafts in the window ("
-        + (f"{result['requests']:.0f} requests, " if result["requests"] else "requests not counted by this server, ")
-        + f"{result['tokens']:.0f} tokens)\n"
-        f"draft acceptance rate {result['acceptance_rate']:.3f} beside mean acceptance length "
-        f"{result['mean_acceptance_length']:.2f} tokens per drafting pass"
-    )
-    if result["decode_passes"]:
-        line = (
-            f"{result['decode_passes']:.0f} decode passes, {result['drafting_share']:.0%} of them drafted: "
-            f"{result['tokens_per_pass']:.2f} tokens per pass"
-        )
-        if result["window_pass_ms"]:
-            line += f", {result['window_pass_ms']:.1f} ms per pass (the server's decode time)"
-        print(line)
-    if result["acceptance_by_position"]:
-        shares = ", ".join(f"{r:.3f}" for r in result["acceptance_by_position"])
-        print(f"acceptance by position: {shares}; fitted α = {result['alpha_fit']:.3f} (α^i)")
-    if result.get("speedup_by_batch"):
-        costs = result["pass_costs"]
-        print(
-            f"pass costs ({costs['source'] or 'given'}; speculation weighed against {costs['against']}), "
-            f"ms plain / speculative at K = {costs['k']}:"
-        )
-        print(
-            "  "
-            + ", ".join(
-                f"B={b}: {costs['decode_ms'][b]:.1f} / {costs['verify_ms'][b]:.1f}"
-                for b in sorted(costs["decode_ms"])
-                if b in costs["verify_ms"]
-            )
-        )
-        if result.get("model_check"):
-            check = result["model_check"]
-            print(
-                f"model check at batch {check['batch']}: {check['model_ms']:.1f} ms per pass modelled, "
-                f"{check['measured_ms']:.1f} ms measured; the window's own speedup {result['window_speedup']:.2f}x"
-            )
-        print("expected speedup (K down, batch across):")
-        batches = sorted(result["speedup_by_batch"])
-        print("  K  " + "".join(f"{f'B={b}':>8}" for b in batches))
-        for k in sorted(result["speedup_by_batch"][batches[0]]):
-            print(f"  {k:<3}" + "".join(f"{result['speedup_by_batch'][b][k]:>7.2f}x" for b in batches))
+    _print_window(result)
     print(f"recommendation: {result['recommendation']}")
     if result.get("what_if"):
         _print_what_if(result["what_if"])
@@ -540,6 +498,53 @@ def _print_distribution(dist: dict) -> None:
         )
     else:
         print("  which requests pay needs a break-even τ: give --break-even, or pass costs (--probe, --pass-ms)")
+
+
+def _print_window(result: dict) -> None:
+    """The window's counters, passes, acceptance by position and, with pass costs, the expected speedup table."""
+    print(
+        f"{result['server']}: {result['drafts']:.0f} drafts in the window ("
+        + (f"{result['requests']:.0f} requests, " if result["requests"] else "requests not counted by this server, ")
+        + f"{result['tokens']:.0f} tokens)\n"
+        f"draft acceptance rate {result['acceptance_rate']:.3f} beside mean acceptance length "
+        f"{result['mean_acceptance_length']:.2f} tokens per drafting pass"
+    )
+    if result["decode_passes"]:
+        line = (
+            f"{result['decode_passes']:.0f} decode passes, {result['drafting_share']:.0%} of them drafted: "
+            f"{result['tokens_per_pass']:.2f} tokens per pass"
+        )
+        if result["window_pass_ms"]:
+            line += f", {result['window_pass_ms']:.1f} ms per pass (the server's decode time)"
+        print(line)
+    if result["acceptance_by_position"]:
+        shares = ", ".join(f"{r:.3f}" for r in result["acceptance_by_position"])
+        print(f"acceptance by position: {shares}; fitted α = {result['alpha_fit']:.3f} (α^i)")
+    if result.get("speedup_by_batch"):
+        costs = result["pass_costs"]
+        print(
+            f"pass costs ({costs['source'] or 'given'}; speculation weighed against {costs['against']}), "
+            f"ms plain / speculative at K = {costs['k']}:"
+        )
+        print(
+            "  "
+            + ", ".join(
+                f"B={b}: {costs['decode_ms'][b]:.1f} / {costs['verify_ms'][b]:.1f}"
+                for b in sorted(costs["decode_ms"])
+                if b in costs["verify_ms"]
+            )
+        )
+        if result.get("model_check"):
+            check = result["model_check"]
+            print(
+                f"model check at batch {check['batch']}: {check['model_ms']:.1f} ms per pass modelled, "
+                f"{check['measured_ms']:.1f} ms measured; the window's own speedup {result['window_speedup']:.2f}x"
+            )
+        print("expected speedup (K down, batch across):")
+        batches = sorted(result["speedup_by_batch"])
+        print("  K  " + "".join(f"{f'B={b}':>8}" for b in batches))
+        for k in sorted(result["speedup_by_batch"][batches[0]]):
+            print(f"  {k:<3}" + "".join(f"{result['speedup_by_batch'][b][k]:>7.2f}x" for b in batches))
 
 
 def _what_if(args, window: dict, result: dict) -> dict:

@@ -222,6 +222,11 @@ def measure_what_if(
             f"the what-if sweep failed: {exc} (vLLM's CPU build fails this way on its first request with synthetic "
             f'rejection, eager, or refuses to start, compiled: "{CPU_REFUSAL}" in its log; run the what-if on a GPU)'
         ) from None
+    if "speedup" not in report:  # vLLM said neither that the what-if server speculates nor that it does not
+        raise AnalyzeError(
+            f"cannot tell whether the what-if server at {what_if_url} speculates (its /metrics has no speculation "
+            "counters yet): start it with the what-if line, then measure again"
+        )
     config = info.get("speculative_config") or {}
     synthetic = config.get("rejection_sample_method") == "synthetic" if config else None
     predicted = _predicted(window, rates, report["batch_sizes"])
