@@ -37,6 +37,7 @@ import os
 import random
 import shlex
 
+from engine.metrics import modelled_speedup
 from engine.paths import DEFAULT_MODEL
 from engine.tools.analyze import AnalyzeError, parse_prometheus
 
@@ -170,7 +171,7 @@ def _predicted(window: dict | None, rates: list[float], sizes: list[int]) -> lis
     out = []
     for b in sizes:
         plain, token, ref = (costs.get(name, {}).get(b) for name in ("plain_ms", "token_ms", "reference_ms"))
-        out.append(None if None in (plain, token, ref) else tau * ref / (plain + b * k * token))
+        out.append(None if None in (plain, token, ref) else modelled_speedup(tau, ref, plain + b * k * token))
     return out
 
 
