@@ -42,7 +42,7 @@ from engine.model.loading import LoadedModel, load_model
 from engine.model.runners import MeasuredCosts, RunnerPool
 from engine.model.static_pass import StaticPasses
 from engine.model.transformer import KVCache
-from engine.model.tree_pass import target_pass
+from engine.model.tree_pass import note_walk, target_pass
 from engine.prompts import PromptEncoder
 from engine.sampling import SamplingParams
 from engine.settings import GenerationSettings
@@ -83,6 +83,10 @@ class DecodeState:
     tops: bool = False  # the verifier keeps the top entries of p, q and the residual (full payloads draw them)
     verify: str = "token"  # a sampled chain's acceptance rule (GenerationSettings.verify)
     pass_path_reason: str = ""  # why the target's passes take the path they take (the finish metrics say it)
+    # Chains longer than tree_pass.CHAIN_LOGITS_FIRST rows this run, and how many of them the walk read past those
+    # rows (the verdict's path reached them): whether projecting the rest later pays (tree_pass.lazy_logits_pay)
+    long_chains: int = 0
+    long_chains_read_past: int = 0
 
     @property
     def width(self) -> int:
@@ -410,6 +414,7 @@ class SpeculativeEngine:
         # The pending token and every draft node were written at slots base .. base + n; the pending token
         # and the accepted path stay, the other n - len(path) slots are rolled back (overwritten next pass).
         kv = {"written": 1 + n, "kept": len(rows), "rolled_back": n - len(verdict.path), "length": cache.length}
+        note_walk(state, tree, len(verdict.path))
         features = hidden[rows] if hidden is not None else None  # the committed rows' features, this pass's
         state.drafter.accept(Verified(tree, verdict.path, features, base))
         verify_ms = (time.perf_counter() - t1) * 1000.0
