@@ -130,10 +130,10 @@ static inline vf vf_exp_neg(vf x) {
 /* The three kinds of weights share one tiled loop; the ISA header says what a line
  * of W does for each (KIND = bf16, i8 or q4):
  *   xel_KIND            element of the kernel's x rows (bf16/float32 for bf16, int16 for i8,
- *                       float32 for q4)
- *   xload_KIND(row, p)  input pair p of a row, broadcast
+ *                       int8 for q4)
+ *   xload_KIND(row, p)  input pair p of a row, broadcast (q4: a quad of inputs, see below)
  *   wload_part_KIND(line, part)  part `part` of a line of W (W_PARTS_KIND parts; most kinds take
- *                       the line whole, wload_KIND), loaded (and widened); q4: q4_pair, see below
+ *                       the line whole, wload_KIND), loaded (and widened); q4: q4_nibbles, see below
  *   acc_KIND            a vector of accumulators; ACC_VECS_KIND of them hold a block's 16 outputs
  *   dot_part_KIND(acc, x, w, part)  acc[l] += W[l][2p] x[2p] + W[l][2p + 1] x[2p + 1] for the
  *                       part's outputs, in place (avx2 bf16 keeps the even and odd products in
@@ -144,22 +144,23 @@ static inline vf vf_exp_neg(vf x) {
  *
  * Q4_1 (the GGUF's kind: blocks of 32 weights along the input, w = d q + m with q
  * in 0..15 and float16 d, m) is packed per 16-output block and 32-input group as
- * Q4_BLOCK bytes: d[16] and m[16] float16, then 8 chunks of 32 bytes, chunk c byte
- * [l][e] = q[l][2c + e] | q[l][2c + 16 + e] << 4 (the low nibbles are input pairs
- * 0-7 of the group, the high ones pairs 8-15), so wp is [out/16, in/32, 320 bytes]:
- * 0.625 bytes per weight against bf16's 2. The rows of x are quantised to int16 as
- * for int8 weights (here |xq| <= 32767: a group's sum stays below 15 * 32767 * 32 <
- * 2^24), each line's nibbles are zero-extended to int16 in registers (q4_pair) and
- * multiplied exactly (dot_i8); per group, y += s * d * sx + m * sum(x) (q4_fold):
- * sum_i (d q_i + m) x_i with q_i x_i summed exactly. Dequantising every line to
- * float32 instead (two FMAs per line for d q + m, two conversions) made one-row
- * passes compute bound: 8.5 ms per sweep of the layers (66 MB) against bf16's 7.7
- * ms for 212 MB, one thread. */
+ * Q4_BLOCK bytes: d[16] and m[16] float16, then 4 chunks of 64 bytes, chunk c byte
+ * [l][e] = q[l][4c + e] | q[l][4c + 16 + e] << 4 (the low nibbles are inputs 4c ..
+ * 4c + 3 of the group, the high ones inputs 16 + 4c .. 16 + 4c + 3: four inputs of
+ * one output per 32-bit lane), so wp is [out/16, in/32, 320 bytes]: 0.625 bytes per
+ * weight against bf16's 2. The rows of x are quantised per 32-input group to int8
+ * (x ~= sx[g] xq, |xq| <= 127, as llama.cpp's Q8 rows for its 4-bit products), the
+ * masked or shifted nibbles are unsigned bytes, and one vpdpbusd (VNNI; else
+ * vpmaddubsw + vpmaddwd) adds four products into each output's int32 lane exactly;
+ * per group, y += s * d * sx[g] + m * sx[g] * sum(xq) (q4_fold): sum_i (d q_i + m) x_i
+ * over the quantised x, with q_i xq_i and xq_i summed exactly. Earlier forms: every line dequantised to float32 (two FMAs
+ * per line for d q + m, two conversions) made one-row passes compute bound, 8.5 ms
+ * per sweep of the layers (66 MB) against bf16's 7.7 ms for 212 MB, one thread; the
+ * nibbles zero-extended to int16 against int16 rows (vpdpwssd, two products per lane)
+ * still were: 3.3 ms per drafter pass of the layers on 2 Zen 4 cores, 20 GB/s. */
 typedef int16_t xel_i8;
-typedef int16_t xel_q4;
-typedef xv_i8 xv_q4;
+typedef int8_t xel_q4;
 typedef acc_f32 acc_q4;
-#define xload_q4 xload_i8
 #define acc_zero_q4 acc_zero_f32
 #define acc_to_blk_q4 acc_to_blk_f32
 #define W_ELEM_bf16 uint16_t
@@ -203,14 +204,14 @@ typedef acc_f32 acc_q4;
                 }                                                                                               \
         }                                                                                                       \
     }
-/* Q4_1: per 32-input group, exact int32 sums over pairs 0-15 in order (pair p is
- * chunk p % 8, low nibbles for p < 8), folded into the float accumulators with the
- * blocks' scales. sx is per row [sx, sum of x over group 0, 1, ...] (groups + 1). */
+/* Q4_1: per 32-input group, exact int32 sums over the group's 32 inputs in order (chunk
+ * c: inputs 4c .. 4c + 3, low nibbles, and 16 + 4c .. 16 + 4c + 3, high nibbles), folded into
+ * the float accumulators with the blocks' scales. sx is per row [sx, sum of x] per group (2 groups). */
 #define Q4_LOOP(KIND, NB, NT)                                                                                   \
     const int64_t groups = in / Q4_GROUP;                                                                       \
     const uint8_t *w = (const uint8_t *)wp;                                                                     \
     const float *info[NT];                                                                                      \
-    _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) info[j] = sx + (t0 + j) * (groups + 1);               \
+    _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) info[j] = sx + (t0 + j) * 2 * groups;                 \
     const int64_t fetch_every = rows > 1 ? (rows + Q4_T_TILE - 1) / Q4_T_TILE : 0, fetch_at = t0 / Q4_T_TILE;   \
     for (int64_t gi = 0, phase = 0; gi < groups; gi++, phase = phase + 1 == fetch_every ? 0 : phase + 1) {      \
         if (PREFETCH_NEXT && fetch_every && phase == fetch_at) /* (phase = gi % fetch_every, no division) */    \
@@ -219,7 +220,7 @@ typedef acc_f32 acc_q4;
                 _Pragma("GCC unroll 8") for (int c = 0; c < Q4_BLOCK; c += 64) __builtin_prefetch(next + c, 0, 2); \
             }                                                                                                   \
         const uint8_t *blocks[NB];                                                                              \
-        /* two exact int32 sums per (block, row), the low and the high nibbles' pairs, added before the fold: \
+        /* two exact int32 sums per (block, row), the low and the high nibbles' inputs, added before the fold: \
          * two independent chains of multiply-adds (one chain made a one-row pass wait on each one's latency) \
          * and, integers being exact, the same sum */                                                          \
         acc_i8 s[2][NB][NT][ACC_VECS];                                                                          \
@@ -228,14 +229,18 @@ typedef acc_f32 acc_q4;
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
                 _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++) s[0][g][j][h] = s[1][g][j][h] = acc_zero_i8(); \
         }                                                                                                       \
-        for (int c = 0; c < 8; c++) {                                                                           \
-            _Pragma("GCC unroll 2") for (int high = 0; high < 2; high++) {                                     \
-                const int64_t p = gi * (Q4_GROUP / 2) + high * 8 + c;                                           \
-                xv_q4 xv[NT];                                                                                   \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_q4(xr[j], p);               \
-                _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                         \
-                    const wv_i8 wv = q4_pair(blocks[g] + 4 * LANES + 32 * c, high);                             \
-                    _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) dot_i8(s[high][g][j], xv[j], wv);     \
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {                                                  \
+            xv_q4 xlo[NT], xhi[NT];                                                                             \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                             \
+                xlo[j] = xload_q4(xr[j] + gi * Q4_GROUP + 4 * c);                                               \
+                xhi[j] = xload_q4(xr[j] + gi * Q4_GROUP + Q4_GROUP / 2 + 4 * c);                                \
+            }                                                                                                   \
+            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                             \
+                wv_q4 lo[ACC_VECS], hi[ACC_VECS];                                                               \
+                q4_nibbles(blocks[g] + 4 * LANES + 64 * c, lo, hi);                                             \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                         \
+                    dot_q4(s[0][g][j], xlo[j], lo);                                                             \
+                    dot_q4(s[1][g][j], xhi[j], hi);                                                             \
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
@@ -243,7 +248,7 @@ typedef acc_f32 acc_q4;
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                             \
                 _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++)                                      \
                     s[0][g][j][h] = acc_add_i8(s[0][g][j][h], s[1][g][j][h]);                                   \
-                q4_fold(acc[g][j], s[0][g][j], blocks[g], info[j][0], info[j][1 + gi]);                         \
+                q4_fold(acc[g][j], s[0][g][j], blocks[g], info[j][2 * gi], info[j][2 * gi + 1]);                \
             }                                                                                                   \
     }
 #define LOOP_bf16 PAIR_LOOP
@@ -439,11 +444,9 @@ void skinny_gemm_bf16(const void *x, int x_f32, const uint16_t *wp, const uint16
 
 /* Rows of x [rows, in] (float32 when x_f32, else bf16; RMS-normalised first when
  * norm_w != NULL) quantised per row to int16: x ~= sx[t] * xq[t], |xq| <= xmax, to
- * nearest even. With sums != NULL, also each row's float32 sums over groups of
- * Q4_GROUP inputs, in order: sums[t * (groups + 1) + 1 + g], after sx[t] at
- * sums[t * (groups + 1)] (the Q4_1 product's per-row record). */
+ * nearest even. */
 static void quantise_rows(const void *x, int x_f32, const float *norm_w, float eps, int64_t rows, int64_t in,
-                          float xmax, int16_t *xq, float *sx, float *sums) {
+                          float xmax, int16_t *xq, float *sx) {
     float row[in];
     for (int64_t t = 0; t < rows; t++) {
         for (int64_t i = 0; i < in; i++)
@@ -466,16 +469,6 @@ static void quantise_rows(const void *x, int x_f32, const float *norm_w, float e
             float r = nearbyintf(row[i] * inv);
             dst[i] = (int16_t)(r > xmax ? xmax : (r < -xmax ? -xmax : r));
         }
-        if (sums) {
-            const int64_t groups = in / Q4_GROUP;
-            float *info = sums + t * (groups + 1);
-            info[0] = s;
-            for (int64_t g = 0; g < groups; g++) {
-                float total = 0.0f; /* sequential: the same order on every variant */
-                for (int64_t k = 0; k < Q4_GROUP; k++) total += row[g * Q4_GROUP + k];
-                info[1 + g] = total;
-            }
-        }
     }
 }
 
@@ -490,10 +483,44 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
     if (!xq || !sx) abort();
     const double limit = 2147483647.0 / (127.0 * (double)in);
     const float xmax = (float)(limit < 32767.0 ? (double)(int64_t)limit : 32767.0);
-    quantise_rows(x, x_f32, norm_w, eps, rows, in, xmax, xq, sx, NULL);
+    quantise_rows(x, x_f32, norm_w, eps, rows, in, xmax, xq, sx);
     run_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out);
     if (xq != small) free(xq);
     if (sx != small_sx) free(sx);
+}
+
+/* Rows of x [rows, in] (float32 when x_f32, else bf16; RMS-normalised first when norm_w
+ * != NULL; in a multiple of Q4_GROUP) quantised per group of Q4_GROUP inputs to int8,
+ * x ~= sx * xq with |xq| <= 127, to nearest even, and each row's record for the Q4_1
+ * product: info[t * 2 * groups + 2 g] = sx of group g, + 1 = sx * the group's sum of xq
+ * (an exact integer sum: the m term multiplies the same quantised x as the d term). The
+ * same arithmetic on every variant: max is exact, the scale one division, the rounding
+ * the vector unit's nearest even. */
+static void quantise_rows_q4(const void *x, int x_f32, const float *norm_w, float eps, int64_t rows, int64_t in,
+                             int8_t *xq, float *info) {
+    float row[in];
+    const int64_t groups = in / Q4_GROUP;
+    for (int64_t t = 0; t < rows; t++) {
+        for (int64_t i = 0; i < in; i++)
+            row[i] = x_f32 ? ((const float *)x)[t * in + i] : bf16_bits_to_float(((const uint16_t *)x)[t * in + i]);
+        if (norm_w) rms_norm_row(row, norm_w, eps, in, row);
+        float *record = info + t * 2 * groups;
+        for (int64_t g = 0; g < groups; g++) {
+            const float *src = row + g * Q4_GROUP;
+            vf vmax = vf_zero();
+            for (int i = 0; i < Q4_GROUP; i += VL) vmax = vf_max(vmax, vf_abs(vf_load(src + i)));
+            const float amax = vf_reduce_max(vmax);
+            const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+            const vf vinv = vf_set1(1.0f / s), vlim = vf_set1(127.0f), vneg = vf_set1(-127.0f);
+            int8_t *dst = xq + t * in + g * Q4_GROUP;
+            for (int i = 0; i < Q4_GROUP; i += VL)
+                vf_store_i8(dst + i, vf_min(vf_max(vf_mul(vf_load(src + i), vinv), vneg), vlim)); /* nearest even */
+            int32_t total = 0;
+            for (int i = 0; i < Q4_GROUP; i++) total += dst[i];
+            record[2 * g] = s;
+            record[2 * g + 1] = s * (float)total;
+        }
+    }
 }
 
 /* y = x W^T (+ b), W Q4_1 packed [out/16, in/32, 320 bytes] (see Q4_BLOCK; in a
@@ -501,14 +528,13 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
  * normalised first when norm_w != NULL; y float32 or bf16. */
 void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_t *b, void *y, int y_f32,
                       int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
-    int16_t small[4096];
+    int8_t small[8192];
     float small_info[1024];
-    const int64_t record = in / Q4_GROUP + 1;
-    int16_t *xq = rows * in <= 4096 ? small : malloc(sizeof(int16_t) * rows * in);
+    const int64_t record = 2 * (in / Q4_GROUP);
+    int8_t *xq = rows * in <= 8192 ? small : malloc(rows * in);
     float *info = rows * record <= 1024 ? small_info : malloc(sizeof(float) * rows * record);
     if (!xq || !info) abort();
-    float sx[rows];
-    quantise_rows(x, x_f32, norm_w, eps, rows, in, 32767.0f, xq, sx, info);
+    quantise_rows_q4(x, x_f32, norm_w, eps, rows, in, xq, info);
     run_q4(xq, info, wp, NULL, b, y, y_f32, rows, in, out);
     if (xq != small) free(xq);
     if (info != small_info) free(info);

@@ -12,8 +12,10 @@
  *   int8: x rows int16 (quantised per row, as on VNNI); a 16-byte half of a line
  *         is sign-extended to int16 and vpmaddwd multiplies it by the broadcast
  *         input pair, adding both products into one int32 lane: exact, like vpdpwssd.
- *   Q4_1: the nibbles zero-extended to int16 and multiplied like int8 weights,
- *         the float16 scales (F16C) applied once per 32-input group.
+ *   Q4_1: x rows int8 per 32-input group; vpmaddubsw multiplies the nibbles (unsigned
+ *         bytes) by the broadcast quad of inputs in int16 pairs, vpmaddwd by ones adds
+ *         the pairs into int32 lanes (exact), the float16 scales (F16C) applied once
+ *         per 32-input group.
  */
 #include <immintrin.h>
 
@@ -80,6 +82,12 @@ static inline vf vf_keep_first(vf v, int64_t n) { return _mm256_and_ps(v, _mm256
 static inline void vf_store_i16(int16_t *dst, vf v) {
     const __m256i i32 = _mm256_cvtps_epi32(v);
     _mm_storeu_si128((void *)dst, _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1)));
+}
+/* 8 float32 (already clamped to the int8 range) -> int8, rounded to nearest even. */
+static inline void vf_store_i8(int8_t *dst, vf v) {
+    const __m256i i = _mm256_cvtps_epi32(v);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64((void *)dst, _mm_packs_epi16(w, w));
 }
 
 /* What exp's range reduction needs (the polynomial itself is shared, in decode_kernels.c):
@@ -217,15 +225,30 @@ static inline blk acc_to_blk_i8(const acc_i8 *acc, float sx) {
     return (blk){_mm256_mul_ps(_mm256_cvtepi32_ps(acc[0]), s), _mm256_mul_ps(_mm256_cvtepi32_ps(acc[1]), s)};
 }
 
-/* ---- Q4_1 weights: integer dot products per 32-input group -----------------------
- * (layout: see isa_avx512.h and decode_kernels.c). The line of input pair c
- * (high = 0) or c + 8 (high = 1) as int16 [l][e], outputs 0-7 and 8-15. */
-static inline wv_i8 q4_pair(const uint8_t *chunk, int high) {
-    const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)chunk));
-    const __m256i hi = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(chunk + 16)));
-    if (high) return (wv_i8){_mm256_srli_epi16(lo, 4), _mm256_srli_epi16(hi, 4)};
-    const __m256i low4 = _mm256_set1_epi16(0x0f);
-    return (wv_i8){_mm256_and_si256(lo, low4), _mm256_and_si256(hi, low4)};
+/* ---- Q4_1 weights: unsigned x signed byte dot products per 32-input group ---------
+ * (layout: see isa_avx512.h and decode_kernels.c). A 64-byte chunk's first half holds
+ * outputs 0-7, its second outputs 8-15, four inputs per 32-bit lane. */
+typedef __m256i xv_q4;
+typedef __m256i wv_q4;
+static inline xv_q4 xload_q4(const int8_t *quad) {
+    int32_t four;
+    memcpy(&four, quad, sizeof four);
+    return _mm256_set1_epi32(four);
+}
+static inline void q4_nibbles(const uint8_t *chunk, wv_q4 *lo, wv_q4 *hi) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    for (int h = 0; h < 2; h++) {
+        const __m256i z = _mm256_loadu_si256((const void *)(chunk + 32 * h));
+        lo[h] = _mm256_and_si256(z, low4);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi16(z, 4), low4);
+    }
+}
+/* acc[l] += sum_e w[l][e] x[e] (w in 0..15, x in -127..127), exact in int32: vpmaddubsw's int16 pair sums
+ * stay below 2 * 15 * 127 */
+static inline void dot_q4(acc_i8 *acc, xv_q4 x, const wv_q4 *w) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(_mm256_maddubs_epi16(w[0], x), ones));
+    acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(_mm256_maddubs_epi16(w[1], x), ones));
 }
 /* acc += float(s) * (d * sx) + m * xsum (see isa_avx512.h) */
 static inline void q4_fold(acc_f32 *acc, const acc_i8 *s, const uint8_t *block, float sx, float xsum) {

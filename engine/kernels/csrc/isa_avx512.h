@@ -10,9 +10,10 @@
  *     the top half of a float32: the even input is the pair shifted left by 16, the
  *     odd one the pair with its low half cleared) and multiplied by two FMAs; int8
  *     on vpmaddwd + vpaddd (what vpdpwssd fuses), exact int32 sums either way.
- * All three run Q4_1 weights as integers: the nibbles zero-extended to int16 and
- * multiplied by the int16 rows like int8 weights, the float16 scales applied once
- * per 32-input group (q4_fold).
+ * All three run Q4_1 weights as integers: the nibbles (unsigned bytes) times the
+ * rows quantised to int8 per 32 inputs, four products per 32-bit lane (vpdpbusd on
+ * VNNI, else vpmaddubsw + vpmaddwd), the float16 scales applied once per 32-input
+ * group (q4_fold).
  */
 #include <immintrin.h>
 
@@ -65,6 +66,11 @@ static inline vf vf_keep_first(vf v, int64_t n) { return _mm512_maskz_mov_ps((__
 /* 16 float32 (already clamped to the int16 range) -> int16, rounded to nearest even. */
 static inline void vf_store_i16(int16_t *dst, vf v) {
     _mm256_storeu_si256((void *)dst, _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(v)));
+}
+
+/* 16 float32 (already clamped to the int8 range) -> int8, rounded to nearest even. */
+static inline void vf_store_i8(int8_t *dst, vf v) {
+    _mm_storeu_si128((void *)dst, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
 }
 
 /* What exp's range reduction needs (the polynomial itself is shared, in decode_kernels.c):
@@ -194,17 +200,36 @@ static inline blk acc_to_blk_i8(const acc_i8 *acc, float sx) {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(acc[0]), _mm512_set1_ps(sx));
 }
 
-/* ---- Q4_1 weights: integer dot products per 32-input group -----------------------
+/* ---- Q4_1 weights: unsigned x signed byte dot products per 32-input group ---------
  * A 16-output x 32-input block (320 bytes, see decode_kernels.c): d[16], m[16]
- * float16, then 8 chunks of 32 bytes, chunk c byte [l][e] = q[l][2c + e] |
- * q[l][2c + 16 + e] << 4. The line of input pair c (high = 0) or c + 8 (high = 1)
- * as int16 [l][e], ready for dot_i8. */
-static inline wv_i8 q4_pair(const uint8_t *chunk, int high) {
-    const __m512i z = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const void *)chunk));
-    return high ? _mm512_srli_epi16(z, 4) : _mm512_and_si512(z, _mm512_set1_epi16(0x0f));
+ * float16, then 4 chunks of 64 bytes, chunk c byte [l][e] = q[l][4c + e] |
+ * q[l][4c + 16 + e] << 4: masked, the low nibbles are the 16 outputs' weights of
+ * inputs 4c .. 4c + 3, shifted, the high ones those of inputs 16 + 4c .. 16 + 4c + 3,
+ * as bytes [l][e] -- one 32-bit lane per output, four inputs each, what vpdpbusd
+ * takes. The row's four int8 inputs of that quad are broadcast to every lane. */
+typedef __m512i xv_q4;
+typedef __m512i wv_q4;
+static inline xv_q4 xload_q4(const int8_t *quad) {
+    int32_t four;
+    memcpy(&four, quad, sizeof four);
+    return _mm512_set1_epi32(four);
+}
+static inline void q4_nibbles(const uint8_t *chunk, wv_q4 *lo, wv_q4 *hi) {
+    const __m512i z = _mm512_loadu_si512((const void *)chunk), low4 = _mm512_set1_epi8(0x0f);
+    lo[0] = _mm512_and_si512(z, low4);
+    hi[0] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+}
+/* acc[l] += sum_e w[l][e] x[e], w in 0..15 and x in -127..127: exact in int32 (vpmaddubsw's
+ * int16 pair sums stay below 2 * 15 * 127, far from saturating) */
+static inline void dot_q4(acc_i8 *acc, xv_q4 x, const wv_q4 *w) {
+#ifdef __AVX512VNNI__
+    acc[0] = _mm512_dpbusd_epi32(acc[0], w[0], x);
+#else
+    acc[0] = _mm512_add_epi32(acc[0], _mm512_madd_epi16(_mm512_maddubs_epi16(w[0], x), _mm512_set1_epi16(1)));
+#endif
 }
 /* acc += float(s) * (d * sx) + m * xsum, s the group's exact int32 sums of q * xq
- * (|s| <= 15 * 32767 * 32 < 2^24: exact in float32), xsum the group's sum of x. */
+ * (|s| <= 15 * 127 * 32 < 2^24: exact in float32), xsum = sx * the group's sum of xq. */
 static inline void q4_fold(acc_f32 *acc, const acc_i8 *s, const uint8_t *block, float sx, float xsum) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)block));
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(block + 32)));
