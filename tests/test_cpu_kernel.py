@@ -602,10 +602,10 @@ def _dequantised(q, d, m):
 
 def _q4_product(x, w):
     """What the Q4_1 kernel computes, in float64: x [rows, in] zero-padded to a multiple of 32 and
-    quantised per 32 inputs to int8 (scale = max |x| / 127, nearest even, as llama.cpp's Q8 rows),
-    times the dequantised w [out, in]."""
+    quantised per 16 inputs to int8 (scale = max |x| / 127, nearest even; llama.cpp's Q8 rows take
+    one scale per 32), times the dequantised w [out, in]."""
     x = torch.nn.functional.pad(x.float(), (0, -x.shape[1] % 32))
-    groups = x.view(x.shape[0], -1, 32)
+    groups = x.view(x.shape[0], -1, 16)
     scale = groups.abs().amax(2) / 127.0
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))[..., None]
     xq = torch.clamp(torch.round(groups * (1.0 / scale)), -127, 127)
@@ -616,10 +616,10 @@ def _q4_product(x, w):
 @pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (5, 1536, 40), (16, 64, 200), (3, 96, 7)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_q4_1_matches_the_dequantised_product(variant, rows, n_in, n_out, with_bias):
-    """x is quantised per 32 inputs to int8 (|xq| <= 127) and the nibbles multiply it exactly:
+    """x is quantised per 16 inputs to int8 (|xq| <= 127) and the nibbles multiply it exactly:
     the result is the product of that x with the GGUF's weights, w = d q + m, up to float32
-    rounding, and within 2% of the exact product (outlier channels included: one scale per 32
-    inputs, as llama.cpp's 4-bit products)."""
+    rounding, and within 2% of the exact product (outlier channels included: one scale per 16
+    inputs)."""
     q, d, m = _q4_1_fields(n_out, n_in, seed=1)
     b = _bf16(n_out, seed=3) if with_bias else None
     packed = cpu_kernels.PackedQ4_1Weight(q, d, m, b)
@@ -652,7 +652,7 @@ def test_q4_1_quantises_any_matrix_and_pads_odd_widths(variant):
 
 
 def test_q4_1_gives_the_same_bits_on_every_variant():
-    """Integer sums, one quantisation of x (per 32 inputs) and the same float ops per lane: the Q4_1
+    """Integer sums, one quantisation of x (per 16 inputs) and the same float ops per lane: the Q4_1
     product does not depend on the instruction set (bf16's does, in the last bits)."""
     names = [n for n in cpu_kernels.VARIANTS if cpu_kernels.variant_support(n) is None]
     if len(names) < 2:

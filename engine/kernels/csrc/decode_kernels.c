@@ -148,16 +148,21 @@ static inline vf vf_exp_neg(vf x) {
  * [l][e] = q[l][4c + e] | q[l][4c + 16 + e] << 4 (the low nibbles are inputs 4c ..
  * 4c + 3 of the group, the high ones inputs 16 + 4c .. 16 + 4c + 3: four inputs of
  * one output per 32-bit lane), so wp is [out/16, in/32, 320 bytes]: 0.625 bytes per
- * weight against bf16's 2. The rows of x are quantised per 32-input group to int8
- * (x ~= sx[g] xq, |xq| <= 127, as llama.cpp's Q8 rows for its 4-bit products), the
- * masked or shifted nibbles are unsigned bytes, and one vpdpbusd (VNNI; else
- * vpmaddubsw + vpmaddwd) adds four products into each output's int32 lane exactly;
- * per group, y += s * d * sx[g] + m * sx[g] * sum(xq) (q4_fold): sum_i (d q_i + m) x_i
- * over the quantised x, with q_i xq_i and xq_i summed exactly. Earlier forms: every line dequantised to float32 (two FMAs
- * per line for d q + m, two conversions) made one-row passes compute bound, 8.5 ms
- * per sweep of the layers (66 MB) against bf16's 7.7 ms for 212 MB, one thread; the
- * nibbles zero-extended to int16 against int16 rows (vpdpwssd, two products per lane)
- * still were: 3.3 ms per drafter pass of the layers on 2 Zen 4 cores, 20 GB/s. */
+ * weight against bf16's 2. The rows of x are quantised per 16 inputs to int8 (x ~=
+ * sx xq, |xq| <= 127, one scale for each half of a group: llama.cpp's Q8 rows take one
+ * per 32), the masked or shifted nibbles are unsigned bytes, and one vpdpbusd (VNNI;
+ * else vpmaddubsw + vpmaddwd) adds four products into each output's int32 lane
+ * exactly; per group, y += s_lo * d * sx_lo + s_hi * d * sx_hi + m * sum(sx xq)
+ * (q4_fold): sum_i (d q_i + m) x_i over the quantised x, with q_i xq_i and xq_i summed
+ * exactly. Measured on the q4 drafter (9 chat prompts, greedy, K = 6, mean tokens per
+ * pass): int16 rows 6.48, int8 rows per 16 inputs 6.36, per 32 6.01, per 8 6.32 (and
+ * slower); a 7-row pass of its layers and projection 6.3-6.8 ms against 11.9-12.4 ms
+ * for int16 rows, a one-row pass the same (3.1-3.5 ms: reading 94 MB), 2 Zen 4 cores.
+ * Earlier forms: every line dequantised to float32 (two FMAs per line for d q + m, two
+ * conversions) made one-row passes compute bound, 8.5 ms per sweep of the layers (66
+ * MB) against bf16's 7.7 ms for 212 MB, one thread; the nibbles zero-extended to int16
+ * against int16 rows (vpdpwssd, two products per lane) made passes of a few rows
+ * compute bound (the numbers above). */
 typedef int16_t xel_i8;
 typedef int8_t xel_q4;
 typedef acc_f32 acc_q4;
@@ -166,6 +171,8 @@ typedef acc_f32 acc_q4;
 #define W_ELEM_bf16 uint16_t
 #define W_ELEM_i8 int8_t
 #define Q4_GROUP 32                               /* inputs per Q4_1 block */
+#define Q4_HALF 16                                /* inputs per scale of x's int8 rows: half a group */
+#define Q4_RECORD 3                               /* floats per row and group: 2 scales, the sum */
 #define Q4_BLOCK (2 * LANES * 2 + LANES * Q4_GROUP / 2) /* bytes per 16 outputs x 32 inputs: 320 */
 
 /* Passes of a few rows are compute bound on the widening variants, and the weights must still
@@ -204,14 +211,15 @@ typedef acc_f32 acc_q4;
                 }                                                                                               \
         }                                                                                                       \
     }
-/* Q4_1: per 32-input group, exact int32 sums over the group's 32 inputs in order (chunk
- * c: inputs 4c .. 4c + 3, low nibbles, and 16 + 4c .. 16 + 4c + 3, high nibbles), folded into
- * the float accumulators with the blocks' scales. sx is per row [sx, sum of x] per group (2 groups). */
+/* Q4_1: per 32-input group, exact int32 sums over each half of the group's inputs in order
+ * (chunk c: inputs 4c .. 4c + 3, low nibbles, and 16 + 4c .. 16 + 4c + 3, high nibbles), folded
+ * into the float accumulators with the block's and the row's scales. sx is per row and group
+ * [scale of inputs 0-15, scale of inputs 16-31, sum of the quantised x] (Q4_RECORD floats). */
 #define Q4_LOOP(KIND, NB, NT)                                                                                   \
     const int64_t groups = in / Q4_GROUP;                                                                       \
     const uint8_t *w = (const uint8_t *)wp;                                                                     \
     const float *info[NT];                                                                                      \
-    _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) info[j] = sx + (t0 + j) * 2 * groups;                 \
+    _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) info[j] = sx + (t0 + j) * Q4_RECORD * groups;         \
     const int64_t fetch_every = rows > 1 ? (rows + Q4_T_TILE - 1) / Q4_T_TILE : 0, fetch_at = t0 / Q4_T_TILE;   \
     for (int64_t gi = 0, phase = 0; gi < groups; gi++, phase = phase + 1 == fetch_every ? 0 : phase + 1) {      \
         if (PREFETCH_NEXT && fetch_every && phase == fetch_at) /* (phase = gi % fetch_every, no division) */    \
@@ -220,9 +228,9 @@ typedef acc_f32 acc_q4;
                 _Pragma("GCC unroll 8") for (int c = 0; c < Q4_BLOCK; c += 64) __builtin_prefetch(next + c, 0, 2); \
             }                                                                                                   \
         const uint8_t *blocks[NB];                                                                              \
-        /* two exact int32 sums per (block, row), the low and the high nibbles' inputs, added before the fold: \
-         * two independent chains of multiply-adds (one chain made a one-row pass wait on each one's latency) \
-         * and, integers being exact, the same sum */                                                          \
+        /* two exact int32 sums per (block, row), the low and the high nibbles' inputs (each half of x has \
+         * its own scale): two independent chains of multiply-adds (one chain made a one-row pass wait on     \
+         * each one's latency) */                                                                               \
         acc_i8 s[2][NB][NT][ACC_VECS];                                                                          \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
             blocks[g] = w + ((ob + g) * groups + gi) * Q4_BLOCK;                                                \
@@ -245,11 +253,8 @@ typedef acc_f32 acc_q4;
             }                                                                                                   \
         }                                                                                                       \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                                   \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                             \
-                _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++)                                      \
-                    s[0][g][j][h] = acc_add_i8(s[0][g][j][h], s[1][g][j][h]);                                   \
-                q4_fold(acc[g][j], s[0][g][j], blocks[g], info[j][2 * gi], info[j][2 * gi + 1]);                \
-            }                                                                                                   \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
+                q4_fold(acc[g][j], s[0][g][j], s[1][g][j], blocks[g], info[j] + Q4_RECORD * gi);                \
     }
 #define LOOP_bf16 PAIR_LOOP
 #define LOOP_i8 PAIR_LOOP
@@ -490,12 +495,12 @@ void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *
 }
 
 /* Rows of x [rows, in] (float32 when x_f32, else bf16; RMS-normalised first when norm_w
- * != NULL; in a multiple of Q4_GROUP) quantised per group of Q4_GROUP inputs to int8,
- * x ~= sx * xq with |xq| <= 127, to nearest even, and each row's record for the Q4_1
- * product: info[t * 2 * groups + 2 g] = sx of group g, + 1 = sx * the group's sum of xq
- * (an exact integer sum: the m term multiplies the same quantised x as the d term). The
- * same arithmetic on every variant: max is exact, the scale one division, the rounding
- * the vector unit's nearest even. */
+ * != NULL; in a multiple of Q4_GROUP) quantised per Q4_HALF inputs to int8, x ~= sx * xq
+ * with |xq| <= 127, to nearest even, and each row's record for the Q4_1 product: per
+ * group g, info[t * Q4_RECORD * groups + Q4_RECORD g + h] = sx of half h (0, 1), + 2 =
+ * the sum of sx * xq over the group (exact integer sums: the m term multiplies the same
+ * quantised x as the d terms). The same arithmetic on every variant: max is exact, the
+ * scale one division, the rounding the vector unit's nearest even. */
 static void quantise_rows_q4(const void *x, int x_f32, const float *norm_w, float eps, int64_t rows, int64_t in,
                              int8_t *xq, float *info) {
     float row[in];
@@ -504,21 +509,25 @@ static void quantise_rows_q4(const void *x, int x_f32, const float *norm_w, floa
         for (int64_t i = 0; i < in; i++)
             row[i] = x_f32 ? ((const float *)x)[t * in + i] : bf16_bits_to_float(((const uint16_t *)x)[t * in + i]);
         if (norm_w) rms_norm_row(row, norm_w, eps, in, row);
-        float *record = info + t * 2 * groups;
+        float *record = info + t * Q4_RECORD * groups;
         for (int64_t g = 0; g < groups; g++) {
-            const float *src = row + g * Q4_GROUP;
-            vf vmax = vf_zero();
-            for (int i = 0; i < Q4_GROUP; i += VL) vmax = vf_max(vmax, vf_abs(vf_load(src + i)));
-            const float amax = vf_reduce_max(vmax);
-            const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
-            const vf vinv = vf_set1(1.0f / s), vlim = vf_set1(127.0f), vneg = vf_set1(-127.0f);
-            int8_t *dst = xq + t * in + g * Q4_GROUP;
-            for (int i = 0; i < Q4_GROUP; i += VL)
-                vf_store_i8(dst + i, vf_min(vf_max(vf_mul(vf_load(src + i), vinv), vneg), vlim)); /* nearest even */
-            int32_t total = 0;
-            for (int i = 0; i < Q4_GROUP; i++) total += dst[i];
-            record[2 * g] = s;
-            record[2 * g + 1] = s * (float)total;
+            float xsum = 0.0f;
+            for (int half = 0; half < 2; half++) {
+                const float *src = row + g * Q4_GROUP + half * Q4_HALF;
+                vf vmax = vf_zero();
+                for (int i = 0; i < Q4_HALF; i += VL) vmax = vf_max(vmax, vf_abs(vf_load(src + i)));
+                const float amax = vf_reduce_max(vmax);
+                const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+                const vf vinv = vf_set1(1.0f / s), vlim = vf_set1(127.0f), vneg = vf_set1(-127.0f);
+                int8_t *dst = xq + t * in + g * Q4_GROUP + half * Q4_HALF;
+                for (int i = 0; i < Q4_HALF; i += VL)
+                    vf_store_i8(dst + i, vf_min(vf_max(vf_mul(vf_load(src + i), vinv), vneg), vlim)); /* nearest even */
+                int32_t total = 0;
+                for (int i = 0; i < Q4_HALF; i++) total += dst[i];
+                record[Q4_RECORD * g + half] = s;
+                xsum += s * (float)total;
+            }
+            record[Q4_RECORD * g + 2] = xsum;
         }
     }
 }
@@ -530,7 +539,7 @@ void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_
                       int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
     int8_t small[8192];
     float small_info[1024];
-    const int64_t record = 2 * (in / Q4_GROUP);
+    const int64_t record = Q4_RECORD * (in / Q4_GROUP);
     int8_t *xq = rows * in <= 8192 ? small : malloc(rows * in);
     float *info = rows * record <= 1024 ? small_info : malloc(sizeof(float) * rows * record);
     if (!xq || !info) abort();

@@ -12,7 +12,7 @@
  *   int8: x rows int16 (quantised per row, as on VNNI); a 16-byte half of a line
  *         is sign-extended to int16 and vpmaddwd multiplies it by the broadcast
  *         input pair, adding both products into one int32 lane: exact, like vpdpwssd.
- *   Q4_1: x rows int8 per 32-input group; vpmaddubsw multiplies the nibbles (unsigned
+ *   Q4_1: x rows int8 per 16 inputs; vpmaddubsw multiplies the nibbles (unsigned
  *         bytes) by the broadcast quad of inputs in int16 pairs, vpmaddwd by ones adds
  *         the pairs into int32 lanes (exact), the float16 scales (F16C) applied once
  *         per 32-input group.
@@ -250,13 +250,14 @@ static inline void dot_q4(acc_i8 *acc, xv_q4 x, const wv_q4 *w) {
     acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(_mm256_maddubs_epi16(w[0], x), ones));
     acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(_mm256_maddubs_epi16(w[1], x), ones));
 }
-/* acc += float(s) * (d * sx) + m * xsum (see isa_avx512.h) */
-static inline void q4_fold(acc_f32 *acc, const acc_i8 *s, const uint8_t *block, float sx, float xsum) {
-    const __m256 vsx = _mm256_set1_ps(sx), vsum = _mm256_set1_ps(xsum);
+/* acc += float(lo) * (d * sx_lo) + float(hi) * (d * sx_hi) + m * xsum, rec = [sx_lo, sx_hi, xsum] (see isa_avx512.h) */
+static inline void q4_fold(acc_f32 *acc, const acc_i8 *lo, const acc_i8 *hi, const uint8_t *block, const float *rec) {
+    const __m256 slo = _mm256_set1_ps(rec[0]), shi = _mm256_set1_ps(rec[1]), vsum = _mm256_set1_ps(rec[2]);
     for (int h = 0; h < 2; h++) {
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(block + 16 * h)));
         const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(block + 32 + 16 * h)));
-        acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h]), _mm256_mul_ps(d, vsx), acc[h]);
+        acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[h]), _mm256_mul_ps(d, slo), acc[h]);
+        acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[h]), _mm256_mul_ps(d, shi), acc[h]);
         acc[h] = _mm256_fmadd_ps(m, vsum, acc[h]);
     }
 }

@@ -11,7 +11,7 @@
  *     odd one the pair with its low half cleared) and multiplied by two FMAs; int8
  *     on vpmaddwd + vpaddd (what vpdpwssd fuses), exact int32 sums either way.
  * All three run Q4_1 weights as integers: the nibbles (unsigned bytes) times the
- * rows quantised to int8 per 32 inputs, four products per 32-bit lane (vpdpbusd on
+ * rows quantised to int8 per 16 inputs, four products per 32-bit lane (vpdpbusd on
  * VNNI, else vpmaddubsw + vpmaddwd), the float16 scales applied once per 32-input
  * group (q4_fold).
  */
@@ -228,11 +228,13 @@ static inline void dot_q4(acc_i8 *acc, xv_q4 x, const wv_q4 *w) {
     acc[0] = _mm512_add_epi32(acc[0], _mm512_madd_epi16(_mm512_maddubs_epi16(w[0], x), _mm512_set1_epi16(1)));
 #endif
 }
-/* acc += float(s) * (d * sx) + m * xsum, s the group's exact int32 sums of q * xq
- * (|s| <= 15 * 127 * 32 < 2^24: exact in float32), xsum = sx * the group's sum of xq. */
-static inline void q4_fold(acc_f32 *acc, const acc_i8 *s, const uint8_t *block, float sx, float xsum) {
+/* acc += float(lo) * (d * sx_lo) + float(hi) * (d * sx_hi) + m * xsum, lo and hi the exact int32 sums of q * xq
+ * over each half of the group (|sum| <= 15 * 127 * 16 < 2^24: exact in float32), rec = [sx_lo, sx_hi, xsum], xsum
+ * the group's sum of sx * xq. */
+static inline void q4_fold(acc_f32 *acc, const acc_i8 *lo, const acc_i8 *hi, const uint8_t *block, const float *rec) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)block));
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(block + 32)));
-    acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0]), _mm512_mul_ps(d, _mm512_set1_ps(sx)), acc[0]);
-    acc[0] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum), acc[0]);
+    acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[0]), _mm512_mul_ps(d, _mm512_set1_ps(rec[0])), acc[0]);
+    acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[0]), _mm512_mul_ps(d, _mm512_set1_ps(rec[1])), acc[0]);
+    acc[0] = _mm512_fmadd_ps(m, _mm512_set1_ps(rec[2]), acc[0]);
 }
