@@ -134,7 +134,12 @@ def _race_results(base: list[dict], spec: list[dict], comparison: dict | None = 
         "*The table is the streamed pair: the two runs drawn above, one after the other, "
         + (f"{recorded}" if recorded else measured_on(base[0].get("device") if base else None))
         + ". One pair, not a verdict"
-        + (": the verdict is the median of the alternating pairs above.*" if comparison else ".*"),
+        + (
+            f": its tokens/s ratio, {speedup:.2f}×, is one more pair, run before the alternating pairs and not "
+            "counted in them; the verdict is their median above.*"
+            if comparison and comparison.get("speedup") is not None
+            else ".*"
+        ),
     ]
     verdict = (comparison or {}).get("verdict")
     if verdict in ("slower", "no clear difference"):  # the pairs' verdict, never one pair's ratio
