@@ -35,8 +35,12 @@ class _Sizes:
 
 
 BIG_TREE = 24  # more draft nodes than this: the compact sizes, so that the tree still fits
-NORMAL = _Sizes(marker=18, label_len=16, text=13, per_leaf=48)
-COMPACT = _Sizes(marker=12, label_len=10, text=11, per_leaf=30)
+# per_leaf: labels sit above the markers at odd depths and below at even ones (_label_side), so a row's label
+# below and the next row's label above face each other across the gap between the rows: each takes about half a
+# marker, a few pixels and a line of text, so a row needs at least twice that. 48 px let them touch on a phone,
+# where the legend and the wrapped title leave the plot less of the figure's height.
+NORMAL = _Sizes(marker=18, label_len=16, text=13, per_leaf=66)
+COMPACT = _Sizes(marker=12, label_len=10, text=11, per_leaf=42)
 HALO = 4
 MIN_HEIGHT = 420
 BASE_HEIGHT = 260  # title, axis and legend
