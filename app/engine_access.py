@@ -102,9 +102,10 @@ def use_drafter(engine, drafter: str) -> None:
         raise gr.Error(str(exc)) from None
 
 
-def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens, adaptive=False):
+def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens, adaptive=False, verify="token"):
     """UI / API values -> a validated GenerationSettings (raises gr.Error with the engine's message).
-    adaptive: drafting depth that adapts (engine.drafters.adaptive), at the engine's default confidence threshold."""
+    adaptive: drafting depth that adapts (engine.drafters.adaptive), at the engine's default confidence threshold.
+    verify: a sampled chain's acceptance rule, "token" or "block" (GenerationSettings.verify)."""
     from engine import GenerationSettings
 
     if seed is None or (isinstance(seed, str) and not seed.strip()):
@@ -129,6 +130,7 @@ def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_toke
             seed=seed_value,
             max_prompt_tokens=MAX_PROMPT_TOKENS,
             adaptive=False if adaptive is None else adaptive,
+            verify=verify or "token",
         )
         settings.validate()
     except ValueError as exc:

@@ -214,6 +214,27 @@ def test_playground_stop_keeps_a_partial_trace():
 
 
 @pytest.mark.slow
+def test_playground_runs_the_block_rule_it_is_set_to():
+    """#39: the Playground's Acceptance rule control reaches the engine: a sampled int8 chain verified by the
+    block rule records "block" on every drafted pass (the Step-through narrates it from there); an unknown rule
+    is refused with the engine's message; loading an example sets the rule back to the one it was recorded with."""
+    import gradio as gr
+
+    from app.tabs import playground
+
+    args = _play_args(drafter="int8", k=3, temperature=0.8, seed=2, max_new_tokens=12, verify="block")
+    final = dict(zip(playground.PLAY_KEYS, list(playground.run_playground(**args, request=None, progress=None))[-1]))
+    steps = [e for e in final["trace"] if e["type"] == "step"]
+    assert steps and all(e["verify"] == "block" for e in steps if e["drafted"]), [e.get("verify") for e in steps]
+    assert final["trace"][0]["settings"]["verify"] == "block"
+    with pytest.raises(gr.Error, match="verify"):
+        list(playground.run_playground(**{**args, "verify": "sometimes"}, request=None, progress=None))
+    name = next(e["name"] for e in playground.load_examples() if e.get("drafter") == "int8")
+    picked = playground.pick_example(name)
+    assert picked[2 + playground.EXAMPLE_SETTINGS.index("verify")] == "token"
+
+
+@pytest.mark.slow
 def test_concurrent_int8_runs_do_not_share_drafter_state():
     """Two sessions drafting with int8 at once must each get the output of a run alone (greedy)."""
     from concurrent.futures import ThreadPoolExecutor

@@ -111,6 +111,7 @@ PLAY_INPUTS = [
     "max_new",
     "dtype",
     "adaptive",
+    "verify",
     "answers",
 ]
 
@@ -370,13 +371,14 @@ def run_playground(
     max_new_tokens,
     dtype,
     adaptive: bool = False,
+    verify: str = "token",
     answers: list[str] | None = None,
     run_id: str = "",
     request: gr.Request = None,
     progress=gr.Progress(),  # noqa: B008 (gradio injects the tracker)
 ):
     """Generator: stream one real generation into the Playground outputs, one update per target pass."""
-    settings = make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens, adaptive)
+    settings = make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_tokens, adaptive, verify)
     answers = [a for a in (answers or []) if isinstance(a, str)][-MAX_HISTORY_DOCS:]
     settings.history = tuple(answers)  # only the suffix drafter reads them
     if drafter == VLLM_DRAFTER:  # the production engine: its own model and speculation, same events
@@ -543,9 +545,21 @@ def _drafting_controls(c: dict, start: dict, s: dict) -> None:
         )
 
 
+VERIFY_CHOICES = [("per token", "token"), ("block", "block")]
+VERIFY_INFO = (
+    "How a sampled chain's drafts are kept; both keep the output exactly the target's. Per token: each draft "
+    "with probability min(1, p/q). Block: the longest drafted prefix by its joint ratio (never fewer tokens in "
+    "expectation). Greedy runs and trees are verified per token."
+)
+
+
 def _sampling_controls(c: dict, s: dict) -> None:
     with gr.Accordion("Sampling", open=True, elem_classes=["sl-settings"]):
         _sliders(c, SAMPLING_SLIDERS, s)
+        c["verify"] = gr.Radio(
+            VERIFY_CHOICES, value=s.get("verify") or "token", label="Acceptance rule", info=VERIFY_INFO,
+            elem_id="sl-verify",
+        )
         c["seed"] = gr.Number(
             value=s.get("seed", -1),
             precision=0,
@@ -749,11 +763,11 @@ def wire(c: dict, st_source: gr.Radio) -> None:
         **PRIVATE,
     )
     example_outputs = [c[key] for key in ("prompt", "drafter", "k", "topk", "budget", "temperature", "top_p")]
-    example_outputs += [c[key] for key in ("top_k", "seed", "max_new", "status", "text", "stats")]
+    example_outputs += [c[key] for key in ("top_k", "seed", "max_new", "verify", "status", "text", "stats")]
     c["example"].input(pick_example, [c["example"]], example_outputs, show_progress="hidden", queue=False, **PRIVATE)
     # An edited prompt or setting is no longer the example: the picker lets go of its name (its note stays, as
     # measured).
-    edits = ("prompt", "drafter", "k", "topk", "budget", "temperature", "top_p", "top_k", "seed", "max_new")
+    edits = ("prompt", "drafter", "k", "topk", "budget", "temperature", "top_p", "top_k", "seed", "max_new", "verify")
     gr.on(
         [c[key].input for key in edits],
         lambda: None,
