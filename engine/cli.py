@@ -172,6 +172,9 @@ def _add_launch_command(sub) -> None:
     lc.add_argument("--num-draft-tokens", type=int, default=None, help="tree budget: draft tokens per step")
     lc.add_argument("--temperature", type=float, default=0.0)
     lc.add_argument("--adaptive", action="store_true", help="drafting depth that adapts (where the engine has it)")
+    lc.add_argument(
+        "--verify", choices=["token", "block"], default="token", help="sampled chains' acceptance rule (vLLM: block)"
+    )
     lc.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -629,7 +632,15 @@ def _launch_command(args) -> int:
 
     target = DEFAULT_MODEL if args.target == "default" else args.target
     result = launch_command(
-        args.engine, args.drafter, args.k, args.topk, args.num_draft_tokens, target, args.temperature, args.adaptive
+        args.engine,
+        args.drafter,
+        args.k,
+        args.topk,
+        args.num_draft_tokens,
+        target,
+        args.temperature,
+        args.adaptive,
+        args.verify,
     )
     if args.json:
         print(json.dumps(result, ensure_ascii=False))

@@ -69,6 +69,20 @@ def test_where_there_is_no_equivalent_it_says_so(engine):
     assert "no equivalent for int8" in result["notes"][0]
 
 
+def test_the_block_rule_is_vllms_rejection_sample_method_and_a_note_elsewhere():
+    """--verify block: vLLM's speculative config says rejection_sample_method "block" (with n-gram, which has
+    no q, vLLM keeps drafts per token: said); engines without block verification say they verify per token."""
+    vllm = launch_command("vllm", "model:SmolLM2-135M-Instruct", k=4, verify="block")
+    spec = json.loads(shlex.split(vllm["command"])[-1])
+    assert spec["rejection_sample_method"] == "block" and not vllm["notes"]
+    assert "rejection_sample_method" not in launch_command("vllm", "ngram", k=4)["command"]
+    assert any("per token" in note for note in launch_command("vllm", "ngram", k=4, verify="block")["notes"])
+    sglang = launch_command("sglang", "eagle", k=4, verify="block")
+    assert sglang["command"] and any("no block verification" in note for note in sglang["notes"])
+    with pytest.raises(ValueError, match="verify must be one of token, block"):
+        launch_command("vllm", "ngram", verify="blocks")
+
+
 def test_bad_input_gets_a_clear_message():
     with pytest.raises(ValueError, match="engine must be one of"):
         launch_command("tgi", "ngram")
@@ -116,14 +130,17 @@ print(json.dumps(spec))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["ngram", "model:SmolLM2-135M-Instruct", "suffix", "eagle"])
-def test_vllms_own_parser_takes_the_command(drafter):
+@pytest.mark.parametrize(
+    "drafter,verify",
+    [("ngram", "token"), ("ngram", "block"), ("model:SmolLM2-135M-Instruct", "token"), ("suffix", "token"), ("eagle", "token")],
+)
+def test_vllms_own_parser_takes_the_command(drafter, verify):
     """The printed vLLM command, parsed by vLLM 0.32's serve parser in .venv-vllm: the method is one vLLM
     accepts, every key a SpeculativeConfig field, and the n-gram config is built as vLLM builds it."""
     python = VLLM_VENV / "bin" / "python"
     if not python.exists():
         pytest.skip(f"{python} not found (scripts/setup.sh --dev builds it)")
-    command = launch_command("vllm", drafter, k=6)["command"]
+    command = launch_command("vllm", drafter, k=6, verify=verify)["command"]
     argv = shlex.split(command)[2:]  # what `vllm serve` hands its parser
     argv[0] = str(ROOT)  # a local folder for the model: a Hub id would send the parser to the (unreachable) Hub
     out = subprocess.run(
@@ -134,3 +151,4 @@ def test_vllms_own_parser_takes_the_command(drafter):
     assert spec["num_speculative_tokens"] == 6
     if drafter == "ngram":
         assert spec["built"] == [6, 2, 6]
+    assert spec.get("rejection_sample_method", "standard") == ("block" if verify == "block" else "standard")

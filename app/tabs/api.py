@@ -144,6 +144,7 @@ def api_launch_command(
     num_draft_tokens: int = 0,
     temperature: float = 0.0,
     adaptive: bool = False,
+    verify: str = "token",
 ) -> dict:
     """The command that turns this drafting on in a production engine (no model runs).
 
@@ -155,6 +156,7 @@ def api_launch_command(
         num_draft_tokens: the tree's draft-token budget (0 = K × topk).
         temperature: 0 = greedy.
         adaptive: drafting depth that adapts (where the engine has it).
+        verify: sampled chains' acceptance rule, token or block (vLLM's rejection_sample_method).
 
     Returns:
         {"engine", "drafter", "command": the exact command (or Python for transformers; null where the engine
@@ -173,6 +175,7 @@ def api_launch_command(
             DEFAULT_MODEL,
             float(temperature),
             bool(adaptive),
+            verify or "token",
         )
     except (TypeError, ValueError) as exc:
         raise gr.Error(str(exc)) from None

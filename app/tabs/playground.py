@@ -580,7 +580,7 @@ def _sampling_controls(c: dict, s: dict) -> None:
 LAUNCH_ENGINES = [("vLLM", "vllm"), ("SGLang", "sglang"), ("llama.cpp", "llama.cpp"), ("transformers", "transformers")]
 
 
-def launch_view(engine_name, target, drafter, k, topk, budget, temperature, adaptive):
+def launch_view(engine_name, target, drafter, k, topk, budget, temperature, adaptive, verify="token"):
     """The command that turns the current drafting on in a production engine (engine.tools.launch), and its
     notes: what differs, or why there is no equivalent."""
     from engine.tools.launch import launch_command
@@ -595,6 +595,7 @@ def launch_view(engine_name, target, drafter, k, topk, budget, temperature, adap
             target or DEFAULT_MODEL,
             float(temperature or 0.0),
             bool(adaptive),
+            verify or "token",
         )
     except (ValueError, gr.Error) as exc:
         return gr.Code(value="", language="shell"), f"*{exc}*"
@@ -782,9 +783,9 @@ def wire(c: dict, st_source: gr.Radio) -> None:
     c["memory_btn"].click(memory_plan, plan_inputs, [c["memory"]], show_progress="hidden", **PRIVATE)
     # The launch command follows the drafting controls (and the engine chosen), computed here, no model needed.
     launch_inputs = [c[key] for key in ("launch_engine", "target", "drafter", "k", "topk", "budget", "temperature")]
-    launch_inputs.append(c["adaptive"])
+    launch_inputs += [c["adaptive"], c["verify"]]
     gr.on(
-        [c[key].change for key in ("launch_engine", "drafter", "k", "topk", "budget", "temperature", "adaptive")],
+        [c[key].change for key in ("launch_engine", "drafter", "k", "topk", "budget", "temperature", "adaptive", "verify")],
         launch_view,
         launch_inputs,
         [c["launch_code"], c["launch_notes"]],

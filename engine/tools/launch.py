@@ -41,7 +41,10 @@ def _join(argv: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def _vllm(model: str, drafter: str, k: int, topk: int, notes: list[str]) -> str | None:
+VERIFY_RULES = ("token", "block")  # GenerationSettings.verify
+
+
+def _vllm(model: str, drafter: str, k: int, topk: int, notes: list[str], verify: str = "token") -> str | None:
     argv = ["vllm", "serve", model]
     if drafter == "none":
         return _join(argv)
@@ -66,6 +69,12 @@ def _vllm(model: str, drafter: str, k: int, topk: int, notes: list[str]) -> str 
         return None
     if topk > 1:
         notes.append(f"vLLM: {NO_TREE}")
+    if verify == "block":
+        spec["rejection_sample_method"] = "block"
+        if drafter in ("ngram", "suffix"):
+            notes.append(
+                f"vLLM's block verification needs the drafter's q: with {drafter} (no q) it keeps drafts per token"
+            )
     return _join(argv + ["--speculative-config", json.dumps(spec)])
 
 
@@ -155,14 +164,18 @@ def launch_command(
     target: str = DEFAULT_MODEL,
     temperature: float = 0.0,
     adaptive: bool = False,
+    verify: str = "token",
 ) -> dict:
     """{"engine", "drafter", "command" (None where the engine has no equivalent), "equivalent", "notes"}.
 
     drafter: SpecLens's spec (none, ngram, suffix, int8, eagle, model:<id>); k, topk, num_draft_tokens: the
-    draft shape as generate takes it (num_draft_tokens None = K x topk). Raises ValueError for an unknown
-    engine or a bad shape."""
+    draft shape as generate takes it (num_draft_tokens None = K x topk); verify: the acceptance rule of sampled
+    chains, "token" or "block" (vLLM's rejection_sample_method "block"; the other engines verify per token, said
+    in the notes). Raises ValueError for an unknown engine, rule or a bad shape."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if verify not in VERIFY_RULES:
+        raise ValueError(f"verify must be one of {', '.join(VERIFY_RULES)}, got {verify!r}")
     drafter = (drafter or "none").strip()
     if drafter in ("", "baseline"):
         drafter = "none"
@@ -175,7 +188,7 @@ def launch_command(
     model = _hub_id(target)
     notes: list[str] = []
     if engine == "vllm":
-        command = _vllm(model, drafter, k, topk, notes)
+        command = _vllm(model, drafter, k, topk, notes, verify)
     elif engine == "sglang":
         command = _sglang(model, drafter, k, topk, budget, notes)
     elif engine == "llama.cpp":
@@ -184,8 +197,14 @@ def launch_command(
         command = _transformers(model, drafter, k, temperature, adaptive, notes)
     if command is None:
         notes.insert(0, _no_equivalent(engine, drafter))
-    elif adaptive and engine != "transformers":
-        notes.append("adaptive depth has no flag here: the engine drafts K every step")
+    else:
+        if adaptive and engine != "transformers":
+            notes.append("adaptive depth has no flag here: the engine drafts K every step")
+        if verify == "block" and engine != "vllm" and drafter != "none":
+            notes.append(
+                f"{engine} has no block verification: it keeps drafts per token (the same output distribution; "
+                "block keeps at least as many tokens per pass in expectation)"
+            )
     return {
         "engine": engine,
         "drafter": drafter,
