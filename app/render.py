@@ -249,7 +249,7 @@ def theory_line(s: dict) -> str:
         text += f"; {drafting} of {passes} passes drafted (a pass with nothing to draft yields 1 token)"
         if drafting * 2 < passes:
             text += (
-                f", and over those {drafting} alone the theory is "
+                f", and over the {drafting} drafting pass{'' if drafting == 1 else 'es'} alone the theory is "
                 f"{s.get('theoretical_tokens_per_drafting_pass', 1.0):.2f}"
             )
     return text + "."

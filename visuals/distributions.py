@@ -239,7 +239,7 @@ def _pq_axes(fig: go.Figure, labels: list[str], xmax: float, notes: int) -> None
         ticktext=[f"{t:g}" for t in ticks],
     )
     fig.update_yaxes(
-        title_text="token (top 10 of p and q)",
+        title_text="token (the top 10 of p, and of q)",
         autorange="reversed",
         type="category",
         tickmode="array",

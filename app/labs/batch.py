@@ -162,7 +162,7 @@ def _status(result: dict) -> str:
         f"{_cost_words(result, sizes[0], k)}; "
         f"with E = {result['expected_tokens_per_pass']:.2f} tokens per pass (α = {alpha:.2f}, K = {k}): "
         f"**{result['verdict']}**. K, α and the draft time ({result['draft_ms']:g} ms per draft token) come from "
-        f"{result.get('source') or TYPED_SOURCE}: a new Playground run re-measures them, **Measure** the pass times. "
+        f"{result.get('source') or TYPED_SOURCE}: a new Playground run re-measures them, and **Measure** re-measures the pass times. "
         "Move α or the draft time to recompute at once from these pass times. The engine decodes one sequence at a "
         "time: batched speculative decoding is computed here, not run."
     )

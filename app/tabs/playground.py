@@ -549,7 +549,7 @@ VERIFY_CHOICES = [("per token", "token"), ("block", "block")]
 VERIFY_INFO = (
     "How a sampled chain's drafts are kept; both keep the output exactly the target's. Per token: each draft "
     "with probability min(1, p/q). Block: the longest drafted prefix by its joint ratio (never fewer tokens in "
-    "expectation). Greedy runs and trees are verified per token."
+    "expectation; one short run can show fewer). Greedy runs and trees are verified per token."
 )
 
 

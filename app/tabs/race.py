@@ -71,6 +71,16 @@ VERDICT_WORDS = {
 }
 
 
+def _verdict_words(c: dict) -> str:
+    """The verdict in words; "no clear difference" names the reason that applies (the spread reaching 1×, or a
+    difference under the 5% that counts), not both."""
+    if c["verdict"] != "no clear difference" or c.get("low") is None:
+        return VERDICT_WORDS[c["verdict"]]
+    if c["low"] <= 1.0 <= c["high"]:
+        return f"no clear difference: the spread, {c['low']:.2f}× – {c['high']:.2f}×, includes 1×"
+    return "no clear difference: the difference is under 5%"
+
+
 def _verdict_lines(comparison: dict | None, one_pair: float) -> list[str]:
     """The headline: the verdict of the alternating pairs (engine.metrics.compare_speedups), never of one pair."""
     if comparison is None or comparison.get("speedup") is None:
@@ -81,7 +91,7 @@ def _verdict_lines(comparison: dict | None, one_pair: float) -> list[str]:
         ]
     c = comparison
     lines = [
-        f"### Measured speedup: **{c['speedup']:.2f}×** ({VERDICT_WORDS[c['verdict']]})",
+        f"### Measured speedup: **{c['speedup']:.2f}×** ({_verdict_words(c)})",
     ]
     if c["low"] is not None:
         lines.append(
