@@ -25,7 +25,17 @@ log = logging.getLogger("speclens.app")
 
 # The settings an example fills, in the order `example_values` returns them, and their values when an
 # example does not name them (so that a previous run's top-p or tree budget never leaks into it).
-EXAMPLE_SETTINGS = ["k", "topk", "num_draft_tokens", "temperature", "top_p", "top_k", "seed", "max_new_tokens", "verify"]
+EXAMPLE_SETTINGS = [
+    "k",
+    "topk",
+    "num_draft_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "max_new_tokens",
+    "verify",
+]
 EXAMPLE_DEFAULTS = {"topk": 1, "num_draft_tokens": 0, "top_p": 1.0, "top_k": 0, "seed": 0, "verify": "token"}
 
 

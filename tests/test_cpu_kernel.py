@@ -648,7 +648,9 @@ def test_q4_1_quantises_any_matrix_and_pads_odd_widths(variant):
     step = ((blocks.amax(2) - blocks.amin(2)) / 15).repeat_interleave(32, 1)[:, :70]
     assert deq.shape == (50, 70) and bool(((deq - w).abs() <= 0.51 * step + 2e-3).all())  # half a step
     x = torch.randn(3, 70, generator=torch.Generator().manual_seed(6))
-    torch.testing.assert_close(cpu_kernels.skinny_gemm_q4_1(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        cpu_kernels.skinny_gemm_q4_1(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_q4_1_gives_the_same_bits_on_every_variant():

@@ -132,7 +132,13 @@ print(json.dumps(spec))
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "drafter,verify",
-    [("ngram", "token"), ("ngram", "block"), ("model:SmolLM2-135M-Instruct", "token"), ("suffix", "token"), ("eagle", "token")],
+    [
+        ("ngram", "token"),
+        ("ngram", "block"),
+        ("model:SmolLM2-135M-Instruct", "token"),
+        ("suffix", "token"),
+        ("eagle", "token"),
+    ],
 )
 def test_vllms_own_parser_takes_the_command(drafter, verify):
     """The printed vLLM command, parsed by vLLM 0.32's serve parser in .venv-vllm: the method is one vLLM

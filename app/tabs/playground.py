@@ -557,7 +557,10 @@ def _sampling_controls(c: dict, s: dict) -> None:
     with gr.Accordion("Sampling", open=True, elem_classes=["sl-settings"]):
         _sliders(c, SAMPLING_SLIDERS, s)
         c["verify"] = gr.Radio(
-            VERIFY_CHOICES, value=s.get("verify") or "token", label="Acceptance rule", info=VERIFY_INFO,
+            VERIFY_CHOICES,
+            value=s.get("verify") or "token",
+            label="Acceptance rule",
+            info=VERIFY_INFO,
             elem_id="sl-verify",
         )
         c["seed"] = gr.Number(
@@ -785,7 +788,10 @@ def wire(c: dict, st_source: gr.Radio) -> None:
     launch_inputs = [c[key] for key in ("launch_engine", "target", "drafter", "k", "topk", "budget", "temperature")]
     launch_inputs += [c["adaptive"], c["verify"]]
     gr.on(
-        [c[key].change for key in ("launch_engine", "drafter", "k", "topk", "budget", "temperature", "adaptive", "verify")],
+        [
+            c[key].change
+            for key in ("launch_engine", "drafter", "k", "topk", "budget", "temperature", "adaptive", "verify")
+        ],
         launch_view,
         launch_inputs,
         [c["launch_code"], c["launch_notes"]],

@@ -173,7 +173,19 @@ STEPS = [
 
 # What a step's button fills, by component name: the Playground's controls (and its example picker and
 # status line), the Step-through's source and trace, and the Race's controls and example picker.
-PLAYGROUND_KEYS = ["prompt", "drafter", "k", "topk", "budget", "temperature", "top_p", "top_k", "seed", "max_new", "verify"]
+PLAYGROUND_KEYS = [
+    "prompt",
+    "drafter",
+    "k",
+    "topk",
+    "budget",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "max_new",
+    "verify",
+]
 PLAYGROUND_OUT = [*PLAYGROUND_KEYS, "example", "status", "text", "stats"]
 STEP_THROUGH_OUT = ["st_source", "st_recorded", *STEP_KEYS]
 RACE_OUT = [*RACE_INPUTS, "race_example", *RACE_CLEARED]
