@@ -143,6 +143,12 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
     where even the best pairing is not faster, after a smaller B where it clearly paid; else None), with a
     sentence saying so ("never clearly pays here" when nothing before that loss clearly paid); and ``wide_pass_cost``'s
     keys (what the wider pass costs, per B).
+
+    The ceiling: a pass over K + 1 tokens per row is never counted cheaper than a pass over one (a decoder
+    without speculation could run its one token in the wider pass's shape, padded, at the same cost), so at
+    each B the speedup and its bounds are at most ``speedup_ceiling`` = E × pass_ms_1 ÷ (pass_ms_1 + K ·
+    draft_ms), which is E with free drafting. "capped_at" lists the B where the measured wide pass was the
+    quicker one and the ceiling applied (what a CPU's matrix library does with a few rows, not speculation).
     """
     sizes, k = [int(b) for b in pass_times["batch_sizes"]], int(pass_times["k"])
     e = expected_tokens_per_pass(alpha, k)
@@ -155,17 +161,27 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
         return b * e * MS_PER_S / (ms + draft)
 
     plain = [plain_tps(b, ms) for b, ms in zip(sizes, pass_times["pass_ms_1"])]
-    spec = [spec_tps(b, ms) for b, ms in zip(sizes, pass_times["pass_ms_k1"])]
+    ceilings = [e * ms / (ms + draft) for ms in pass_times["pass_ms_1"]]
+    # the wide pass counted at no less than the one-token pass (the ceiling above)
+    spec = [
+        spec_tps(b, max(wide, one)) for b, wide, one in zip(sizes, pass_times["pass_ms_k1"], pass_times["pass_ms_1"])
+    ]
     speedup = [s / p for s, p in zip(spec, plain)]
+    capped_at = [b for b, wide, one in zip(sizes, pass_times["pass_ms_k1"], pass_times["pass_ms_1"]) if wide < one]
     # The spread of the repeats bounds each ratio: at best the quickest wide pass against the slowest plain one.
     # A bound that straddles 1 is noise, never a verdict (without spreads the medians decide alone).
     spreads_1 = pass_times.get("spread_ms_1") or [None] * len(sizes)
     spreads_k1 = pass_times.get("spread_ms_k1") or [None] * len(sizes)
     bounds = [
-        ratio_bounds((spec_tps(b, sk[1]), spec_tps(b, sk[0])), (plain_tps(b, s1[1]), plain_tps(b, s1[0])))
+        tuple(
+            bound if bound is None else min(bound, ceiling)
+            for bound in ratio_bounds(
+                (spec_tps(b, sk[1]), spec_tps(b, sk[0])), (plain_tps(b, s1[1]), plain_tps(b, s1[0]))
+            )
+        )
         if s1 and sk
         else (r, r)
-        for b, r, s1, sk in zip(sizes, speedup, spreads_1, spreads_k1)
+        for b, r, s1, sk, ceiling in zip(sizes, speedup, spreads_1, spreads_k1, ceilings)
     ]
     pays_at = [b for b, (low, _) in zip(sizes, bounds) if low > 1.0]
     unclear = [b for b, (low, high) in zip(sizes, bounds) if low <= 1.0 < high]
@@ -197,6 +213,8 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
         "throughput_speculative": spec,
         "speedup": speedup,
         "speedup_bounds": bounds,
+        "speedup_ceiling": ceilings,
+        "capped_at": capped_at,
         "pays_at": pays_at,
         "unclear_at": unclear,
         "stops_paying_at": stops,

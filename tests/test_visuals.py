@@ -657,6 +657,28 @@ def test_batch_verdict_reads_the_repeats_spread():
     assert quiet["stops_paying_at"] == stop and quiet["verdict"] == base["verdict"]
 
 
+def test_batch_speedup_never_above_its_ceiling():
+    """A wide pass measured quicker than a one-token pass (a CPU's matrix library with a few rows) is counted at
+    the one-token pass's time: the speedup and its bounds stay at most E × t1 ÷ (t1 + K·d), the B is named, and
+    the lab's table shows each speedup with its spread and its status names the ceiling."""
+    from app.labs.batch import _batch_table, _status
+    from engine.metrics import batch_throughputs, expected_tokens_per_pass
+
+    m = {"batch_sizes": [1, 2], "k": 4, "pass_ms_1": [20.0, 22.0], "pass_ms_k1": [15.0, 30.0]}
+    m |= {"spread_ms_1": [[19.0, 24.0], [21.0, 23.0]], "spread_ms_k1": [[14.0, 16.0], [29.0, 31.0]]}
+    e = expected_tokens_per_pass(0.7, 4)
+    for draft in (0.0, 1.0):
+        r = batch_throughputs(m, 0.7, draft)
+        ceiling = e * 20.0 / (20.0 + 4 * draft)
+        assert r["capped_at"] == [1] and r["speedup_ceiling"][0] == pytest.approx(ceiling)
+        assert r["speedup"][0] == pytest.approx(ceiling) and max(r["speedup_bounds"][0]) <= ceiling + 1e-9
+        assert r["speedup"][1] == pytest.approx(e * 22.0 / (30.0 + 4 * draft))  # not capped: as measured
+    r = {**batch_throughputs(m, 0.7, 0.0), "measured_on": "here", "repeats": 3, "draft_ms": 0.0}
+    assert f"at most {e:.2f}×" in _status(r) and "At B = 1 the wider pass was measured quicker" in _status(r)
+    low, high = r["speedup_bounds"][1]
+    assert _batch_table(r)[1][1] == f"{r['speedup'][1]:.2f}× [{low:.2f}–{high:.2f}]"
+
+
 def test_batch_always_pays_and_bad_input():
     fig = batch_figure(_batch(pass_ms_k1=[21.0] * 6, draft_ms_per_token=None))
     assert "pays at every batch size" in plain(fig.layout.title.text)

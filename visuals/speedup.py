@@ -361,7 +361,7 @@ def batch_figure(measurements: dict) -> go.Figure:
     )
     log = len(bs) > 1 and max(bs) / max(min(bs), 1) >= LOG_SPAN
     fig.update_xaxes(
-        title_text="batch size B (sequences decoded together)",
+        title_text="batch size B",
         type="log" if log else "linear",
         tickmode="array",
         tickvals=bs,

@@ -50,7 +50,7 @@ TREE_SOURCE = (
 # The speedup beside its batch size: on a phone the table scrolls sideways and shows its first columns.
 BATCH_HEADERS = [
     "batch B",
-    "speedup (computed)",
+    "speedup (computed: median [spread])",
     "pass, 1 token per row (ms, measured: median [min–max])",
     "pass, K+1 tokens per row (ms, measured: median [min–max])",
     "without speculation (tok/s, computed)",
@@ -118,7 +118,8 @@ def _batch_table(result: dict) -> list[list]:
     rows = []
     spreads_1 = result.get("spread_ms_1") or [None] * len(result["batch_sizes"])
     spreads_k1 = result.get("spread_ms_k1") or [None] * len(result["batch_sizes"])
-    for b, t1, s1, tk, sk, plain, spec, ratio in zip(
+    bounds = result.get("speedup_bounds") or [None] * len(result["batch_sizes"])
+    for b, t1, s1, tk, sk, plain, spec, ratio, bound in zip(
         result["batch_sizes"],
         result["pass_ms_1"],
         spreads_1,
@@ -127,9 +128,18 @@ def _batch_table(result: dict) -> list[list]:
         result["throughput_plain"],
         result["throughput_speculative"],
         result["speedup"],
+        bounds,
     ):
-        rows.append([b, f"{ratio:.2f}×", _ms(t1, s1), _ms(tk, sk), f"{plain:.1f}", f"{spec:.1f}"])
+        rows.append([b, _speedup_cell(ratio, bound), _ms(t1, s1), _ms(tk, sk), f"{plain:.1f}", f"{spec:.1f}"])
     return rows
+
+
+def _speedup_cell(ratio: float, bound) -> str:
+    """The speedup with the spread of the repeats' pairings beside it ("0.81× [0.62–1.05]"): a row whose spread
+    straddles 1× reads as no verdict, as the headline says."""
+    if not bound or bound[0] is None or bound[0] == bound[1]:
+        return f"{ratio:.2f}×"
+    return f"{ratio:.2f}× [{bound[0]:.2f}–{bound[1]:.2f}]"
 
 
 COST_FINDINGS = {  # engine.metrics.wide_pass_cost's finding, in words
@@ -153,6 +163,21 @@ def _cost_words(result: dict, b: int, k: int) -> str:
     return words + COST_FINDINGS.get(result["pass_cost_finding"][0], "")
 
 
+def _ceiling_words(result: dict) -> str:
+    """Where the wide pass was measured quicker than a one-token pass, what the lab counted instead (the
+    ceiling engine.metrics.batch_throughputs applies): empty where it did not apply."""
+    capped = result.get("capped_at") or []
+    if not capped:
+        return ""
+    sizes = ", ".join(map(str, capped))
+    ceiling = result["speedup_ceiling"][result["batch_sizes"].index(capped[0])]
+    return (
+        f" At B = {sizes} the wider pass was measured quicker than a one-token pass; it is counted at the one-token "
+        f"pass's time (a decoder without speculation could run its token in the wider shape too), so the speedup "
+        f"there is at most {ceiling:.2f}× (E, less the drafting time)."
+    )
+
+
 def _status(result: dict) -> str:
     """What was measured (where, when), what computed, and the verdict, all from one result."""
     sizes, k, alpha = result["batch_sizes"], result["k"], result["alpha"]
@@ -161,7 +186,7 @@ def _status(result: dict) -> str:
         f"interleaved repeats, spread in the table); throughputs computed from them, α and the draft time.** "
         f"{_cost_words(result, sizes[0], k)}; "
         f"with E = {result['expected_tokens_per_pass']:.2f} tokens per pass (α = {alpha:.2f}, K = {k}): "
-        f"**{result['verdict']}**. K, α and the draft time ({result['draft_ms']:g} ms per draft token) come from "
+        f"**{result['verdict']}**.{_ceiling_words(result)} K, α and the draft time ({result['draft_ms']:g} ms per draft token) come from "
         f"{result.get('source') or TYPED_SOURCE}: a new Playground run re-measures them, and **Measure** re-measures the pass times. "
         "Move α or the draft time to recompute at once from these pass times. The engine decodes one sequence at a "
         "time: batched speculative decoding is computed here, not run."
