@@ -192,6 +192,18 @@ def _decisions(pp: _Pass) -> list[str]:
     return lines
 
 
+def _residual_text(last: dict, top: list) -> str:
+    """A resampled token's odds where it was drawn, the residual, beside its p (the target's probability before
+    the rejection, which a reader would otherwise take for the odds of the draw)."""
+    p = last.get("p")
+    drawn = next((t[2] for t in top if t[0] == last.get("token_id")), None)
+    if p is None:
+        return "" if drawn is None else f" (residual probability {fmt_num(drawn)})"
+    if drawn is None:
+        return f" (p = {fmt_num(p)}: the target's probability before the rejection, not the residual's)"
+    return f" (residual probability {fmt_num(drawn)}; its p, before the rejection, {fmt_num(p)})"
+
+
 def _resampled(pp: _Pass, last: dict, token: str, p_text: str) -> list[str]:
     mark = MARKS["resampled"]
     if pp.greedy:
@@ -206,8 +218,8 @@ def _resampled(pp: _Pass, last: dict, token: str, p_text: str) -> list[str]:
             f"- {mark} **Resampled** {token} from the residual norm(max(0, p − q)): with "
             f"a point-mass q this is p with the rejected draft removed{p_text}."
         ]
-    lines = [f"- {mark} **Resampled** {token} from the residual norm(max(0, p − q)){p_text}."]
     top = last.get("residual_top") or []
+    lines = [f"- {mark} **Resampled** {token} from the residual norm(max(0, p − q)){_residual_text(last, top)}."]
     if top:
         shown = ", ".join(f"{md_token(t[1])} {fmt_num(t[2])}" for t in top[:3])
         lines.append(f"  The residual's most likely tokens were {shown}.")

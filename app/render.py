@@ -239,10 +239,13 @@ def theory_line(s: dict) -> str:
     with α's own sample size; where most passes drafted nothing, the theory over the passes that drafted."""
     kind = "some sibling at a tried depth is kept" if s["tree_topk"] > 1 else "a tried draft is kept"
     passes, drafting = s["target_passes"], s.get("passes_drafted", s["target_passes"])
+    # The mean K over every pass the theory averages (0 where nothing was drafted): at α = 1, E = that mean + 1,
+    # which a reader can check by eye (the mean over the drafting passes alone would not add up).
+    mean_k = s.get("mean_drafted_depth", s["k"]) * (drafting / passes if passes else 1.0)
     text = (
         f"- **Theory:** α = {fmt_num(s['position_acceptance'])} (the chance that {kind}; "
         f"{plural(s.get('positions_tried', 0), 'depth')} tried), E = (1 − α^(K+1)) / (1 − α) at the K each pass "
-        f"drafted (mean {s.get('mean_drafted_depth', s['k']):.2f}, slider K = {s['k']}) = "
+        f"drafted (mean {mean_k:.2f} over all {passes} passes, slider K = {s['k']}) = "
         f"**{s['theoretical_tokens_per_pass']:.2f} tokens per pass** (measured {s['tokens_per_pass']:.2f})"
     )
     if drafting < passes:

@@ -92,7 +92,7 @@ def build_demo() -> gr.Blocks:
         gr.Markdown(INTRO, elem_classes=["sl-intro"])
         gr.Markdown(INTRO_MORE, elem_classes=["sl-intro", "sl-intro-more"])
         missing = gr.Markdown("", visible=False, elem_id="sl-missing-model", elem_classes=["sl-status"])
-        with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab one tap away, a phone too
+        with gr.Tabs(overflow_behavior="wrap", elem_id="sl-tabs") as tabs:  # every tab one tap away, a phone too
             play = playground.layout(first["play"])
             class_steps = workshop.layout()
             steps = step_through.layout(first["steps"])

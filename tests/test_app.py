@@ -58,6 +58,9 @@ def test_narration_explains_sampled_rejection_and_greedy():
     assert "min(1, p/q)" in text and "drew u =" in text
     assert "rejected" in text and "residual norm(max(0, p − q))" in text
     assert "bonus" in text
+    # A resampled token's odds are the residual's, its p beside them named as the probability before the rejection.
+    resampled = [line for line in text.splitlines() if "**Resampled**" in line]
+    assert resampled and all("residual probability" in line or "not the residual's" in line for line in resampled)
     greedy = load_recorded("code-edit-ngram-greedy.json")
     text = "\n".join(narrate_step(greedy, i) for i in range(3))
     assert "target's top token" in text
@@ -389,3 +392,23 @@ def test_a_race_verdict_names_the_streamed_pairs_own_ratio_as_one_more_pair():
     streamed = float(re.search(r"its tokens/s ratio, ([\d.]+)×, is one more pair", text).group(1))
     assert streamed == round(s["tokens_per_s"] / b["tokens_per_s"], 2)
     assert "not counted in them; the verdict is their median above" in text and verdict
+
+
+def test_the_run_cards_theory_adds_up_by_eye():
+    """#40: at α = 1 the card read "E at the K each pass drafted (mean 7.42) = 7.85": the mean was over the
+    drafting passes and the theory over every pass. The mean shown is the theory's, so at α = 1 E = mean K + 1."""
+    import re
+
+    from app.render import theory_line
+    from engine.metrics import summarize_steps
+
+    def step(depth: int) -> dict:  # every draft kept, one bonus token
+        return {"emitted": [0] * (depth + 1), "drafted": depth, "accepted_len": depth, "draft_depth": depth}
+
+    steps = [step(8), step(8), step(6), step(0)]
+    s = {**summarize_steps(steps, 8, 1.0), "tree_topk": 1, "k": 8}
+    line = theory_line(s)
+    mean_k, theory = (
+        float(x) for x in re.search(r"mean ([\d.]+) over all 4 passes.*= \*\*([\d.]+) tokens", line).groups()
+    )
+    assert s["position_acceptance"] == 1.0 and theory == pytest.approx(mean_k + 1, abs=0.01), line

@@ -623,6 +623,13 @@ def test_every_tab_is_laid_out_cleanly(app_url, browser, width):
         first = RESULTS_FIRST.get(tab)
         if width < 640 and first and not page.evaluate(RESULTS_ABOVE_SETTINGS, first):
             problems.append(f"{tab} at {width} px: the settings come before the results ({first})")
+    # A Playground step far down the Workshop opens the Playground at its top, with Run on the screen.
+    _load_step(page, 6)
+    _wait_text(page, "#sl-status", "Open chat with n-gram", 30_000)
+    page.wait_for_timeout(700)
+    run = page.locator("#sl-run").first.bounding_box()
+    if run is None or not 0 <= run["y"] <= 900 - run["height"]:
+        problems.append(f"at {width} px Workshop step 6 loaded the Playground with Run off the screen: {run}")
     page.close()
     assert not problems, "\n".join(problems)
 

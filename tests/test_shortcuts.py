@@ -177,3 +177,17 @@ def test_the_lab_at_its_defaults_keeps_the_exact_rules_and_catches_every_shortcu
             assert row[col["vs exact rule"]].endswith("%"), row  # its gain against the exact rule, same drafter
     points = [t for t in figure.data if "markers" in (t.mode or "")]  # the rows (the noise floor is a line)
     assert sum(len(t.x) for t in points) == len(ROWS)
+
+
+def test_a_summary_line_says_why_its_verdict_follows_from_its_numbers():
+    """#40: "consistent with p" beside TV 0.088 over a 0.087 floor and a p-value of 0.0375 read as a contradiction
+    in a class: the line names the level the p-value is read against, and why a TV above the floor is no verdict."""
+    from app.labs.shortcuts import _above_floor, _pvalue_words
+    from engine.tools.exactness import TEST_LEVEL
+
+    consistent = {"test": {"tv": 0.088, "pvalue": 0.0375}}
+    assert _pvalue_words(0.0375) == f"p-value 0.0375 ≥ {TEST_LEVEL:g}"
+    assert _pvalue_words(1e-9).endswith(f"< {TEST_LEVEL:g}") and _pvalue_words(None) == "no p-value"
+    assert "one exact run in twenty" in _above_floor(consistent, 0.087)
+    assert _above_floor(consistent, 0.09) == ""  # below the floor: nothing to explain
+    assert _above_floor({"test": {"tv": 0.2, "pvalue": 1e-6}}, 0.087) == ""  # the test called it different

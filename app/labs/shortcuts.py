@@ -50,7 +50,7 @@ HEADERS = [
     "tokens per pass",
     "vs exact rule",
     "TV from p (95% spread)",
-    "p-value",
+    f"p-value (differs below {TEST_LEVEL:g})",
     "where you meet it",
 ]
 TEMPERATURE_RANGE = (0.05, 2.0)
@@ -140,6 +140,23 @@ def _points(lab: dict, results: dict) -> list[dict]:
     return points
 
 
+def _pvalue_words(pvalue: float | None) -> str:
+    """The p-value against the level that decides ("p-value 0.0375 ≥ 0.001"): a class reading 0.0375 beside
+    "consistent with p" sees why, without knowing the lab's level."""
+    if pvalue is None:
+        return "no p-value"
+    return f"p-value {fmt_pvalue(pvalue)} {'≥' if pvalue >= TEST_LEVEL else '<'} {TEST_LEVEL:g}"
+
+
+def _above_floor(res: dict, floor: float) -> str:
+    """Words for a row that the test finds consistent with p though its TV is above the 95% noise floor (one
+    exact run in twenty is): the test decides, not the line."""
+    test = res["test"]
+    if test["pvalue"] is None or test["pvalue"] < TEST_LEVEL or test["tv"] <= floor:
+        return ""
+    return f", above the {floor:.3f} noise floor as one exact run in twenty is: the test decides"
+
+
 def _summary(lab: dict, results: dict, seconds: float) -> str:
     lines = [
         f"**Done in {seconds:.0f} s** ({len(results)} rows × {lab['n']} real samples, seed {lab['seed']}; K = "
@@ -155,8 +172,8 @@ def _summary(lab: dict, results: dict, seconds: float) -> str:
         gain = tokens_gain(results, key, drafter)
         bought = "" if gain is None else f", {gain:+.0%} tokens per pass against the exact rule with {drafter}"
         lines.append(
-            f"* **{_row_label(key, drafter, lab)}: {res['verdict']}** (TV {res['test']['tv']:.3f}, "
-            f"p-value {fmt_pvalue(res['test']['pvalue'])}{bought})."
+            f"* **{_row_label(key, drafter, lab)}: {res['verdict']}** (TV {res['test']['tv']:.3f}"
+            f"{_above_floor(res, lab['floor'])}, {_pvalue_words(res['test']['pvalue'])}{bought})."
         )
     lines += [
         "",

@@ -256,6 +256,11 @@ measured live and differ a little from machine to machine.
 """
 
 
+# After a step has loaded, the page scrolls to the tab bar: the opened tab starts at the top of the screen, with
+# its Run button (a button far down the Workshop would otherwise leave the new tab scrolled past its start).
+SCROLL_TO_TABS = "() => { document.getElementById('sl-tabs')?.scrollIntoView({block: 'start'}); }"
+
+
 def layout() -> dict:
     """The tab; returns its step buttons (index -> button)."""
     buttons = {}
@@ -280,4 +285,6 @@ def wire(buttons: dict, tabs: gr.Tabs, play: dict, steps: dict, races: dict) -> 
     components = {"tabs": tabs, **play, **steps, **races}
     outputs = [components[key] for key in OUT]
     for index, button in buttons.items():
-        button.click(lambda i=index: load_step(i), None, outputs, show_progress="hidden", queue=False, **PRIVATE)
+        button.click(lambda i=index: load_step(i), None, outputs, show_progress="hidden", queue=False, **PRIVATE).then(
+            None, None, None, js=SCROLL_TO_TABS, queue=False, show_progress="hidden", **PRIVATE
+        )
