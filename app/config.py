@@ -33,6 +33,7 @@ __all__ = [
     "CSS_PATH",
     "TAP_JS",
     "TITLES_JS",
+    "LABELS_JS",
     "LAB_SAMPLES_FLOOR",
     "MAX_CONCURRENT_RUNS",
     "MAX_LAB_SAMPLES",
@@ -56,6 +57,7 @@ TRACES_DIR = ASSETS / "traces"
 CSS_PATH = ASSETS / "style.css"
 TAP_JS = ASSETS / "tap.js"  # a tapped token's details on a touch screen (no hover there)
 TITLES_JS = ASSETS / "titles.js"  # chart titles re-wrapped to their chart's real width
+LABELS_JS = ASSETS / "labels.js"  # point labels that would meet shortened to their mark (the draft tree)
 
 LAB_SAMPLES_FLOOR = 100  # the lossless lab's N slider starts here
 

@@ -502,6 +502,21 @@ LAYOUT_CHECKS = r"""
         break;
       }
     }
+    // A chart that declutters its point labels (the draft tree): no two labels meet, none leaves the plot area.
+    const size = plot._fullLayout && plot._fullLayout._size;
+    if (plot.layout && plot.layout.meta && plot.layout.meta.declutter && size) {
+      const rects = [...plot.querySelectorAll('g.textpoint text')].map((t) => [t.textContent, t.getBoundingClientRect()])
+        .filter(([, r]) => r.width > 0);
+      const left = box.left + size.l - 3, right = box.left + size.l + size.w + 3;
+      rects.forEach(([text, r], i) => {
+        if (r.left < left || r.right > right) problems.push(`a tree label leaves its plot: "${text}"`);
+        for (const [other, o] of rects.slice(i + 1)) {
+          if (r.left < o.right && o.left < r.right && r.top < o.bottom && o.top < r.bottom) {
+            problems.push(`tree labels meet: "${text}" and "${other}"`);
+          }
+        }
+      });
+    }
     // The plotly mode bar (shown on hover) never covers the title.
     const bar = plot.querySelector('.modebar');
     const title = plot.querySelector('.gtitle');
@@ -651,3 +666,45 @@ def test_a_tap_shows_a_tokens_details_on_a_touch_screen(app_url, browser):
     page.locator("h1").first.tap()
     tip.wait_for(state="hidden", timeout=5_000)
     page.close()
+
+
+def test_your_deployment_says_why_a_dead_server_cannot_be_read(app_url, browser):
+    """#41: in the browser, "Your deployment" pointed at a server that accepts connections and never answers, and
+    at a port where nothing listens: each gets a clear "Cannot scrape" within the scrape's timeout, the recorded
+    window stays on screen, and the page raises no error."""
+    import socket
+    import time
+
+    silent = socket.socket()  # a real listening socket that never answers: the kernel accepts, nobody replies
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: connection refused
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    try:
+        page.goto(app_url, wait_until="domcontentloaded")
+        page.wait_for_selector("#sl-output .sl-tok", timeout=120_000)
+        _open_tab(page, "Your deployment")
+        before = page.locator("#sl-deploy-status").inner_text()
+        _set_slider(page, "sl-deploy-interval", 1)
+        for url, why in (
+            (f"http://127.0.0.1:{silent.getsockname()[1]}", "timed out"),
+            (f"http://127.0.0.1:{closed_port}", "refused"),
+        ):
+            page.locator("#sl-deploy-url textarea, #sl-deploy-url input").first.fill(url)
+            started = time.monotonic()
+            page.locator("#sl-deploy-scrape").click()
+            text = _wait_text(page, "#sl-deploy-status", "Cannot scrape", 40_000)
+            assert url in text and why in text.lower(), text
+            assert time.monotonic() - started < 35, "the message came later than the scrape's 10 s timeout allows"
+        page.screenshot(path=str(SHOTS / "deployment-dead-server.png"))
+        assert page.locator("#sl-deploy-acceptance .js-plotly-plot").count() == 1  # the window shown before stays
+        assert before != text
+    finally:
+        silent.close()
+        page.close()
+    assert not errors, errors

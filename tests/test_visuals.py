@@ -309,11 +309,11 @@ def test_tree_hover_shows_p_q_accept_prob_u():
     fig = tree_figure(events, index)
     first = next(n for n in step["nodes"] if n["decision"] == "rejected" and not n["adjusted"])
     second = next(n for n in step["nodes"] if n.get("adjusted") and n["parent"] == first["parent"])
-    hover = _hover_of(fig, step, first)
+    hover = _hover_of(fig, step, first).replace("<br>", " ")  # lines wrapped for a phone
     assert f"p (target) = {fmt_prob(first['p'])}" in hover and f"q (drafter) = {fmt_prob(first['q'])}" in hover
     assert f"min(1, p/q) = {fmt_prob(first['accept_prob'])}" in hover and f"u = {fmt_uniform(first['u'])}" in hover
     assert "p_eff" in hover and "q_eff" in hover
-    later = _hover_of(fig, step, second)
+    later = _hover_of(fig, step, second).replace("<br>", " ")
     assert "after an earlier sibling's rejection" in later
     assert f"min(1, p_eff/q_eff) = {fmt_prob(second['accept_prob'])}" in later
     index = _step_where(events, lambda st: st["extra_kind"] == "resampled" and not st.get("truncated"))
@@ -416,6 +416,18 @@ def test_pq_figure_every_position(name):
                     assert any(fmt_prob(child["accept_prob"]) in t and label in t for t in texts)
             if extra_here:
                 assert any(LABELS[extra["kind"]] in t for t in texts)
+            _assert_notes_fit(fig)
+
+
+def _assert_notes_fit(fig) -> None:
+    """Each note's widest line, started right of its bar, ends inside the plot at the chart's narrowest width
+    (a phone's, NOTE_PLOT_PX; the browser layout test measures the real text)."""
+    from visuals.distributions import NOTE_CHAR_PX, NOTE_PAD_PX, NOTE_PLOT_PX
+
+    span = fig.layout.xaxis.range[1]
+    for note in fig.layout.annotations:
+        widest = max(len(line) for line in note.text.split("<br>")) * NOTE_CHAR_PX + NOTE_PAD_PX
+        assert note.x / span * NOTE_PLOT_PX + widest <= NOTE_PLOT_PX + 1, note.text
 
 
 def test_pq_default_position_is_the_first_rejection():
@@ -826,3 +838,19 @@ def test_every_title_carries_its_raw_text_for_the_page_to_rewrap():
     assert again["subtitle"] == f"{wrap['subtitle']}<br>{long}" and again["top"] == fig.layout.margin.t > wrap["top"]
     assert fig.layout.height - fig.layout.margin.t == plot_area
     assert abs(fig.layout.title.y - (1 - TITLE_PAD / fig.layout.height)) < 1e-9
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_tree_hover_lines_fit_a_phone(name):
+    """#40: a tapped node's box on a phone ran past the chart ("compared: p_eff = …, q_eff = … (after an earlier
+    sibling's rejection)"): every hover line of every pass is at most HOVER_CHARS characters."""
+    import re
+
+    from visuals.tree import HOVER_CHARS
+
+    events = ALL[name]
+    for i in range(len(step_events(events))):
+        for trace in tree_figure(events, i).data:
+            for hover in trace.hovertext or []:
+                for line in hover.split("<br>"):
+                    assert len(re.sub(r"</?b>", "", line)) <= HOVER_CHARS, (name, i, line)

@@ -31,7 +31,11 @@ __all__ = ["pq_figure"]
 LABEL_LEN = 18  # token labels on the y axis are cut to this many characters
 MIN_XMAX = 0.01  # the probability axis spans at least this much
 NOTE_GAP = 0.02  # gap between a bar's end and its note, as a share of the largest probability
-ROOM_FOR_NOTES = 1.9  # x range = largest probability times this when notes sit right of the bars
+ROOM_FOR_NOTES = 1.9  # x range = largest probability times at least this when notes sit right of the bars
+NOTE_PLOT_PX = 480  # the plot's width at the chart's narrowest (a phone: 640 px figure less its side margins)
+NOTE_CHAR_PX = 6.6  # a note character's width at the notes' font (measured in Chromium: 6.2 on average)
+NOTE_PAD_PX = 12  # the note's padding and its box's border
+MAX_NOTE_SHARE = 0.6  # however long a note, the bars keep this much of the plot
 ROOM_FOR_BARS = 1.08
 TICK_STEPS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.25)  # the finest giving at most MAX_TICKS
 LAST_TICK_STEP = 0.5
@@ -152,13 +156,13 @@ def _draft_note(node: dict, greedy: bool) -> str:
     u = node.get("u")
     if greedy and u is None:
         why = "target's top token" if kind == "accepted" else "not the target's top token"
-        return f"{LABELS[kind]} · greedy: {why}"
-    text = f"{LABELS[kind]} · {accept_rule(node)} = {fmt_prob(node.get('accept_prob'))}"
+        return f"{LABELS[kind]}<br>greedy: {why}"
+    # Two short lines rather than one long one: on a phone the note beside a long bar left its figure.
+    head = f"{LABELS[kind]} (after the sibling's rejection)" if node.get("adjusted") else LABELS[kind]
+    test = f"{accept_rule(node)} = {fmt_prob(node.get('accept_prob'))}"
     if u is not None:
-        text += f" · u = {fmt_uniform(u)}"
-    if node.get("adjusted"):
-        text += "<br>(after the sibling's rejection)"
-    return text
+        test += f" · u = {fmt_uniform(u)}"
+    return f"{head}<br>{test}"
 
 
 def _note(r: _Row, greedy: bool) -> tuple[str | None, str | None]:
@@ -173,6 +177,18 @@ def _note(r: _Row, greedy: bool) -> tuple[str | None, str | None]:
         text = extra_text if text is None else f"{text}<br>{extra_text}"
         kind = kind if kind == "accepted" else extra_kind
     return text, kind
+
+
+def _note_room(rows: list[_Row], greedy: bool) -> float:
+    """The x range, as a multiple of the largest probability, that leaves the widest note line room right of
+    the longest bar on the narrowest plot the chart is drawn at (NOTE_PLOT_PX: a phone's, where the chart
+    scrolls sideways at its minimum width); ROOM_FOR_BARS without notes, ROOM_FOR_NOTES at the least."""
+    lines = [line for r in rows for line in (_note(r, greedy)[0] or "").split("<br>") if line]
+    if not lines:
+        return ROOM_FOR_BARS
+    note_px = max(len(line) for line in lines) * NOTE_CHAR_PX + NOTE_PAD_PX
+    share = min(MAX_NOTE_SHARE, note_px / NOTE_PLOT_PX)  # of the plot's width the note needs
+    return max(ROOM_FOR_NOTES, (1 + NOTE_GAP) / (1 - share))
 
 
 def _add_notes(fig: go.Figure, rows: list[_Row], greedy: bool, xmax: float) -> int:
@@ -228,12 +244,12 @@ def _pq_titles(view: Pass, node_id, has_q_top: bool) -> tuple[str, str]:
     return title, subtitle
 
 
-def _pq_axes(fig: go.Figure, labels: list[str], xmax: float, notes: int) -> None:
+def _pq_axes(fig: go.Figure, labels: list[str], xmax: float, room: float) -> None:
     step = next((c for c in TICK_STEPS if xmax / c <= MAX_TICKS), LAST_TICK_STEP)
     ticks = [round(i * step, TICK_DIGITS) for i in range(int(xmax / step + 1e-9) + 1)]  # 1e-9: xmax a multiple of step
     fig.update_xaxes(
         title_text="probability",
-        range=[0, xmax * (ROOM_FOR_NOTES if notes else ROOM_FOR_BARS)],
+        range=[0, xmax * room],
         tickmode="array",
         tickvals=ticks,
         ticktext=[f"{t:g}" for t in ticks],
@@ -276,10 +292,10 @@ def pq_figure(trace, step_index: int, position: int | None = None) -> go.Figure:
     fig = go.Figure()
     _add_bars(fig, rows, has_q, view.point_mass, bool(residual_top))
     xmax = max([v for r in rows for v in (r.p, r.q, r.r) if v is not None] + [MIN_XMAX])
-    notes = _add_notes(fig, rows, view.greedy, xmax)
+    _add_notes(fig, rows, view.greedy, xmax)
     fig.update_layout(barmode="group", bargap=0.25, bargroupgap=0.05)
     labels = [r.label for r in rows]
-    _pq_axes(fig, labels, xmax, notes)
+    _pq_axes(fig, labels, xmax, _note_room(rows, view.greedy))
     title, subtitle = _pq_titles(view, node_id, dist.get("q_top") is not None)
     n_series = 1 + int(has_q) + int(bool(residual_top))
     apply_layout(

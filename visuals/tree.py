@@ -10,6 +10,7 @@ without relying on trace order.
 from __future__ import annotations
 
 import itertools
+import textwrap
 from collections import Counter
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ BIG_TREE = 24  # more draft nodes than this: the compact sizes, so that the tree
 NORMAL = _Sizes(marker=18, label_len=16, text=13, per_leaf=66)
 COMPACT = _Sizes(marker=12, label_len=10, text=11, per_leaf=42)
 HALO = 4
+HOVER_CHARS = 44  # a hover line's characters at most: a phone's chart is about 330 px wide
 MIN_HEIGHT = 420
 BASE_HEIGHT = 260  # title, axis and legend
 LEFT_ROOM = 0.9  # x room left of the root for its label (the label sits left of the marker)
@@ -156,7 +158,7 @@ def _node_hover(node: dict, nodes_by_id: dict, point_mass: bool) -> str:
         f"p (target) = {fmt_prob(node.get('p'))}   q (drafter) = {fmt_prob(node.get('q'))}{q_note}",
     ]
     lines += _test_lines(node) if tried(node) else [_untried_line(node, nodes_by_id)]
-    return "<br>".join(lines)
+    return _hover_text(lines)
 
 
 def _extra_hover(extra: dict, baseline: bool, greedy: bool) -> str:
@@ -174,14 +176,23 @@ def _extra_hover(extra: dict, baseline: bool, greedy: bool) -> str:
     else:
         lines.append("every draft on the path was accepted: one more token comes free from p")
     lines.append(f"p (target) = {fmt_prob(extra.get('p'))}")
-    return "<br>".join(lines)
+    return _hover_text(lines)
 
 
 def _root_hover(view: Pass) -> str:
-    hover = f"<b>{ROOT_LABEL}</b><br>the prompt and every token committed before this pass"
+    lines = [f"<b>{ROOT_LABEL}</b>", "the prompt and every token committed before this pass"]
     if view.previous is not None and view.previous.get("emitted"):
-        return hover + f"<br>last committed token: '{show_token(view.previous['emitted'][-1].get('text'))}'"
-    return hover + "<br>(this is the first pass: the context ends with the prompt)"
+        lines.append(f"last committed token: '{show_token(view.previous['emitted'][-1].get('text'))}'")
+    else:
+        lines.append("(this is the first pass: the context ends with the prompt)")
+    return _hover_text(lines)
+
+
+def _hover_text(lines: list[str]) -> str:
+    """Hover lines wrapped at HOVER_CHARS between words: a tap on a phone shows the box across a 330 px chart,
+    and a longer line ran past both its edges."""
+    wrapped = [part for line in lines for part in textwrap.wrap(line, HOVER_CHARS, break_long_words=False) or [""]]
+    return "<br>".join(wrapped)
 
 
 # ------------------------------------------------------------------------------------------ traces
@@ -368,4 +379,7 @@ def tree_figure(trace, step_index: int) -> go.Figure:
     _tree_axes(fig, layout)
     title, subtitle = _tree_titles(view)
     apply_layout(fig, title, subtitle, height=max(MIN_HEIGHT, BASE_HEIGHT + sizes.per_leaf * layout.n_leaves))
+    # The page shortens labels that would meet or leave the plot to their mark (assets/labels.js): on a phone a
+    # depth is a few characters wide, and the token stays one hover or tap away.
+    fig.update_layout(meta={**fig.layout.meta, "declutter": True})
     return fig

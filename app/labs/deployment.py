@@ -315,9 +315,12 @@ def _controls(first: tuple) -> dict:
         placeholder="http://127.0.0.1:8000",
         interactive=allowed,
         max_lines=1,
+        elem_id="sl-deploy-url",
     )
-    c["interval"] = gr.Slider(1, MAX_INTERVAL_S, value=30, step=1, label="seconds between the two scrapes")
-    c["scrape"] = gr.Button("Scrape twice", interactive=allowed)
+    c["interval"] = gr.Slider(
+        1, MAX_INTERVAL_S, value=30, step=1, label="seconds between the two scrapes", elem_id="sl-deploy-interval"
+    )
+    c["scrape"] = gr.Button("Scrape twice", interactive=allowed, elem_id="sl-deploy-scrape")
     gr.Markdown(_source_note(), elem_classes=["sl-note"])
     c["pass_ms"] = gr.Textbox(
         first[1],

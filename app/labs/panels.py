@@ -74,6 +74,7 @@ def results_table(
         label=label,
         column_widths=pixels,
         elem_id=elem_id,
+        elem_classes=["sl-wide"],  # on a phone it says it scrolls sideways (assets/style.css)
         **({"max_height": 80 + rows * TABLE_ROW_PX} if rows else {}),
     )
 
