@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from engine.trace import step_events
 
-from .style import PALETTE, SERIES, apply_layout, message_figure, show_token
+from .style import PALETTE, SERIES, TITLE_PAD, apply_layout, message_figure, show_token
 
 __all__ = [
     "fmt_pvalue",
@@ -28,7 +28,9 @@ __all__ = [
 RACE_HEIGHT = 380
 TOY_HEIGHT = 440
 LOSSLESS_HEIGHT = 500
-SUBPLOT_TITLE_ROOM = 35  # the samplers' names above their panels
+SUBPLOT_TITLE_ROOM = 52  # the samplers' names above their panels (three lines)
+TICK_ROOM_PX = 80  # under the axis: a token label of LOSSLESS_LABEL_LEN characters, upright
+LEGEND_ROOM_PX = 110  # under the labels: the legend's rows (three on a phone's 760 px)
 TOY_LABEL_LEN = 14  # characters of a toy token shown on the axis
 LOSSLESS_LABEL_LEN = 10  # characters of a sampled token shown on the axis
 # y axes: probabilities, so at most a little above 1, and room above the highest bar for the labels on it.
@@ -180,6 +182,9 @@ def _lossless_titles(samplers: dict[str, str], results: dict) -> list[str]:
     titles = []
     for kind, name in samplers.items():
         res = results.get(kind)
+        # the name's parenthesis on its own line: four panels side by side on a phone's 760 px had their titles
+        # run into each other
+        name = name.replace(" (", "<br>(", 1)
         if res is None:
             titles.append(f"{name}<br><i>not run</i>")
         else:
@@ -237,10 +242,23 @@ def lossless_figure(
                 col=col,
             )
         fig.add_trace(_exact_p_marks(order, p, ticks, col == 1), row=1, col=col)
-        fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=ticks, tickangle=-45, row=1, col=col)
+        # upright labels: at -45° a dozen tokens in a panel of ~150 px (four panels on a phone) ran into each other
+        fig.update_xaxes(
+            tickmode="array", tickvals=xs, ticktext=ticks, tickangle=-90, tickfont={"size": 10}, row=1, col=col
+        )
     subtitle = f"bars: frequencies of {n} real samples each · dashes: the exact p"
     apply_layout(fig, f"{cells} histograms against the target's exact p", subtitle, height=LOSSLESS_HEIGHT)
-    fig.update_layout(margin={"t": fig.layout.margin.t + SUBPLOT_TITLE_ROOM})
+    # The upright token labels take TICK_ROOM_PX under the axis; the legend starts below them (at a fixed
+    # share of the plot's height it sat on their ends).
+    bottom = TICK_ROOM_PX + LEGEND_ROOM_PX
+    height = fig.layout.height + SUBPLOT_TITLE_ROOM + bottom - fig.layout.margin.b
+    top = fig.layout.margin.t + SUBPLOT_TITLE_ROOM
+    fig.update_layout(
+        margin={"t": top, "b": bottom},
+        height=height,
+        legend={"y": -TICK_ROOM_PX / (height - top - bottom), "yanchor": "top"},
+        title_y=1.0 - TITLE_PAD / height,  # the title block stays at the top of the taller figure
+    )
     fig.update_yaxes(title_text="probability / frequency", row=1, col=1)
     fig.update_yaxes(range=[0, min(LOSSLESS_Y_CEILING, top * LOSSLESS_HEADROOM + 0.01)])
     for ann in fig.layout.annotations or ():
