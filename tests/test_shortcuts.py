@@ -191,3 +191,21 @@ def test_a_summary_line_says_why_its_verdict_follows_from_its_numbers():
     assert "one exact run in twenty" in _above_floor(consistent, 0.087)
     assert _above_floor(consistent, 0.09) == ""  # below the floor: nothing to explain
     assert _above_floor({"test": {"tv": 0.2, "pvalue": 1e-6}}, 0.087) == ""  # the test called it different
+
+
+def test_the_charts_row_numbers_sit_over_every_marker_and_beside_no_other_point():
+    """#40: a row's number was drawn with its own trace, under the next trace's markers. The numbers are one
+    trace after every marker; a number whose right side holds a neighbouring point goes left (or above)."""
+    from visuals.lab_figures import shortcuts_figure
+
+    def row(number, x, tv, exact):
+        return {"number": number, "label": f"row {number}", "exact": exact, "tokens_per_pass": x, "tv": tv,
+                "tv_low": tv * 0.8, "tv_high": tv * 1.2, "verdict": "v"}  # fmt: skip
+
+    rows = [row(1, 2.0, 0.05, True), row(2, 2.05, 0.052, False), row(3, 3.0, 0.3, False)]
+    fig = shortcuts_figure(rows, 600, 0.08)
+    numbers = next(t for t in fig.data if (t.meta or {}).get("role") == "row numbers")
+    markers = [i for i, t in enumerate(fig.data) if "markers" in (t.mode or "")]
+    assert fig.data.index(numbers) > max(markers)
+    assert list(numbers.text) == ["1", "2", "3"]
+    assert list(numbers.textposition) == ["middle left", "middle right", "middle right"]

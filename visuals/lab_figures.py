@@ -268,6 +268,47 @@ def lossless_figure(
 
 # ------------------------------------------------------------------------------------- shortcuts lab
 SHORTCUTS_HEIGHT = 460
+NEAR_X, NEAR_Y = 0.06, 0.1  # shares of the axes' spans within which a neighbouring point would meet a label
+
+
+def _number_side(row: dict, rows: list[dict]) -> str:
+    """Where a row's number goes: right of its point, unless a neighbour sits there (then left, then above), so
+    that a number is never drawn over another point's marker."""
+    span_x = (max(r["tokens_per_pass"] for r in rows) - min(r["tokens_per_pass"] for r in rows)) or 1.0
+    span_y = max(r["tv_high"] for r in rows) or 1.0
+
+    def near(side: int) -> bool:
+        return any(
+            other is not row
+            and 0 < side * (other["tokens_per_pass"] - row["tokens_per_pass"]) / span_x < NEAR_X
+            and abs(other["tv"] - row["tv"]) / span_y < NEAR_Y
+            for other in rows
+        )
+
+    if not near(+1):
+        return "middle right"
+    return "middle left" if not near(-1) else "top center"
+
+
+def _add_row_numbers(fig: go.Figure, rows: list[dict]) -> None:
+    """The table's row numbers beside the points, as one trace drawn after every marker (a number drawn with its
+    own trace sat under the next trace's markers)."""
+    if not rows:
+        return
+    fig.add_trace(
+        go.Scatter(
+            x=[r["tokens_per_pass"] for r in rows],
+            y=[r["tv"] for r in rows],
+            mode="text",
+            text=[str(r["number"]) for r in rows],
+            textposition=[_number_side(r, rows) for r in rows],
+            textfont={"size": 12},
+            cliponaxis=False,
+            showlegend=False,
+            hoverinfo="skip",
+            meta={"role": "row numbers"},
+        )
+    )
 
 
 def shortcuts_figure(rows: list[dict], n: int, floor: float | None = None) -> go.Figure:
@@ -296,10 +337,7 @@ def shortcuts_figure(rows: list[dict], n: int, floor: float | None = None) -> go
                     "arrayminus": [max(0.0, r["tv"] - r["tv_low"]) for r in group],
                     "color": colour,
                 },
-                mode="markers+text",
-                text=[str(r["number"]) for r in group],
-                textposition="middle right",
-                textfont={"size": 12},
+                mode="markers",
                 cliponaxis=False,
                 marker={"color": colour, "size": 11, "symbol": "circle" if exact else "x"},
                 name="exact rules (their distance is sampling noise)" if exact else "shortcuts",
@@ -309,6 +347,7 @@ def shortcuts_figure(rows: list[dict], n: int, floor: float | None = None) -> go
             )
         )
     xs = [r["tokens_per_pass"] for r in rows] or [1.0]
+    _add_row_numbers(fig, rows)
     if floor is not None:  # a line across the plot, named in the legend (a label on it would cover points)
         fig.add_trace(
             go.Scatter(
