@@ -240,3 +240,18 @@ def test_the_race_draws_what_the_inverse_cdf_draws():
     assert _p_value(torch.tensor([float(pairs.get(c, 0)) for c in cells]), law) > 1e-3
     assert _p_value(torch.tensor([float(wrong.get(c, 0)) for c in cells]), law) < 1e-6
     assert sorted(race_without_replacement(_dist([0.5, 0.5, 0, 0, 0, 0]), 4, gen)) == [0, 1]  # the support only
+
+
+def test_one_draw_without_replacement_is_the_first_of_several():
+    """A chain's single draw takes a shortcut (the inverse CDF on the weights as they are): it gives the same
+    token, from the same seed, as the first draw of the general loop, and nothing from weights without mass."""
+    import torch
+
+    from engine.sampling import sample_without_replacement
+
+    probs = torch.softmax(torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 3, dim=-1)
+    for seed in range(500):
+        one = sample_without_replacement(probs, 1, torch.Generator().manual_seed(seed))
+        two = sample_without_replacement(probs, 2, torch.Generator().manual_seed(seed))
+        assert one == two[:1]
+    assert sample_without_replacement(torch.zeros(8), 1, torch.Generator().manual_seed(0)) == []
