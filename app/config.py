@@ -32,6 +32,7 @@ __all__ = [
     "ASSETS",
     "CSS_PATH",
     "TAP_JS",
+    "CHARTS_JS",
     "TITLES_JS",
     "LABELS_JS",
     "LAB_SAMPLES_FLOOR",
@@ -56,6 +57,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 TRACES_DIR = ASSETS / "traces"
 CSS_PATH = ASSETS / "style.css"
 TAP_JS = ASSETS / "tap.js"  # a tapped token's details on a touch screen (no hover there)
+CHARTS_JS = ASSETS / "charts.js"  # runs the chart scripts below on every plotly chart, as the page changes
 TITLES_JS = ASSETS / "titles.js"  # chart titles re-wrapped to their chart's real width
 LABELS_JS = ASSETS / "labels.js"  # point labels that would meet shortened to their mark (the draft tree)
 

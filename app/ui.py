@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .config import CSS_PATH, LABELS_JS, TAP_JS, TITLES_JS
+from .config import CHARTS_JS, CSS_PATH, LABELS_JS, TAP_JS, TITLES_JS
 from .engine_access import missing_model_banner
 from .labs import batch, deployment, drafters, explain, lossless, parity, shortcuts
 from .tabs import api, playground, race, step_through, workshop
@@ -64,7 +64,9 @@ class SpecLensBlocks(gr.Blocks):
 
 def page_js() -> str | None:
     """The page's scripts (gradio runs one function on load): each asset file is one arrow function."""
-    parts = [path.read_text(encoding="utf-8").strip() for path in (TAP_JS, TITLES_JS, LABELS_JS) if path.is_file()]
+    parts = [
+        path.read_text(encoding="utf-8").strip() for path in (TAP_JS, CHARTS_JS, TITLES_JS, LABELS_JS) if path.is_file()
+    ]
     if not parts:
         return None
     return "() => {\n" + "\n".join(f"({part})();" for part in parts) + "\n}"

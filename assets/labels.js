@@ -70,22 +70,12 @@
     }
   };
 
-  // Only a new chart and plotly's own redraws run it: the labels it shortens are page changes too, and a
-  // mutation observer that ran it again would never settle.
-  const watch = () => {
-    for (const gd of document.querySelectorAll('.js-plotly-plot')) {
-      if (gd.__slLabels || !gd.on) continue;
-      gd.__slLabels = true;
-      gd.on('plotly_afterplot', () => declutter(gd)); // a new figure, a relayout or a resize
-      declutter(gd);
-    }
-  };
-  let pending = false;
-  const soon = () => {
-    if (pending) return;
-    pending = true;
-    requestAnimationFrame(() => { pending = false; watch(); });
-  };
-  new MutationObserver(soon).observe(document.body, { childList: true, subtree: true });
-  soon();
+  // Only a new chart and plotly's own redraws run it: the labels it shortens are page changes too, and running
+  // it on every change of the page would never settle.
+  window.slOnCharts((gd) => {
+    if (gd.__slLabels || !gd.on) return;
+    gd.__slLabels = true;
+    gd.on('plotly_afterplot', () => declutter(gd)); // a new figure, a relayout or a resize
+    declutter(gd);
+  });
 }

@@ -71,22 +71,11 @@
     });
   };
 
-  const watch = () => {
-    for (const gd of document.querySelectorAll('.js-plotly-plot')) {
-      if (!gd.__slTitles && gd.on) {
-        gd.__slTitles = true;
-        gd.on('plotly_afterplot', () => fit(gd)); // a new figure from the server, or a resize
-      }
-      fit(gd);
+  window.slOnCharts((gd) => {
+    if (!gd.__slTitles && gd.on) {
+      gd.__slTitles = true;
+      gd.on('plotly_afterplot', () => fit(gd)); // a new figure from the server, or a resize
     }
-  };
-  let pending = false;
-  const soon = () => {
-    if (pending) return;
-    pending = true;
-    requestAnimationFrame(() => { pending = false; watch(); });
-  };
-  new MutationObserver(soon).observe(document.body, { childList: true, subtree: true });
-  window.addEventListener('resize', soon);
-  soon();
+    fit(gd);
+  });
 }
