@@ -33,6 +33,8 @@ TICK_ROOM_PX = 80  # under the axis: a token label of LOSSLESS_LABEL_LEN charact
 LEGEND_ROOM_PX = 110  # under the labels: the legend's rows (three on a phone's 760 px)
 TOY_LABEL_LEN = 14  # characters of a toy token shown on the axis
 LOSSLESS_LABEL_LEN = 10  # characters of a sampled token shown on the axis
+PANEL_PX = 140  # a histogram panel's width at its narrowest: four panels in a phone's 760 px figure
+MIN_DASH_PX, MAX_DASH_PX = 4, 26  # the exact p's dash, about a bar's width
 # y axes: probabilities, so at most a little above 1, and room above the highest bar for the labels on it.
 TOY_Y_CEILING, TOY_HEADROOM = 1.08, 1.18
 LOSSLESS_Y_CEILING, LOSSLESS_HEADROOM = 1.05, 1.12
@@ -194,12 +196,15 @@ def _lossless_titles(samplers: dict[str, str], results: dict) -> list[str]:
 
 
 def _exact_p_marks(order: list[int], p: dict[int, float], ticks: list[str], first: bool) -> go.Scatter:
+    # A dash about a bar's width on the narrowest panel (a phone's): 26 px dashes over two dozen bars of 6 px ran
+    # into each other, and no dash could be told to its bar.
+    dash = max(MIN_DASH_PX, min(MAX_DASH_PX, PANEL_PX * 0.8 / max(1, len(order))))
     return go.Scatter(
         x=list(range(len(order))),
         y=[p[t] for t in order],
         mode="markers",
         name="exact p (computed from the target's logits)",
-        marker={"symbol": "line-ew", "size": 26, "line": {"width": 3, "color": SERIES["target"]}},
+        marker={"symbol": "line-ew", "size": dash, "line": {"width": 3, "color": SERIES["target"]}},
         legendgroup="p",
         showlegend=first,
         customdata=ticks,
@@ -209,14 +214,21 @@ def _exact_p_marks(order: list[int], p: dict[int, float], ticks: list[str], firs
 
 
 def lossless_figure(
-    p: dict, labels: dict, results: dict, n: int, samplers: dict[str, str], cells: str = "Next-token"
+    p: dict,
+    labels: dict,
+    results: dict,
+    n: int,
+    samplers: dict[str, str],
+    cells: str = "Next-token",
+    pooled_key=None,
 ) -> go.Figure:
     """One histogram per sampler (samplers: kind -> name, in panel order) against the exact p.
 
     results: kind -> {"counts": {token: count}, "test": engine.tools.exactness.chi_square_test(...)}, for
-    the samplers that ran; labels: token id -> text.
+    the samplers that ran; labels: token id -> text. pooled_key: the cell that pools the least likely ones
+    (drawn last, whatever its mass), if any.
     """
-    order = sorted(p, key=lambda t: -p[t])
+    order = sorted(p, key=lambda t: (t == pooled_key, -p[t]))
     xs = list(range(len(order)))
     ticks = [show_token(labels.get(t, str(t)), LOSSLESS_LABEL_LEN) for t in order]
     titles = _lossless_titles(samplers, results)

@@ -49,7 +49,8 @@ LOSSLESS_DEFAULTS = {
     "tokens": 2,
 }
 TOKENS_TESTED = {1: "the first token", 2: "the first two tokens, jointly (pairs)"}
-SHOWN_PAIRS = 16  # the chart shows the most likely pairs; the test uses all of them
+SHOWN_PAIRS = 11  # the chart shows the most likely cells (tokens or pairs), the rest pooled; the test uses all
+# (12 cells of upright labels fit a histogram panel of a phone's figure side by side, 16 and more overlapped)
 SAMPLERS = {
     "plain": "Plain sampling (no drafter)",
     "exact": "Speculative sampling (exact rule)",
@@ -250,15 +251,16 @@ def _exact_p(engine, lab: dict) -> None:
     lab["labels"] = {key: _label(engine, key) for key in lab["p"]}
 
 
-OTHER_PAIRS = "other"  # the chart's cell for every pair beyond the SHOWN_PAIRS most likely ones
+OTHER_PAIRS = "other"  # the chart's cell for every token or pair beyond the SHOWN_PAIRS most likely ones
 
 
 def _figure(lab: dict, results: dict):
-    """The histograms. For pairs the SHOWN_PAIRS most likely cells are drawn and the rest pooled into one
-    "other pairs" cell, so bars still sum to 1 (the test itself uses every cell)."""
+    """The histograms. The SHOWN_PAIRS most likely cells (tokens or pairs) are drawn and the rest pooled into one
+    "other" cell, drawn last, so bars still sum to 1 (the test itself uses every cell)."""
     p, labels = lab["p"], lab["labels"]
-    if lab["tokens"] == 1 or len(p) <= SHOWN_PAIRS:
-        return lossless_figure(p, labels, results, lab["n"], SAMPLERS)
+    cells = "Next-token" if lab["tokens"] == 1 else "Token-pair"
+    if len(p) <= SHOWN_PAIRS + 1:
+        return lossless_figure(p, labels, results, lab["n"], SAMPLERS, cells)
     shown = dict(sorted(p.items(), key=lambda item: -item[1])[:SHOWN_PAIRS])
     shown[OTHER_PAIRS] = max(0.0, 1.0 - sum(shown.values()))
     pooled = {}
@@ -266,7 +268,10 @@ def _figure(lab: dict, results: dict):
         counts = {key: res["counts"].get(key, 0) for key in shown if key != OTHER_PAIRS}
         counts[OTHER_PAIRS] = lab["n"] - sum(counts.values())
         pooled[kind] = {**res, "counts": counts}
-    return lossless_figure(shown, {**labels, OTHER_PAIRS: "(other pairs)"}, pooled, lab["n"], SAMPLERS, "Token-pair")
+    other = f"(other {'tokens' if lab['tokens'] == 1 else 'pairs'})"
+    return lossless_figure(
+        shown, {**labels, OTHER_PAIRS: other}, pooled, lab["n"], SAMPLERS, cells, pooled_key=OTHER_PAIRS
+    )
 
 
 def run_lossless(
