@@ -148,7 +148,8 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
     without speculation could run its one token in the wider pass's shape, padded, at the same cost), so at
     each B the speedup and its bounds are at most ``speedup_ceiling`` = E × pass_ms_1 ÷ (pass_ms_1 + K ·
     draft_ms), which is E with free drafting. "capped_at" lists the B where the measured wide pass was the
-    quicker one and the ceiling applied (what a CPU's matrix library does with a few rows, not speculation).
+    quicker one and the ceiling applied (what a CPU's matrix library does with a few rows, not speculation);
+    "bound_capped_at" the B where it cut the spread's best pairing.
     """
     sizes, k = [int(b) for b in pass_times["batch_sizes"]], int(pass_times["k"])
     e = expected_tokens_per_pass(alpha, k)
@@ -183,6 +184,12 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
         else (r, r)
         for b, r, s1, sk, ceiling in zip(sizes, speedup, spreads_1, spreads_k1, ceilings)
     ]
+    # where the ceiling cut the spread's best pairing (the quickest wide pass below the slowest one-token pass)
+    bound_capped_at = [
+        b
+        for b, (_, high), ceiling, s1, sk in zip(sizes, bounds, ceilings, spreads_1, spreads_k1)
+        if s1 and sk and high is not None and sk[0] < s1[1] and high >= ceiling - 1e-12
+    ]
     pays_at = [b for b, (low, _) in zip(sizes, bounds) if low > 1.0]
     unclear = [b for b, (low, high) in zip(sizes, bounds) if low <= 1.0 < high]
     stops = next((b for b, (_, high) in zip(sizes, bounds) if high <= 1.0), None)
@@ -215,6 +222,7 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
         "speedup_bounds": bounds,
         "speedup_ceiling": ceilings,
         "capped_at": capped_at,
+        "bound_capped_at": bound_capped_at,
         "pays_at": pays_at,
         "unclear_at": unclear,
         "stops_paying_at": stops,

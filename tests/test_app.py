@@ -412,3 +412,15 @@ def test_the_run_cards_theory_adds_up_by_eye():
         float(x) for x in re.search(r"mean ([\d.]+) over all 4 passes.*= \*\*([\d.]+) tokens", line).groups()
     )
     assert s["position_acceptance"] == 1.0 and theory == pytest.approx(mean_k + 1, abs=0.01), line
+
+
+def test_every_workshop_step_names_a_button_its_tab_has():
+    """The scroll after a step's load ends at the opened tab's Run button: each step's tab has one, and the page
+    has an element with that id."""
+    from app.tabs.workshop import RUN_BUTTON, STEPS, scroll_js
+    from app.ui import build_demo
+
+    ids = {getattr(block, "elem_id", None) for block in build_demo().blocks.values()}
+    for step in STEPS:
+        assert RUN_BUTTON[step["tab"]] in ids, step["title"]
+        assert f"getElementById('{RUN_BUTTON[step['tab']]}')" in scroll_js(step["tab"])

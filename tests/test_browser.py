@@ -668,6 +668,28 @@ def test_a_tap_shows_a_tokens_details_on_a_touch_screen(app_url, browser):
     page.close()
 
 
+def test_a_workshop_step_shows_its_tabs_button_on_a_phone_even_on_the_tabs_first_visit(app_url, browser):
+    """#40: on a phone, steps whose tab had never been opened left the page at its top, and a lab's button sat
+    below its long introduction. After each step loads, the button it asks for is on the screen."""
+    from app.tabs.workshop import RUN_BUTTON, STEPS
+
+    page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page.goto(app_url, wait_until="domcontentloaded")
+    page.wait_for_selector("#sl-output .sl-tok", timeout=60_000)
+    problems = []
+    for number in (5, 4, 3, 10, 6):  # the labs first: never opened in this page before
+        _load_step(page, number)
+        button = f"#{RUN_BUTTON[STEPS[number - 1]['tab']]}"
+        page.wait_for_selector(button, state="visible", timeout=30_000)
+        page.wait_for_timeout(1_500)  # the scroll's last retry
+        box = page.locator(button).first.bounding_box()
+        if box is None or not 0 <= box["y"] <= 844 - box["height"]:
+            problems.append(f"step {number}: {button} is off the screen: {box}")
+    page.screenshot(path=str(SHOTS / "workshop-step-phone-button.png"))
+    page.close()
+    assert not problems, problems
+
+
 def test_your_deployment_says_why_a_dead_server_cannot_be_read(app_url, browser):
     """#41: in the browser, "Your deployment" pointed at a server that accepts connections and never answers, and
     at a port where nothing listens: each gets a clear "Cannot scrape" within the scrape's timeout, the recorded

@@ -62,6 +62,8 @@ def test_calculator_uses_the_last_playground_run_but_not_a_recorded_one():
     chain[0] = {**chain[0], "started_at": 1.0, "run_id": "mine"}
     k, alpha, draft_ms, note, seen, source = batch.batch_refresh(chain, "", 4, 0.7, 0)
     assert seen == "mine" and draft_ms >= 0 and "last Playground run" in note
+    # n-gram matches shorter than K: the note says why this lab's E exceeds the run's measured tokens per pass
+    assert f"assumes K = {k} drafts on every pass" in note and "drafted 7.43 on average" in note
     assert source.startswith("your Playground run (") and f"K = {k}" in source
     again = batch.batch_refresh(chain, "mine", 4, 0.7, 0, source)  # the same run: nothing changes
     assert again[4] == "mine" and all(_is_skip(v) for i, v in enumerate(again) if i != 4)

@@ -689,6 +689,11 @@ def test_batch_speedup_never_above_its_ceiling():
     assert f"at most {e:.2f}×" in _status(r) and "At B = 1 the wider pass was measured quicker" in _status(r)
     low, high = r["speedup_bounds"][1]
     assert _batch_table(r)[1][1] == f"{r['speedup'][1]:.2f}× [{low:.2f}–{high:.2f}]"
+    # the median below the ceiling, the spread's best pairing above it: the status says where the top stops
+    spread_only = {**m, "pass_ms_k1": [21.0, 30.0], "spread_ms_k1": [[14.0, 22.0], [29.0, 31.0]]}
+    r = {**batch_throughputs(spread_only, 0.7, 0.0), "measured_on": "here", "repeats": 3, "draft_ms": 0.0}
+    assert r["capped_at"] == [] and r["bound_capped_at"] == [1] and r["speedup_bounds"][0][1] == pytest.approx(e)
+    assert "where the spread's top stops" in _status(r)
 
 
 def test_batch_always_pays_and_bad_input():

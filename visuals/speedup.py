@@ -7,6 +7,8 @@ token relative to one target pass.
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -36,6 +38,7 @@ FINE_TICKS_UP_TO = 16  # one tick per K up to this K, every other K beyond
 SPEEDUP_HEIGHT = 560
 BATCH_HEIGHT = 540
 LOG_SPAN = 4  # batch sizes spanning at least this ratio get a log axis
+X_PAD = 0.08  # room left and right of the batch sizes, a share of their span (in log10 units on a log axis)
 E_PANEL, SPEEDUP_PANEL = 1, 2  # subplot columns
 MS_PER_S = 1000.0
 
@@ -360,9 +363,14 @@ def batch_figure(measurements: dict) -> go.Figure:
         + " · labels: speedup with ÷ without"
     )
     log = len(bs) > 1 and max(bs) / max(min(bs), 1) >= LOG_SPAN
+    # An explicit range: plotly pads an automatic one for the speedup labels by their pixel width, and a chart
+    # drawn while its tab was hidden (no width yet) got a log range of 10^-6.5 to 10^83.5 on a phone.
+    low, high = (math.log10(min(bs)), math.log10(max(bs))) if log else (min(bs), max(bs))
+    pad = max(high - low, 1.0) * X_PAD
     fig.update_xaxes(
         title_text="batch size B",
         type="log" if log else "linear",
+        range=[low - pad, high + pad],
         tickmode="array",
         tickvals=bs,
         ticktext=[str(b) for b in bs],

@@ -14,7 +14,7 @@ import time
 
 import gradio as gr
 
-from engine.metrics import batch_throughputs, draft_ms_per_position
+from engine.metrics import batch_throughputs, draft_ms_per_position, expected_tokens_per_pass
 from visuals import batch_figure
 from visuals.lab_figures import measured_batch_figure
 
@@ -34,7 +34,7 @@ INPUTS = ["k", "alpha", "sizes", "draft_ms", "repeats", "source"]
 OUTPUTS = ["status", "plot", "table", "measured"]
 
 MAX_K = 8
-MAX_ALPHA = 0.99
+MAX_ALPHA = 1.0  # a run that kept every draft has α = 1 (E = K + 1): capped at 0.99, its E came out otherwise
 MAX_BATCH = 64
 MAX_REPEATS = 10
 MAX_DRAFT_MS = 10_000
@@ -98,9 +98,24 @@ def batch_refresh(trace, seen: str, k, alpha, draft_ms, source: str = START_SOUR
         k,
         alpha,
         round(per_token, 2),
-        f"K, α and the draft time are set from it. {note} Drafting took {per_token:.2f} ms per draft token (measured).",
+        f"K, α and the draft time are set from it. {note} Drafting took {per_token:.2f} ms per draft token (measured)."
+        + _depth_note(summary, k, alpha),
         summary["run_id"],
         taken,
+    )
+
+
+def _depth_note(summary: dict, k: int, alpha: float) -> str:
+    """Why E here can exceed the run's measured tokens per pass: E assumes K drafts on every pass, and a run's
+    passes can draft fewer (an n-gram match shorter than K, adaptive depth, nothing to copy)."""
+    passes = summary.get("target_passes") or 0
+    drafted = summary.get("passes_drafted", passes)
+    mean_k = summary.get("mean_drafted_depth", k) * (drafted / passes if passes else 1.0)
+    if mean_k >= k - 0.05:
+        return ""
+    return (
+        f" This lab's E = {expected_tokens_per_pass(alpha, k):.2f} assumes K = {k} drafts on every pass; your run's "
+        f"passes drafted {mean_k:.2f} on average, which is why it measured fewer tokens per pass."
     )
 
 
@@ -167,14 +182,25 @@ def _ceiling_words(result: dict) -> str:
     """Where the wide pass was measured quicker than a one-token pass, what the lab counted instead (the
     ceiling engine.metrics.batch_throughputs applies): empty where it did not apply."""
     capped = result.get("capped_at") or []
-    if not capped:
+    spread = [b for b in result.get("bound_capped_at") or [] if b not in capped]
+    if not capped and not spread:
         return ""
-    sizes = ", ".join(map(str, capped))
-    ceiling = result["speedup_ceiling"][result["batch_sizes"].index(capped[0])]
+    first = (capped or spread)[0]
+    ceiling = result["speedup_ceiling"][result["batch_sizes"].index(first)]
+    why = (
+        "it is counted at the one-token pass's time (a decoder without speculation could run its token in the "
+        f"wider shape too), so a speedup is at most {ceiling:.2f}× (E, less the drafting time)"
+    )
+    if capped:
+        words = (
+            f" At B = {', '.join(map(str, capped))} the wider pass was measured quicker than a one-token pass: {why}."
+        )
+        if spread:
+            words += f" The same cuts the top of the spread at B = {', '.join(map(str, spread))}."
+        return words
     return (
-        f" At B = {sizes} the wider pass was measured quicker than a one-token pass; it is counted at the one-token "
-        f"pass's time (a decoder without speculation could run its token in the wider shape too), so the speedup "
-        f"there is at most {ceiling:.2f}× (E, less the drafting time)."
+        f" At B = {', '.join(map(str, spread))} the quickest wider pass was quicker than the slowest one-token pass: "
+        f"{why}, which is where the spread's top stops."
     )
 
 

@@ -256,9 +256,36 @@ measured live and differ a little from machine to machine.
 """
 
 
-# After a step has loaded, the page scrolls to the tab bar: the opened tab starts at the top of the screen, with
-# its Run button (a button far down the Workshop would otherwise leave the new tab scrolled past its start).
-SCROLL_TO_TABS = "() => { document.getElementById('sl-tabs')?.scrollIntoView({block: 'start'}); }"
+# After a step has loaded, the page scrolls to the tab bar, so that the opened tab starts at the top of the screen
+# (a button far down the Workshop would otherwise leave the new tab scrolled past its start), and further where the
+# tab's Run button is still below the screen (a lab's introduction is longer than a phone's screen), until the
+# button is at its bottom. Again after 0.3 and 0.9 s: a tab opened for the first time is drawn after the step's
+# values arrive, and until then the page is too short to scroll.
+RUN_BUTTON = {
+    "playground": "sl-run",
+    "step-through": "st-next",
+    "race": "race-run",
+    "lossless": "ll-run",
+    "shortcuts": "sc-run",
+    "drafters": "dr-run",
+    "parity": "pl-run",
+    "batch": "bl-run",
+}
+SCROLL_TO_TAB = """() => {
+  const show = () => {
+    document.getElementById('sl-tabs')?.scrollIntoView({block: 'start'});
+    const run = document.getElementById('RUN');
+    if (run && run.getBoundingClientRect().bottom > window.innerHeight) run.scrollIntoView({block: 'end'});
+  };
+  show();
+  setTimeout(show, 300);
+  setTimeout(show, 900);
+}"""
+
+
+def scroll_js(tab: str) -> str:
+    """The page script a step's button runs after loading: the opened tab (and its Run button) on screen."""
+    return SCROLL_TO_TAB.replace("RUN", RUN_BUTTON.get(tab, ""))
 
 
 def layout() -> dict:
@@ -286,5 +313,5 @@ def wire(buttons: dict, tabs: gr.Tabs, play: dict, steps: dict, races: dict) -> 
     outputs = [components[key] for key in OUT]
     for index, button in buttons.items():
         button.click(lambda i=index: load_step(i), None, outputs, show_progress="hidden", queue=False, **PRIVATE).then(
-            None, None, None, js=SCROLL_TO_TABS, queue=False, show_progress="hidden", **PRIVATE
+            None, None, None, js=scroll_js(STEPS[index]["tab"]), queue=False, show_progress="hidden", **PRIVATE
         )
