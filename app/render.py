@@ -241,7 +241,7 @@ def theory_line(s: dict) -> str:
     passes, drafting = s["target_passes"], s.get("passes_drafted", s["target_passes"])
     # The mean K over every pass the theory averages (0 where nothing was drafted): at α = 1, E = that mean + 1,
     # which a reader can check by eye (the mean over the drafting passes alone would not add up).
-    mean_k = s.get("mean_drafted_depth", s["k"]) * (drafting / passes if passes else 1.0)
+    mean_k = s.get("mean_depth_per_pass", s["k"])
     text = (
         f"- **Theory:** α = {fmt_num(s['position_acceptance'])} (the chance that {kind}; "
         f"{plural(s.get('positions_tried', 0), 'depth')} tried), E = (1 − α^(K+1)) / (1 − α) at the K each pass "

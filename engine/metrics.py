@@ -128,6 +128,33 @@ def wide_pass_cost(pass_times: dict) -> dict:
     return {"pass_cost": costs, "pass_cost_bounds": bounds, "pass_cost_finding": findings}
 
 
+def _batch_verdict(sizes: list[int], bounds: list[tuple]) -> tuple[str, list[int], list[int], int | None]:
+    """``batch_throughputs``' verdict from each B's speedup bounds: (sentence, pays_at, unclear_at,
+    stops_paying_at)."""
+    pays_at = [b for b, (low, _) in zip(sizes, bounds) if low > 1.0]
+    unclear = [b for b, (low, high) in zip(sizes, bounds) if low <= 1.0 < high]
+    stops = next((b for b, (_, high) in zip(sizes, bounds) if high <= 1.0), None)
+    # "stops paying" only where it clearly paid at a smaller batch: a first clear loss after nothing but noise
+    # is "never clearly pays", never a crossover (the headline must not contradict the speedups beside it)
+    paid_before = [b for b in pays_at if stops is None or b < stops]
+    if stops is None and not unclear:
+        verdict = "speculation pays at every batch size measured"
+    elif stops == sizes[0]:
+        verdict = "speculation does not pay at any batch size measured"
+    elif stops is not None and paid_before:
+        verdict = f"speculation pays up to batch size {max(paid_before)} and stops paying at batch size {stops}"
+    elif stops is not None:
+        verdict = f"speculation never clearly pays here: not faster from batch size {stops}"
+        stops = None  # no crossover to mark
+    elif pays_at:
+        verdict = "no batch size measured where it clearly stops paying"
+    else:
+        verdict = "no clear verdict at any batch size measured"
+    if unclear:
+        verdict += f" (at B = {', '.join(map(str, unclear))} the repeats' spread straddles 1×: no verdict there)"
+    return verdict, pays_at, unclear, stops
+
+
 def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float = 0.0) -> dict:
     """Throughput with and without speculation at each batch size, computed from measured pass times.
 
@@ -190,27 +217,7 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
         for b, (_, high), ceiling, s1, sk in zip(sizes, bounds, ceilings, spreads_1, spreads_k1)
         if s1 and sk and high is not None and sk[0] < s1[1] and high >= ceiling - 1e-12
     ]
-    pays_at = [b for b, (low, _) in zip(sizes, bounds) if low > 1.0]
-    unclear = [b for b, (low, high) in zip(sizes, bounds) if low <= 1.0 < high]
-    stops = next((b for b, (_, high) in zip(sizes, bounds) if high <= 1.0), None)
-    # "stops paying" only where it clearly paid at a smaller batch: a first clear loss after nothing but noise
-    # is "never clearly pays", never a crossover (the headline must not contradict the speedups beside it)
-    paid_before = [b for b in pays_at if stops is None or b < stops]
-    if stops is None and not unclear:
-        verdict = "speculation pays at every batch size measured"
-    elif stops == sizes[0]:
-        verdict = "speculation does not pay at any batch size measured"
-    elif stops is not None and paid_before:
-        verdict = f"speculation pays up to batch size {max(paid_before)} and stops paying at batch size {stops}"
-    elif stops is not None:
-        verdict = f"speculation never clearly pays here: not faster from batch size {stops}"
-        stops = None  # no crossover to mark
-    elif pays_at:
-        verdict = "no batch size measured where it clearly stops paying"
-    else:
-        verdict = "no clear verdict at any batch size measured"
-    if unclear:
-        verdict += f" (at B = {', '.join(map(str, unclear))} the repeats' spread straddles 1×: no verdict there)"
+    verdict, pays_at, unclear, stops = _batch_verdict(sizes, bounds)
     return {
         **pass_times,
         "alpha": alpha,
@@ -301,7 +308,8 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
     theoretical_tokens_per_pass uses it, at the depth each pass drafted (E = 1 for a pass
     that drafted nothing; adaptive K and short n-gram matches draft less than K), with
     theoretical_tokens_per_drafting_pass the same over the passes_drafted alone and
-    mean_drafted_depth their mean K; accepted_histogram[j] counts the drafting passes that kept j
+    mean_drafted_depth their mean K (mean_depth_per_pass: over every pass, 0 where none was drafted, the
+    depth the theory averages); accepted_histogram[j] counts the drafting passes that kept j
     drafts, and mean_acceptance_length = 1 + accepted / passes_drafted (vLLM's definition); acceptance_by_position[i] is the share of steps that drafted a token at
     depth i+1 whose accepted path reached depth i+1 (the chain model predicts α^(i+1));
     draft_cost_ratio is ``draft_cost_ratio``: c of this run on its own, mean draft time per drafting
@@ -358,6 +366,9 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
         "theoretical_tokens_per_pass": sum(theory_each) / passes if drafted else 1.0,
         "passes_drafted": len(drafted_depths),
         "mean_drafted_depth": sum(drafted_depths) / len(drafted_depths) if drafted_depths else 0.0,
+        # the K that theoretical_tokens_per_pass averages over every pass (0 where nothing was drafted): at
+        # α = 1 the theory is this + 1, which every view can show beside it
+        "mean_depth_per_pass": sum(depths) / passes if passes else 0.0,
         "theoretical_tokens_per_drafting_pass": (
             sum(t for t, d in zip(theory_each, depths) if d) / len(drafted_depths) if drafted_depths else 1.0
         ),
@@ -641,6 +652,7 @@ LATER_METRICS = (
     "theoretical_tokens_per_drafting_pass",
     "passes_drafted",
     "mean_drafted_depth",
+    "mean_depth_per_pass",
     "positions_tried",
     "accepted_histogram",
     "mean_acceptance_length",

@@ -175,7 +175,9 @@ def test_the_lab_at_its_defaults_keeps_the_exact_rules_and_catches_every_shortcu
         else:
             assert row[col["verdict"]] == "differs from p: the shortcut is lossy", row
             assert row[col["vs exact rule"]].endswith("%"), row  # its gain against the exact rule, same drafter
-    points = [t for t in figure.data if "markers" in (t.mode or "")]  # the rows (the noise floor is a line)
+    points = [  # the rows (the noise floor is a line; the numbers ride invisible markers)
+        t for t in figure.data if "markers" in (t.mode or "") and (t.meta or {}).get("role") != "row numbers"
+    ]
     assert sum(len(t.x) for t in points) == len(ROWS)
 
 
@@ -205,7 +207,10 @@ def test_the_charts_row_numbers_sit_over_every_marker_and_beside_no_other_point(
     rows = [row(1, 2.0, 0.05, True), row(2, 2.05, 0.052, False), row(3, 3.0, 0.3, False)]
     fig = shortcuts_figure(rows, 600, 0.08)
     numbers = next(t for t in fig.data if (t.meta or {}).get("role") == "row numbers")
-    markers = [i for i, t in enumerate(fig.data) if "markers" in (t.mode or "")]
-    assert fig.data.index(numbers) > max(markers)
+    markers = [i for i, t in enumerate(fig.data) if "markers" in (t.mode or "") and t is not numbers]
+    assert fig.data.index(numbers) > max(markers) and numbers.marker.opacity == 0
     assert list(numbers.text) == ["1", "2", "3"]
     assert list(numbers.textposition) == ["middle left", "middle right", "middle right"]
+    twins = [row(6, 2.0, 0.05, True), row(8, 2.0, 0.05, False)]  # the same place: the lower number goes left
+    numbers = next(t for t in shortcuts_figure(twins, 600).data if (t.meta or {}).get("role") == "row numbers")
+    assert list(numbers.textposition) == ["middle left", "middle right"]

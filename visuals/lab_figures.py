@@ -280,6 +280,7 @@ def lossless_figure(
 
 # ------------------------------------------------------------------------------------- shortcuts lab
 SHORTCUTS_HEIGHT = 460
+NUMBER_OFFSET_PX = 16  # a row number's invisible marker: its text starts half of this off the point
 NEAR_X, NEAR_Y = 0.06, 0.1  # shares of the axes' spans within which a neighbouring point would meet a label
 
 
@@ -290,11 +291,12 @@ def _number_side(row: dict, rows: list[dict]) -> str:
     span_y = max(r["tv_high"] for r in rows) or 1.0
 
     def near(side: int) -> bool:
+        def on_side(other: dict) -> bool:  # a point at the same x counts as right of the lower-numbered row
+            dx = side * (other["tokens_per_pass"] - row["tokens_per_pass"]) / span_x
+            return 0 < dx < NEAR_X or (dx == 0 and side * (other["number"] - row["number"]) > 0)
+
         return any(
-            other is not row
-            and 0 < side * (other["tokens_per_pass"] - row["tokens_per_pass"]) / span_x < NEAR_X
-            and abs(other["tv"] - row["tv"]) / span_y < NEAR_Y
-            for other in rows
+            other is not row and on_side(other) and abs(other["tv"] - row["tv"]) / span_y < NEAR_Y for other in rows
         )
 
     if not near(+1):
@@ -311,7 +313,10 @@ def _add_row_numbers(fig: go.Figure, rows: list[dict]) -> None:
         go.Scatter(
             x=[r["tokens_per_pass"] for r in rows],
             y=[r["tv"] for r in rows],
-            mode="text",
+            # invisible markers the size of the visible ones: the numbers keep a marker's radius off their point
+            # (a text-only trace put them on it)
+            mode="markers+text",
+            marker={"size": NUMBER_OFFSET_PX, "opacity": 0},
             text=[str(r["number"]) for r in rows],
             textposition=[_number_side(r, rows) for r in rows],
             textfont={"size": 12},

@@ -235,8 +235,7 @@ def _add_tpp_traces(fig: go.Figure, steps: list[dict], s: dict) -> list[float]:
             passes,
             theory,
             f"theory: (1 − α^(K+1)) / (1 − α) at each pass's K = {theory:.2f} (α = {alpha:.3f}, "
-            f"mean K {s.get('mean_drafted_depth', k):.2f} over {s.get('passes_drafted', len(passes))} "
-            f"of {len(passes)} passes)",
+            f"mean K {s.get('mean_depth_per_pass', k):.2f} over all {len(passes)} passes)",
             SERIES["theory"],
             "dash",
             f"theory: {theory:.2f} tokens per pass",
@@ -322,7 +321,12 @@ def acceptance_figure(trace) -> go.Figure:
             rates,
             "measured: of the passes that drafted position i, the share whose accepted path reached it",
             PALETTE["accepted"],
-            [f"{fmt_prob(r)} ({a}/{d})" if r is not None else "" for r, a, d in zip(rates, reached, drafted)],
+            [f"{fmt_prob(r)}<br>{a}/{d}" if r is not None else "" for r, a, d in zip(rates, reached, drafted)],
+            # inside the bar at its foot: above it, where α^i's diamond sits, plotly shrank "1.000 (12/12)" to a
+            # bar's width (3 px tall on a phone) under the diamond; a bar too short for it shows it in its hover
+            textposition="inside",
+            insidetextanchor="start",
+            textangle=0,
             customdata=[[r, d] for r, d in zip(reached, drafted)],
             hovertemplate=(
                 "position %{x}: accepted path reached it in %{customdata[0]} of %{customdata[1]} passes "
@@ -349,7 +353,8 @@ def acceptance_figure(trace) -> go.Figure:
     fig.update_xaxes(title_text="draft position i (1 = first)", tickmode="array", tickvals=pos)
     fig.update_yaxes(title_text="share of the passes that drafted i", range=[0, RATE_AXIS_TOP])
     apply_layout(fig, f"{title} Measured acceptance by draft position vs α^i", subtitle, height=ACCEPTANCE_HEIGHT)
-    fig.update_layout(bargap=0.45)
+    # one font size for every bar's value, hidden where a bar cannot hold it legibly
+    fig.update_layout(bargap=0.3, uniformtext={"minsize": 9, "mode": "hide"})
     return fig
 
 

@@ -341,7 +341,7 @@ def apply_layout(
 
 def value_bars(x: list, y: list, name: str, colour: str, values: list[str], **more) -> go.Bar:
     """Vertical bars with each bar's value written above it; `more` are further go.Bar settings."""
-    return go.Bar(x=x, y=y, name=name, marker={"color": colour}, text=values, textposition="outside", **more)
+    return go.Bar(x=x, y=y, name=name, marker={"color": colour}, text=values, **{"textposition": "outside", **more})
 
 
 def text_on(kind: str) -> dict:

@@ -108,9 +108,7 @@ def batch_refresh(trace, seen: str, k, alpha, draft_ms, source: str = START_SOUR
 def _depth_note(summary: dict, k: int, alpha: float) -> str:
     """Why E here can exceed the run's measured tokens per pass: E assumes K drafts on every pass, and a run's
     passes can draft fewer (an n-gram match shorter than K, adaptive depth, nothing to copy)."""
-    passes = summary.get("target_passes") or 0
-    drafted = summary.get("passes_drafted", passes)
-    mean_k = summary.get("mean_drafted_depth", k) * (drafted / passes if passes else 1.0)
+    mean_k = summary.get("mean_depth_per_pass", k)
     if mean_k >= k - 0.05:
         return ""
     return (
