@@ -27,7 +27,8 @@
     const size = gd._fullLayout && gd._fullLayout._size;
     if (!meta || !meta.declutter || !size || gd.offsetWidth < 50) return;
     const box = gd.getBoundingClientRect();
-    const area = { left: box.left + size.l - GAP, right: box.left + size.l + size.w + GAP };
+    // the plot area, where scatter text is clipped: a label slid to its very edge lost its last letter
+    const area = { left: box.left + size.l + 1, right: box.left + size.l + size.w - 1 };
     const labels = [];
     gd.querySelectorAll('g.trace').forEach((group) => {
       const cd = group.__data__;
