@@ -275,7 +275,10 @@ SCROLL_TO_TAB = """() => {
   const show = () => {
     document.getElementById('sl-tabs')?.scrollIntoView({block: 'start'});
     const run = document.getElementById('RUN');
-    if (run && run.getBoundingClientRect().bottom > window.innerHeight) run.scrollIntoView({block: 'end'});
+    if (run && run.getBoundingClientRect().bottom > window.innerHeight - 12) {
+      run.scrollIntoView({block: 'end'});
+      window.scrollBy(0, 12);  // a little room under it
+    }
   };
   show();
   setTimeout(show, 300);
