@@ -190,6 +190,7 @@ def test_a_summary_line_says_why_its_verdict_follows_from_its_numbers():
     consistent = {"test": {"tv": 0.088, "pvalue": 0.0375}}
     assert _pvalue_words(0.0375) == f"p-value 0.0375 ≥ {TEST_LEVEL:g}"
     assert _pvalue_words(1e-9).endswith(f"< {TEST_LEVEL:g}") and _pvalue_words(None) == "no p-value"
+    assert "3 samples p gives no chance at all" in _pvalue_words(0.0, 3) and "below 1e-300" in _pvalue_words(0.0)
     assert "one exact run in twenty" in _above_floor(consistent, 0.087)
     assert _above_floor(consistent, 0.09) == ""  # below the floor: nothing to explain
     assert _above_floor({"test": {"tv": 0.2, "pvalue": 1e-6}}, 0.087) == ""  # the test called it different
@@ -204,13 +205,16 @@ def test_the_charts_row_numbers_sit_over_every_marker_and_beside_no_other_point(
         return {"number": number, "label": f"row {number}", "exact": exact, "tokens_per_pass": x, "tv": tv,
                 "tv_low": tv * 0.8, "tv_high": tv * 1.2, "verdict": "v"}  # fmt: skip
 
-    rows = [row(1, 2.0, 0.05, True), row(2, 2.05, 0.052, False), row(3, 3.0, 0.3, False)]
+    rows = [row(1, 2.0, 0.05, True), row(2, 2.05, 0.052, False), row(3, 3.0, 0.3, False), row(4, 1.0, 0.3, False)]
     fig = shortcuts_figure(rows, 600, 0.08)
     numbers = next(t for t in fig.data if (t.meta or {}).get("role") == "row numbers")
     markers = [i for i, t in enumerate(fig.data) if "markers" in (t.mode or "") and t is not numbers]
     assert fig.data.index(numbers) > max(markers) and numbers.marker.opacity == 0
-    assert list(numbers.text) == ["1", "2", "3"]
-    assert list(numbers.textposition) == ["middle left", "middle right", "middle right"]
-    twins = [row(6, 2.0, 0.05, True), row(8, 2.0, 0.05, False)]  # the same place: the lower number goes left
+    assert list(numbers.text) == ["1", "2", "3", "4"]
+    assert list(numbers.textposition) == ["middle left", "middle right", "middle right", "middle right"]
+    twins = [row(6, 2.0, 0.05, True), row(8, 2.0, 0.05, False), row(9, 1.0, 0.3, False)]  # the same place
     numbers = next(t for t in shortcuts_figure(twins, 600).data if (t.meta or {}).get("role") == "row numbers")
-    assert list(numbers.textposition) == ["middle left", "middle right"]
+    assert list(numbers.textposition)[:2] == ["middle left", "middle right"]  # the lower number goes left
+    leftmost = [row(6, 2.0, 0.05, True), row(8, 2.0, 0.05, False)]  # left of them is the y axis: above instead
+    numbers = next(t for t in shortcuts_figure(leftmost, 600).data if (t.meta or {}).get("role") == "row numbers")
+    assert list(numbers.textposition) == ["top center", "middle right"]

@@ -35,6 +35,7 @@ TOY_LABEL_LEN = 14  # characters of a toy token shown on the axis
 LOSSLESS_LABEL_LEN = 10  # characters of a sampled token shown on the axis
 PANEL_PX = 140  # a histogram panel's width at its narrowest: four panels in a phone's 760 px figure
 MIN_DASH_PX, MAX_DASH_PX = 4, 26  # the exact p's dash, about a bar's width
+DASH_SHARE = 0.55  # of a cell's width: with its 3 px line the dash stays apart from its neighbours
 # y axes: probabilities, so at most a little above 1, and room above the highest bar for the labels on it.
 TOY_Y_CEILING, TOY_HEADROOM = 1.08, 1.18
 LOSSLESS_Y_CEILING, LOSSLESS_HEADROOM = 1.05, 1.12
@@ -198,7 +199,7 @@ def _lossless_titles(samplers: dict[str, str], results: dict) -> list[str]:
 def _exact_p_marks(order: list[int], p: dict[int, float], ticks: list[str], first: bool) -> go.Scatter:
     # A dash about a bar's width on the narrowest panel (a phone's): 26 px dashes over two dozen bars of 6 px ran
     # into each other, and no dash could be told to its bar.
-    dash = max(MIN_DASH_PX, min(MAX_DASH_PX, PANEL_PX * 0.8 / max(1, len(order))))
+    dash = max(MIN_DASH_PX, min(MAX_DASH_PX, PANEL_PX * DASH_SHARE / max(1, len(order))))
     return go.Scatter(
         x=list(range(len(order))),
         y=[p[t] for t in order],
@@ -230,7 +231,8 @@ def lossless_figure(
     """
     order = sorted(p, key=lambda t: (t == pooled_key, -p[t]))
     xs = list(range(len(order)))
-    ticks = [show_token(labels.get(t, str(t)), LOSSLESS_LABEL_LEN) for t in order]
+    # the pooled cell's name is words, not a token: no visible-space marks, not cut
+    ticks = [labels[t] if t == pooled_key else show_token(labels.get(t, str(t)), LOSSLESS_LABEL_LEN) for t in order]
     titles = _lossless_titles(samplers, results)
     fig = make_subplots(rows=1, cols=len(samplers), shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.04)
     top = max(p.values()) if p else 1.0
@@ -301,7 +303,9 @@ def _number_side(row: dict, rows: list[dict]) -> str:
 
     if not near(+1):
         return "middle right"
-    return "middle left" if not near(-1) else "top center"
+    # left of the leftmost points a number sits on the y axis, among its ticks: above instead
+    at_axis = (row["tokens_per_pass"] - min(r["tokens_per_pass"] for r in rows)) / span_x < NEAR_X
+    return "middle left" if not near(-1) and not at_axis else "top center"
 
 
 def _add_row_numbers(fig: go.Figure, rows: list[dict]) -> None:

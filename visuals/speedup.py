@@ -38,7 +38,7 @@ FINE_TICKS_UP_TO = 16  # one tick per K up to this K, every other K beyond
 SPEEDUP_HEIGHT = 560
 BATCH_HEIGHT = 540
 LOG_SPAN = 4  # batch sizes spanning at least this ratio get a log axis
-X_PAD = 0.08  # room left and right of the batch sizes, a share of their span (in log10 units on a log axis)
+X_PAD = 0.12  # room left and right of the batch sizes, a share of their span (in log10 units on a log axis)
 E_PANEL, SPEEDUP_PANEL = 1, 2  # subplot columns
 MS_PER_S = 1000.0
 
@@ -319,6 +319,7 @@ def _add_batch_lines(fig: go.Figure, bs, t1, tk, without, with_spec, ratio, k: i
         mode="lines+markers+text",
         text=[fmt_speedup(r) if r is not None else "" for r in ratio],
         textposition="top center",
+        cliponaxis=False,  # the first and last labels reach past the plot's edges on a phone
         meta={"role": "with", "y": with_spec, "ratio": ratio},
     )
     fig.add_trace(line)

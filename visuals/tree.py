@@ -43,6 +43,7 @@ BIG_TREE = 24  # more draft nodes than this: the compact sizes, so that the tree
 NORMAL = _Sizes(marker=18, label_len=16, text=13, per_leaf=66)
 COMPACT = _Sizes(marker=12, label_len=10, text=11, per_leaf=42)
 HALO = 4
+SHORT_CONTEXT_DEPTH = 5  # deeper trees name the context's tick "ctx" (ten ticks in a phone's chart)
 HOVER_CHARS = 44  # a hover line's characters at most: a phone's chart is about 330 px wide
 MIN_HEIGHT = 420
 BASE_HEIGHT = 260  # title, axis and legend
@@ -348,11 +349,15 @@ def _tree_titles(view: Pass) -> tuple[str, str]:
 
 def _tree_axes(fig: go.Figure, layout: _Layout) -> None:
     max_depth = max(layout.depth.values()) if layout.depth else 1
+    # Upright ticks, "ctx" for a deep tree: with 9 depths on a phone plotly turned them vertical, into the axis
+    # title and the legend.
     fig.update_xaxes(
         title_text="tokens after the context (depth)",
         tickmode="array",
+        tickangle=0,
         tickvals=list(range(0, max_depth + 1)),
-        ticktext=["context"] + [f"+{i}" for i in range(1, max_depth + 1)],
+        ticktext=["context" if max_depth <= SHORT_CONTEXT_DEPTH else "ctx"]
+        + [f"+{i}" for i in range(1, max_depth + 1)],
         range=[-LEFT_ROOM, max_depth + RIGHT_ROOM],
         showgrid=False,
         zeroline=False,

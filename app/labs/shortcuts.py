@@ -140,11 +140,20 @@ def _points(lab: dict, results: dict) -> list[dict]:
     return points
 
 
-def _pvalue_words(pvalue: float | None) -> str:
+def _pvalue_words(pvalue: float | None, outside: int = 0) -> str:
     """The p-value against the level that decides ("p-value 0.0375 ≥ 0.001"): a class reading 0.0375 beside
-    "consistent with p" sees why, without knowing the lab's level."""
+    "consistent with p" sees why, without knowing the lab's level. A p-value of exactly 0 says why: `outside`
+    samples that p gives no chance at all (then no sampler of p could have drawn them), or one below what a
+    float holds."""
     if pvalue is None:
         return "no p-value"
+    if pvalue == 0:
+        why = (
+            f"{outside} sample{'' if outside == 1 else 's'} p gives no chance at all"
+            if outside
+            else "below 1e-300, the smallest a float holds"
+        )
+        return f"p-value 0 < {TEST_LEVEL:g} ({why})"
     return f"p-value {fmt_pvalue(pvalue)} {'≥' if pvalue >= TEST_LEVEL else '<'} {TEST_LEVEL:g}"
 
 
@@ -173,7 +182,8 @@ def _summary(lab: dict, results: dict, seconds: float) -> str:
         bought = "" if gain is None else f", {gain:+.0%} tokens per pass against the exact rule with {drafter}"
         lines.append(
             f"* **{_row_label(key, drafter, lab)}: {res['verdict']}** (TV {res['test']['tv']:.3f}"
-            f"{_above_floor(res, lab['floor'])}, {_pvalue_words(res['test']['pvalue'])}{bought})."
+            f"{_above_floor(res, lab['floor'])}, {_pvalue_words(res['test']['pvalue'], res['test'].get('outside', 0))}"
+            f"{bought})."
         )
     lines += [
         "",
