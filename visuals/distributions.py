@@ -179,11 +179,11 @@ def _note(r: _Row, greedy: bool) -> tuple[str | None, str | None]:
     return text, kind
 
 
-def _note_room(rows: list[_Row], greedy: bool) -> float:
-    """The x range, as a multiple of the largest probability, that leaves the widest note line room right of
-    the longest bar on the narrowest plot the chart is drawn at (NOTE_PLOT_PX: a phone's, where the chart
+def _note_room(notes: list[str]) -> float:
+    """The x range, as a multiple of the largest probability, that leaves the widest line of the notes room right
+    of the longest bar on the narrowest plot the chart is drawn at (NOTE_PLOT_PX: a phone's, where the chart
     scrolls sideways at its minimum width); ROOM_FOR_BARS without notes, ROOM_FOR_NOTES at the least."""
-    lines = [line for r in rows for line in (_note(r, greedy)[0] or "").split("<br>") if line]
+    lines = [line for note in notes for line in note.split("<br>") if line]
     if not lines:
         return ROOM_FOR_BARS
     note_px = max(len(line) for line in lines) * NOTE_CHAR_PX + NOTE_PAD_PX
@@ -191,14 +191,14 @@ def _note_room(rows: list[_Row], greedy: bool) -> float:
     return max(ROOM_FOR_NOTES, (1 + NOTE_GAP) / (1 - share))
 
 
-def _add_notes(fig: go.Figure, rows: list[_Row], greedy: bool, xmax: float) -> int:
-    """A note right of each drafted or emitted token, in its decision's colour; returns how many."""
-    notes = 0
+def _add_notes(fig: go.Figure, rows: list[_Row], greedy: bool, xmax: float) -> list[str]:
+    """A note right of each drafted or emitted token, in its decision's colour; returns their texts."""
+    notes = []
     for r in rows:
         text, kind = _note(r, greedy)
         if text is None:
             continue
-        notes += 1
+        notes.append(text)
         fig.add_annotation(
             x=r.top() + xmax * NOTE_GAP,
             y=r.label,
@@ -292,10 +292,10 @@ def pq_figure(trace, step_index: int, position: int | None = None) -> go.Figure:
     fig = go.Figure()
     _add_bars(fig, rows, has_q, view.point_mass, bool(residual_top))
     xmax = max([v for r in rows for v in (r.p, r.q, r.r) if v is not None] + [MIN_XMAX])
-    _add_notes(fig, rows, view.greedy, xmax)
+    notes = _add_notes(fig, rows, view.greedy, xmax)
     fig.update_layout(barmode="group", bargap=0.25, bargroupgap=0.05)
     labels = [r.label for r in rows]
-    _pq_axes(fig, labels, xmax, _note_room(rows, view.greedy))
+    _pq_axes(fig, labels, xmax, _note_room(notes))
     title, subtitle = _pq_titles(view, node_id, dist.get("q_top") is not None)
     n_series = 1 + int(has_q) + int(bool(residual_top))
     apply_layout(

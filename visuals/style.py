@@ -340,7 +340,8 @@ def apply_layout(
 
 
 def value_bars(x: list, y: list, name: str, colour: str, values: list[str], **more) -> go.Bar:
-    """Vertical bars with each bar's value written above it; `more` are further go.Bar settings."""
+    """Vertical bars with each bar's value written above it (`more` may place it elsewhere: textposition); `more`
+    are further go.Bar settings."""
     return go.Bar(x=x, y=y, name=name, marker={"color": colour}, text=values, **{"textposition": "outside", **more})
 
 

@@ -268,9 +268,8 @@ def _figure(lab: dict, results: dict):
         counts = {key: res["counts"].get(key, 0) for key in shown if key != OTHER_PAIRS}
         counts[OTHER_PAIRS] = lab["n"] - sum(counts.values())
         pooled[kind] = {**res, "counts": counts}
-    other = "others"
     return lossless_figure(
-        shown, {**labels, OTHER_PAIRS: other}, pooled, lab["n"], SAMPLERS, cells, pooled_key=OTHER_PAIRS
+        shown, {**labels, OTHER_PAIRS: "others"}, pooled, lab["n"], SAMPLERS, cells, pooled_key=OTHER_PAIRS
     )
 
 

@@ -15,7 +15,7 @@ import gradio as gr
 
 from ..examples import EXAMPLE_DEFAULTS, EXAMPLE_SETTINGS, example_note, example_values, load_examples
 from ..wiring import PRIVATE, pack
-from .playground import loaded_outputs
+from .playground import PLAY_INPUTS, loaded_outputs
 from .race import RACE_CLEARED, RACE_INPUTS, cleared_race, race_example_values
 from .step_through import STEP_KEYS, load_step_source
 
@@ -173,19 +173,9 @@ STEPS = [
 
 # What a step's button fills, by component name: the Playground's controls (and its example picker and
 # status line), the Step-through's source and trace, and the Race's controls and example picker.
-PLAYGROUND_KEYS = [
-    "prompt",
-    "drafter",
-    "k",
-    "topk",
-    "budget",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "max_new",
-    "verify",
-]
+# Every input of a Playground run but the model, its dtype, adaptive depth and the follow-up answers, which a step
+# leaves as they are.
+PLAYGROUND_KEYS = [key for key in PLAY_INPUTS if key not in ("target", "dtype", "adaptive", "answers")]
 PLAYGROUND_OUT = [*PLAYGROUND_KEYS, "example", "status", "text", "stats"]
 STEP_THROUGH_OUT = ["st_source", "st_recorded", *STEP_KEYS]
 RACE_OUT = [*RACE_INPUTS, "race_example", *RACE_CLEARED]
