@@ -249,8 +249,9 @@ measured live and differ a little from machine to machine.
 # After a step has loaded, the page scrolls to the tab bar, so that the opened tab starts at the top of the screen
 # (a button far down the Workshop would otherwise leave the new tab scrolled past its start), and further where the
 # tab's Run button is still below the screen (a lab's introduction is longer than a phone's screen), until the
-# button is at its bottom. Again after 0.3 and 0.9 s: a tab opened for the first time is drawn after the step's
-# values arrive, and until then the page is too short to scroll.
+# button is at its bottom. A tab opened for the first time is drawn after the step's values arrive (until then the
+# page is too short to scroll), however long that takes on a busy machine: the scroll repeats every SCROLL_EVERY_MS
+# until SETTLE_MS after the button first has a size, for at most SCROLL_FOR_MS.
 RUN_BUTTON = {
     "playground": "sl-run",
     "step-through": "st-next",
@@ -261,24 +262,36 @@ RUN_BUTTON = {
     "parity": "pl-run",
     "batch": "bl-run",
 }
+SCROLL_EVERY_MS, SETTLE_MS, SCROLL_FOR_MS = 150, 1000, 8000
 SCROLL_TO_TAB = """() => {
+  const started = Date.now();
+  let seen = null;  // when the button first had a size
   const show = () => {
     document.getElementById('sl-tabs')?.scrollIntoView({block: 'start'});
     const run = document.getElementById('RUN');
-    if (run && run.getBoundingClientRect().bottom > window.innerHeight - 12) {
-      run.scrollIntoView({block: 'end'});
-      window.scrollBy(0, 12);  // a little room under it
+    const box = run ? run.getBoundingClientRect() : null;
+    if (box && box.height > 0) {
+      seen = seen ?? Date.now();
+      if (box.bottom > window.innerHeight - 12) {
+        run.scrollIntoView({block: 'end'});
+        window.scrollBy(0, 12);  // a little room under it
+      }
     }
+    const now = Date.now();
+    if ((seen === null || now - seen < SETTLE) && now - started < LIMIT) setTimeout(show, EVERY);
   };
   show();
-  setTimeout(show, 300);
-  setTimeout(show, 900);
 }"""
 
 
 def scroll_js(tab: str) -> str:
     """The page script a step's button runs after loading: the opened tab (and its Run button) on screen."""
-    return SCROLL_TO_TAB.replace("RUN", RUN_BUTTON.get(tab, ""))
+    return (
+        SCROLL_TO_TAB.replace("RUN", RUN_BUTTON.get(tab, ""))
+        .replace("SETTLE", str(SETTLE_MS))
+        .replace("LIMIT", str(SCROLL_FOR_MS))
+        .replace("EVERY", str(SCROLL_EVERY_MS))
+    )
 
 
 def layout() -> dict:
