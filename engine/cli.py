@@ -505,6 +505,8 @@ def _print_distribution(dist: dict) -> None:
 
 def _print_window(result: dict) -> None:
     """The window's counters, passes, acceptance by position and, with pass costs, the expected speedup table."""
+    from engine.tools.analyze import model_note
+
     print(
         f"{result['server']}: {result['drafts']:.0f} drafts in the window ("
         + (f"{result['requests']:.0f} requests, " if result["requests"] else "requests not counted by this server, ")
@@ -543,7 +545,7 @@ def _print_window(result: dict) -> None:
                 f"model check at batch {check['batch']}: {check['model_ms']:.1f} ms per pass modelled, "
                 f"{check['measured_ms']:.1f} ms measured; the window's own speedup {result['window_speedup']:.2f}x"
             )
-        print("expected speedup (K down, batch across):")
+        print(f"expected speedup (K down, batch across), of {model_note(result)}:")
         batches = sorted(result["speedup_by_batch"])
         print("  K  " + "".join(f"{f'B={b}':>8}" for b in batches))
         for k in sorted(result["speedup_by_batch"][batches[0]]):

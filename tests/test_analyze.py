@@ -480,3 +480,78 @@ def test_a_llamacpp_window_reads_as_vllms_schema():
     assert "llama-server -m MODEL.gguf --spec-type ngram-simple" in ticket(result) and "typed pass costs" in ticket(
         result
     )
+
+
+def _timed_scrape(requests, tokens, accepted, drafts, decode_s, e2e_s, steps, prompt_tokens) -> str:
+    """A vLLM scrape with the per-request histograms the request model reads (their _sum and _count)."""
+    per_pos = [accepted]  # K = 1: every accepted token at position 0
+    text = _scrape(drafts, drafts, accepted, per_pos, requests=requests, tokens=tokens, decode_s=decode_s)
+    return text + "\n".join(
+        [
+            f'vllm:e2e_request_latency_seconds_sum{{engine="0",model_name="m"}} {e2e_s}',
+            f'vllm:e2e_request_latency_seconds_count{{engine="0",model_name="m"}} {requests}',
+            f'vllm:request_prompt_tokens_sum{{engine="0",model_name="m"}} {prompt_tokens}',
+            f'vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} {steps}',
+            f'vllm:iteration_tokens_total_sum{{engine="0",model_name="m"}} {steps * 3}',
+        ]
+    )
+
+
+def test_a_window_with_request_times_is_weighed_as_whole_requests():
+    """#41: a request spends time outside its decode passes (e2e − decode), the same with and without
+    speculation, which dilutes the gain; where vLLM counts it the speedup is of whole requests. 8 requests of
+    101 tokens, 4 at a time: 8 prefill rows and 400 decode passes over 102 steps is a load of 4; 500 ms each
+    outside decode;
+    the probe's plain requests wait 100 ms longer per concurrent request."""
+    from engine.tools.analyze import predicted_speedup, read_window, window_counts
+
+    before = _timed_scrape(0, 0, 0, 0, 0.0, 0.0, 0, 0)
+    # 800 decode tokens: 400 accepted over 400 drafting passes (K = 1), so 400 passes, 2 tokens each
+    after = _timed_scrape(8, 808, 400, 400, 8 * 50 * 0.05, 8 * (50 * 0.05 + 0.5), 102, 8 * 40)
+    counts = window_counts(before, after)
+    assert counts["requests"] == 8 and counts["per_position"] == [400] and counts["prompt_tokens"] == 320
+    costs = {
+        "k": 1,
+        "decode_ms": {1: 40.0, 16: 100.0},
+        "verify_ms": {1: 50.0, 16: 180.0},
+        "baseline_decode_ms": {1: 38.0, 16: 90.0},
+        "outside_ms": {1: 300.0, 16: 1800.0},
+        "baseline_outside_ms": {1: 300.0, 16: 1800.0},
+    }
+    result = read_window(counts, None, costs)
+    assert result == analyze(before, after, None, costs)  # the stored window reads as its scrapes
+    assert result["concurrency"] == pytest.approx(4.0) and result["outside_ms"] == pytest.approx(500.0)
+    assert result["tokens_per_request"] == pytest.approx(101.0) and result["model"] == "requests"
+    assert result["outside_per_request_ms"] == pytest.approx(100.0)
+    outside16 = 500.0 + (16 - 4) * 100.0
+    assert result["pass_costs"]["outside_by_batch"][16] == pytest.approx(outside16)
+    tpp = result["expected_tokens_per_pass"][1]
+    pass16 = 100.0 + 16 * 1.0 * 1 * (180.0 - 100.0) / 16  # every pass drafted here: d = 1
+    expected = (outside16 + 100 * 90.0) / (outside16 + 100 / tpp * pass16)
+    assert result["speedup_by_batch"][16][1] == pytest.approx(expected)
+    assert predicted_speedup(result, 16, 1, tpp) == pytest.approx(expected)
+    # where it pays, decode passes alone promise more: at batch 1 a pass costs 40 + 10 ms, 200 ms outside
+    assert result["speedup_by_batch"][1][1] == pytest.approx((200 + 100 * 38.0) / (200 + 100 / tpp * 50.0))
+    assert 1 < result["speedup_by_batch"][1][1] < tpp * 38.0 / 50.0
+    # without vLLM's per-request times (SpecLens, llama.cpp): decode passes only, and it says so
+    bare = analyze(_scrape(0, 0, 0, [0]), _scrape(400, 400, 400, [400]), None, costs)
+    assert bare["model"] == "decode passes"
+
+
+def test_the_probe_separates_a_requests_fixed_decode_time():
+    """engine/tools/pass_costs.py: a request's decode time = a fixed part + passes × ms per pass; requests of two
+    lengths give both, and the fixed part is never negative nor more than the short request's time."""
+    from engine.tools.pass_costs import _overhead_ms
+
+    def total(requests, passes_each, ms_each):
+        return {
+            "requests": requests,
+            "tokens": requests * (passes_each + 1),
+            "accepted": 0,
+            "decode_s": ms_each * requests / 1000,
+        }
+
+    assert _overhead_ms(total(3, 8, 300 + 8 * 45), total(3, 32, 300 + 32 * 45)) == pytest.approx(300.0)
+    assert _overhead_ms(total(3, 8, 8 * 45), total(3, 32, 32 * 45)) == pytest.approx(0.0, abs=1e-9)
+    assert _overhead_ms(total(3, 8, 100), total(3, 32, 5000)) == 0.0  # a steeper long case: none, not below 0
+    assert _overhead_ms(total(3, 8, 400), total(3, 8, 400)) == 0.0  # one length cannot separate it

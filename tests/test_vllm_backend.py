@@ -403,6 +403,29 @@ def test_the_probe_times_plain_and_speculative_passes_and_the_lab_reads_the_serv
     assert "the server's decode time per pass" in costs["source"]
     times = [ms for name in ("decode_ms", "mixed_ms", "verify_ms", "baseline_decode_ms") for ms in costs[name].values()]
     assert all(0 < ms < math.inf for ms in times), costs  # positive and finite: their size is the host's
+    # each plain request's time outside its passes, on both servers; the fixed decode time taken out (≥ 0)
+    assert sorted(costs["outside_ms"]) == sorted(costs["baseline_outside_ms"]) == kept
+    assert all(v >= 0 for v in costs["overhead_ms"].values()) and set(costs["overhead_ms"]) == {
+        "speculative",
+        "baseline",
+    }
+    # #41's validation grid, small: real batches on both servers with their windows, and the table the analyzer's
+    # model gives from one window and the probe (scripts/validate_analyzer.py runs the whole grid)
+    from engine.tools.analyze import read_window
+    from engine.tools.validate import grid_markdown, measure_cell, predict_grid
+
+    urls = {"baseline": baseline_server.url, f"k{K}": ngram_server.url}
+    cells = [
+        {"workload": "code-edit", **measure_cell(urls, WORKLOADS["code-edit"], b, max_new_tokens=24, repeats=2)}
+        for b in kept
+    ]
+    window = cells[0]["windows"][f"k{K}"]
+    assert window["timed_requests"] == window["requests"] == 2 * kept[0] and window["steps"] > 0
+    assert read_window(window, None, costs)["model"] == "requests"  # vLLM counts per-request times
+    table = predict_grid({"settings": {"ks": [K], "window_batch": kept[0]}, "pass_costs": costs, "cells": cells})
+    assert [(r["batch"], r["k"]) for r in table["rows"]] == [(b, K) for b in kept]
+    assert all(r["predicted"] > 0 and r["measured_low"] <= r["measured"] <= r["measured_high"] for r in table["rows"])
+    print(f"\n[validation grid, small]\n{grid_markdown(table)}")
     window, message = deployment.scrape_window(ngram_server.url, 1)
     assert window is not None and not message
     status = deployment.analyze_window(window, deployment._pass_text(costs))[0]

@@ -15,6 +15,11 @@ __all__ = ["acceptance_window_figure", "expected_speedup_figure", "requests_figu
 REQUESTS_TITLE = "Which requests pay: mean acceptance length per request"
 
 
+# what the expected speedups count (engine/tools/analyze.py model_note says it in full): whole requests where
+# the server counts per-request times, else decode passes only
+MODEL_WORDS = {True: "whole requests, time outside decode passes included", False: "decode passes only"}
+
+
 def _keyed(table: dict) -> dict[int, object]:
     """{int key: value} of a dict keyed by ints or by their strings (after a JSON round trip)."""
     return {int(k): v for k, v in table.items()}
@@ -104,7 +109,8 @@ def expected_speedup_figure(result: dict) -> go.Figure:
     subtitle = (
         f"expected, not measured: tokens per pass at α = {alpha:.2f} with {result['drafting_share']:.0%} of passes "
         f"drafting, against {costs.get('against', 'plain passes')} (pass costs at K = {costs.get('k')}: "
-        f"{costs.get('source') or 'given'}) · decode passes only · ▶ = the best K at that load"
+        f"{costs.get('source') or 'given'}) · {MODEL_WORDS[result.get('model') == 'requests']} · ▶ = the best K at "
+        "that load"
     )
     return apply_layout(fig, "Expected speedup by K and batch size", subtitle, height=460, legend_bottom=False)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.tools.analyze import AnalyzeError, analyze, load_recording, record, ticket
+from engine.tools.analyze import AnalyzeError, analyze, load_recording, model_note, record, ticket
 from engine.tools.pass_costs import parse_pass_costs, probe_pass_costs
 from engine.tools.per_request import break_even_of, read_requests, request_distribution
 from visuals.deployment import REQUESTS_TITLE, acceptance_window_figure, expected_speedup_figure, requests_figure
@@ -134,8 +134,7 @@ def _summary(window: dict, result: dict) -> str:
         costs = result["pass_costs"]
         lines.append(
             f"\nPass costs {costs.get('source') or 'given'}; speculation weighed against {costs['against']}. "
-            "Expected speedups count decode passes only: a prompt's prefill and the server's work outside a pass "
-            "are left out, and they do not shrink with speculation."
+            f"Expected speedups are of {model_note(result)}."
         )
     if result.get("decode_passes"):
         passes = (

@@ -45,10 +45,14 @@ __all__ = [
     "GAUGE_LIMITS",
     "analyze",
     "gauge_reading",
+    "model_note",
     "parse_prometheus",
+    "predicted_speedup",
+    "read_window",
     "scrape",
     "snapshot",
     "ticket",
+    "window_counts",
 ]
 
 MAX_LINE = 4096
@@ -58,6 +62,23 @@ K_MAX = 8
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 SPEC = re.compile(r"^([a-zA-Z_]+):spec_decode_num_drafts(_total)?$")
+
+
+# vLLM's per-request histograms and per-step counts read by `snapshot` (name after the prefix → key): the seconds
+# each request spent decoding (first token to last), from arrival to its end (e2e), waiting, and from being
+# scheduled to its first token (prefill: in a continuous batch that includes other requests' decode steps); the
+# prompt tokens; and the engine's steps (iterations) with the tokens they processed.
+TIMES = {
+    "decode_s": "request_decode_time_seconds_sum",
+    "e2e_s": "e2e_request_latency_seconds_sum",
+    "queue_s": "request_queue_time_seconds_sum",
+    "prefill_s": "request_prefill_time_seconds_sum",
+    "timed_requests": "e2e_request_latency_seconds_count",
+    "prompt_tokens": "request_prompt_tokens_sum",
+    "steps": "iteration_tokens_total_count",
+    "step_tokens": "iteration_tokens_total_sum",
+}
+WINDOW_KEYS = ("drafts", "draft_tokens", "accepted", "requests", "tokens", *TIMES)
 
 
 class AnalyzeError(ValueError):
@@ -140,8 +161,6 @@ def snapshot(text: str, model: str | None = None, require_speculation: bool = Tr
         tokens = sum(v for n, _, v in samples if n == f"{prefix}:tokens_predicted_total")
     if not tokens:  # ours: the tokens the runs emitted
         tokens = total("spec_decode_num_emitted_tokens")
-    # vLLM: the seconds each request spent decoding, summed over requests (a histogram's _sum)
-    decode_s = sum(v for n, _, v in samples if n == f"{prefix}:request_decode_time_seconds_sum")
     return {
         "prefix": prefix,
         "drafts": total("spec_decode_num_drafts"),
@@ -150,7 +169,8 @@ def snapshot(text: str, model: str | None = None, require_speculation: bool = Tr
         "per_position": total("spec_decode_num_accepted_tokens_per_pos", by="position"),
         "requests": requests,
         "tokens": tokens,
-        "decode_s": decode_s,
+        # vLLM's histograms, summed over requests (their _sum; 0 where a server does not keep them)
+        **{key: total(name) for key, name in TIMES.items()},
     }
 
 
@@ -221,19 +241,32 @@ def _window_passes(delta: dict, interval_s: float | None) -> dict:
       decode pass gives one token plus the drafts it accepted (None where requests or tokens are not counted);
     * drafting share = drafts ÷ passes: an n-gram drafter finds nothing to propose on many passes, which then
       give one token (1.0, assumed and said, where the passes are unknown);
-    * ms per pass = decode seconds summed over requests ÷ passes: a pass as each request lived it, at the
-      window's load (concurrency = decode seconds ÷ the window's seconds).
+    * ms per pass = decode seconds summed over requests ÷ passes: a pass as each request lived it;
+    * the window's load (concurrency: requests in a step) = (requests + passes) ÷ the engine's steps (vLLM's
+      ``iteration_tokens_total`` count: a request takes part in one prefill step and in each of its passes),
+      else decode seconds ÷ the window's seconds;
+    * per request: tokens, prompt tokens and the time outside its decode passes (e2e − decode: waiting, its
+      prefill step, the server's work before and after), which dilutes what speculation changes.
     """
     passes = delta["tokens"] - delta["requests"] - delta["accepted"]
     known = delta["requests"] > 0 and passes >= delta["drafts"] > 0
+    timed = delta.get("timed_requests", 0)
     out = {
         "decode_passes": passes if known else None,
         "drafting_share": min(1.0, delta["drafts"] / passes) if known else 1.0,
         "tokens_per_pass": (delta["tokens"] - delta["requests"]) / passes if known else None,
         "window_pass_ms": 1000.0 * delta["decode_s"] / passes if known and delta["decode_s"] > 0 else None,
         "concurrency": None,
+        "tokens_per_request": delta["tokens"] / delta["requests"] if delta["requests"] > 0 else None,
+        "prompt_tokens_per_request": delta.get("prompt_tokens", 0) / timed if timed > 0 else None,
+        "outside_ms": None,
     }
-    if out["window_pass_ms"] and interval_s:
+    if timed > 0 and delta.get("e2e_s", 0) > 0:
+        out["outside_ms"] = max(0.0, 1000.0 * (delta["e2e_s"] - delta["decode_s"]) / timed)
+    if known and delta.get("steps", 0) > 0:
+        # each request is one prefill step's row and one row of each of its decode passes: rows ÷ steps
+        out["concurrency"] = (delta["requests"] + passes) / delta["steps"]
+    elif out["window_pass_ms"] and interval_s:
         out["concurrency"] = delta["decode_s"] / interval_s
     return out
 
@@ -264,9 +297,14 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
     every drafted token token(B) more (B·d·K of them at drafting share d, linear in K):
 
         pass(B, K) = plain(B) + B · d · K · token(B)
-        speedup(K, B) = tokens per pass(K) · reference(B) ÷ pass(B, K)
 
-    reference(B) is a pass of a server without speculation where one was probed, else plain(B).
+    reference(B) is a pass of a server without speculation where one was probed, else plain(B). A request
+    also spends time outside its decode passes (waiting, its prefill step, the server's work around it), the
+    same with and without speculation, which dilutes the gain: where vLLM counts it (e2e − decode per
+    request), the speedup is of whole requests of the window's length (``predicted_speedup``), with
+    outside(B) from the window and the probe's slope over B (``_outside_model``); elsewhere of decode passes:
+
+        speedup(K, B) = tokens per pass(K) · reference(B) ÷ pass(B, K)
 
     Checked against the window: the model's ms per pass at the window's own K and load beside the ms per
     pass the server measured (its decode time ÷ its passes), and the window's speedup from its own numbers.
@@ -283,6 +321,8 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
                 "mixed_share",
                 "verify_share",
                 "baseline_decode_ms",
+                "outside_ms",
+                "baseline_outside_ms",
             )
         }
     except (TypeError, ValueError, AttributeError):
@@ -312,6 +352,7 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
         base, token = parts[b]
         return base + b * d * k * token
 
+    outside_at = _outside_model(result, tables)
     # What speculation is weighed against: a server without it where one was probed, else this server's own
     # passes without drafts (on vLLM's CPU build those cost more than a plain server's: measured 165 against
     # 113 ms a pass at batch 16, so without the other server the speedups lean high, and the words say so).
@@ -325,6 +366,7 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
         "source": costs.get("source"),
         "plain_ms": {b: parts[b][0] for b in batches},
         "token_ms": {b: parts[b][1] for b in batches},
+        "outside_by_batch": {b: outside_at(b) for b in batches} if outside_at else None,
     }
     if result["window_pass_ms"] and result["k"]:
         load = min(batches, key=lambda b: abs(b - (result["concurrency"] or 1)))
@@ -337,14 +379,82 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
             result["tokens_per_pass"], reference[load], result["window_pass_ms"]
         )
     result["speedup_by_batch"] = {
-        b: {k: modelled_speedup(result["expected_tokens_per_pass"][k], reference[b], pass_ms(b, k)) for k in ks}
-        for b in batches
+        b: {k: predicted_speedup(result, b, k, result["expected_tokens_per_pass"][k]) for k in ks} for b in batches
     }
+    result["model"] = "requests" if _request_model(result) else "decode passes"
     result["speedup"] = result["speedup_by_batch"][batches[0]]
     result["best_k_by_batch"] = {
         b: max(ks, key=row.__getitem__) if max(row.values()) >= 1.0 + MIN_GAIN else 0
         for b, row in result["speedup_by_batch"].items()
     }
+
+
+def _request_model(result: dict) -> bool:
+    """Whether the window says enough to weigh whole requests (their time outside decode passes, their length)."""
+    n = result.get("tokens_per_request")
+    return bool(result["pass_costs"].get("outside_by_batch")) and n is not None and n > 1
+
+
+def predicted_speedup(result: dict, b: int, k: int, tokens_per_pass: float, share: float | None = None):
+    """The model's speedup at batch `b` with K = `k` drafts giving `tokens_per_pass`, for a weighed window
+    (`_weigh` filled result["pass_costs"]); `share` of passes drafting (default: the window's). A request of the
+    window's length N spends outside(B) outside decode passes, then N − 1 tokens at `tokens_per_pass`:
+
+        plain(B)       = outside(B) + (N − 1) · reference(B)
+        speculative(B) = outside(B) + (N − 1) ÷ tokens per pass · pass(B, K)
+        speedup        = plain ÷ speculative
+
+    Where the window has no per-request times (not vLLM), decode passes only: tokens per pass · reference ÷
+    pass, which leaves out what dilutes the gain (measured 1.2–1.9× too high on vLLM's CPU server)."""
+    costs = result["pass_costs"]
+    d = result["drafting_share"] if share is None else share
+    pass_ms = costs["plain_ms"][b] + b * d * k * costs["token_ms"][b]
+    reference = costs["reference_ms"][b]
+    if not _request_model(result):
+        return modelled_speedup(tokens_per_pass, reference, pass_ms)
+    n, outside = result["tokens_per_request"], costs["outside_by_batch"][b]
+    speculative = outside + (n - 1) / tokens_per_pass * pass_ms
+    return (outside + (n - 1) * reference) / speculative if speculative > 0 else None
+
+
+def _outside_model(result: dict, tables: dict):
+    """outside(B): ms of a request outside its decode passes at batch B (waiting, its prefill step, the server's
+    work around the request), or None where the window does not say (a server without vLLM's e2e and decode
+    histograms). The window's own per-request figure at its load, plus, per concurrent request more or less,
+    the slope the probe measured on its plain requests (both servers' points, least squares over B): measured
+    on vLLM's CPU server ~100 ms per request, as each request waits for the others' prefill."""
+    outside, load = result.get("outside_ms"), result.get("concurrency") or 1.0
+    if outside is None:
+        return None
+    points = [(b, ms) for name in ("outside_ms", "baseline_outside_ms") for b, ms in tables[name].items()]
+    slope = None  # not probed (typed costs): held at the window's figure, and said
+    if len({b for b, _ in points}) >= 2:
+        mean_b = sum(b for b, _ in points) / len(points)
+        mean_ms = sum(ms for _, ms in points) / len(points)
+        var = sum((b - mean_b) ** 2 for b, _ in points)
+        slope = max(0.0, sum((b - mean_b) * (ms - mean_ms) for b, ms in points) / var)
+    result["outside_per_request_ms"] = slope
+    return lambda b: max(0.0, outside + (b - load) * (slope or 0.0))
+
+
+def model_note(result: dict) -> str:
+    """What a weighed window's expected speedups count, in words (the CLI, the tab and its chart say this)."""
+    if result.get("model") != "requests":
+        return (
+            "decode passes only: the server counts no per-request times, so a request's prefill and the server's "
+            "work outside a pass are left out, and the speedups lean high"
+        )
+    slope = result.get("outside_per_request_ms")
+    grows = (
+        f"{slope:.0f} ms more per concurrent request, as the probe measured"
+        if slope is not None
+        else "held at that figure at every batch size (typed pass costs do not say how it grows)"
+    )
+    return (
+        f"whole requests of {result['tokens_per_request']:.0f} tokens, each with its time outside decode passes "
+        f"({result['outside_ms']:.0f} ms in the window at {result['concurrency'] or 1:.1f} concurrent requests; "
+        f"{grows})"
+    )
 
 
 ENGINE_OF = {"vllm": "vllm", "llamacpp": "llama.cpp"}  # a scrape's prefix → engine/tools/launch.py's engine
@@ -464,16 +574,41 @@ def analyze(
                     + f" (its recent averages at the second scrape). {GAUGE_LIMITS}"
                 ),
             }
-    a, b = snapshot(before, model), snapshot(after, model)
+    return read_window(window_counts(before, after, model), interval_s, pass_costs)
+
+
+def window_counts(before: str, after: str, model: str | None = None, require_speculation: bool = True) -> dict:
+    """What the traffic between two scrapes (texts) did, as counter differences: {"server" (the counters'
+    prefix), "model_name", every key of WINDOW_KEYS, "per_position" [accepted at position 0, 1, ..]}. Plain
+    numbers, so a window can be stored and read again (``read_window``) without its scrapes. AnalyzeError for
+    scrapes of two servers, counters that went down or are not finite; `require_speculation` as `snapshot`."""
+    a = snapshot(before, model, require_speculation)
+    b = snapshot(after, model, require_speculation)
     if a["prefix"] != b["prefix"]:
         raise AnalyzeError(f"the two scrapes come from different servers ({a['prefix']} and {b['prefix']})")
-    delta = {key: b[key] - a[key] for key in ("drafts", "draft_tokens", "accepted", "requests", "tokens", "decode_s")}
-    positions = sorted(set(a["per_position"]) | set(b["per_position"]))
-    per_pos = {i: b["per_position"].get(i, 0.0) - a["per_position"].get(i, 0.0) for i in positions}
-    if not all(math.isfinite(v) for v in [*delta.values(), *per_pos.values()]):
+    delta = {key: b[key] - a[key] for key in WINDOW_KEYS}
+    positions = sorted(i for i in set(a["per_position"]) | set(b["per_position"]) if i >= 0)
+    per_pos = [b["per_position"].get(i, 0.0) - a["per_position"].get(i, 0.0) for i in positions]
+    if not all(math.isfinite(v) for v in [*delta.values(), *per_pos]):
         raise AnalyzeError("a speculation counter is not a finite number (NaN or Inf): not a usable scrape")
-    if any(v < 0 for v in [*delta.values(), *per_pos.values()]):
+    if any(v < 0 for v in [*delta.values(), *per_pos]):
         raise AnalyzeError("a counter went down between the scrapes: the server restarted; scrape again")
+    names = {
+        labels.get("model_name")
+        for name, labels, _ in parse_prometheus(after)
+        if name.startswith(f"{b['prefix']}:") and labels.get("model_name")
+    }
+    return {
+        "server": a["prefix"],
+        "model_name": model or (names.pop() if len(names) == 1 else None),
+        **delta,
+        "per_position": per_pos,
+    }
+
+
+def read_window(delta: dict, interval_s: float | None = None, pass_costs: dict | None = None) -> dict:
+    """`analyze` of a window already read (``window_counts``): AnalyzeError for too few drafts or unusable
+    pass costs."""
     if delta["drafts"] < MIN_DRAFTS:
         raise AnalyzeError(
             f"too few drafts in the window ({delta['drafts']:.0f}, at least {MIN_DRAFTS} are needed): send traffic "
@@ -481,17 +616,12 @@ def analyze(
         )
     rate = delta["accepted"] / delta["draft_tokens"] if delta["draft_tokens"] else 0.0
     length = 1.0 + delta["accepted"] / delta["drafts"]
-    by_position = [per_pos[i] / delta["drafts"] for i in positions if i >= 0]
+    by_position = [count / delta["drafts"] for count in delta["per_position"]]
     alpha = _fit_alpha(by_position)
     k_now = len(by_position) or None
-    names = {
-        labels.get("model_name")
-        for name, labels, _ in parse_prometheus(after)
-        if name.startswith(f"{b['prefix']}:spec_decode") and labels.get("model_name")
-    }
     result = {
-        "server": a["prefix"],
-        "model_name": model or (names.pop() if len(names) == 1 else None),
+        "server": delta["server"],
+        "model_name": delta["model_name"],
         "interval_s": interval_s,
         "drafts": delta["drafts"],
         "draft_tokens": delta["draft_tokens"],

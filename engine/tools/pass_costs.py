@@ -16,12 +16,21 @@ drafts on some passes (38% at one batch size, measured), and the drafting cases 
 is kept with the share of its passes that drafted, and engine/tools/analyze.py fits ms per pass against
 that share, batch size by batch size.
 
+A request's decode time may hold more than its passes (a fixed part per request), which over the 8 passes of
+a short probe request would read every pass dearer. So one more case per server sends plain requests of LONG
+tokens at batch 1; with the batch-1 plain case it separates that fixed part (_overhead_ms), taken out of every
+case's decode time (measured on vLLM's CPU server: 0 and 2 ms per request, so small there). Around each plain
+case the probe also reads each request's time outside its decode passes (e2e − decode): how it grows with the
+batch (each request waits for the others' prefill) is what the analyzer adds to a window's own figure.
+
 Each request asks for TOKENS tokens (the drafting ones (K + 1)× as many, so that the batch keeps its mix to
 the end) and ignores end of sequence. Around each case the probe scrapes the server's counters: passes =
 tokens − requests − accepted, the share of them that drafted, and K = draft tokens ÷ drafts. Where the server
 reports how long each request decoded (vLLM's ``request_decode_time_seconds``), ms per pass = those seconds ÷
 the passes: the server's own clock in steady state, free of HTTP and prefill. The rounds of all the cases
-are interleaved, so that a slow spell of the host lands on every case alike (measured: run case after case,
+are interleaved, so that a slow spell of the host lands on every case alike, after one untimed round of every
+case (a fresh server compiles each new shape the first time: in a validation run without it the batch-1 plain
+pass read 89 ms where the same server's traffic took 47) (measured: run case after case,
 one plain pass at batch 1 came out at 75 ms where the same server's real traffic took 56 to 64). (A first version timed requests
 of one decode pass from outside; its plain pass came out 15% dearer than the passes of long requests on the
 same server, 64.6 against 56.4 ms, and wall-time differences at batch 16 came out below batch 8's.) Elsewhere
@@ -104,8 +113,12 @@ def _model(base: str, timeout: float) -> str:
         raise AnalyzeError(f"{base}/v1/models lists no model: is it an OpenAI-compatible server?") from None
 
 
-COUNTERS = ("requests", "tokens", "accepted", "drafts", "draft_tokens", "decode_s")  # counters summed per case
+COUNTERS = ("requests", "tokens", "accepted", "drafts", "draft_tokens", "decode_s", "e2e_s", "timed_requests")
+LONG = 33  # tokens of the longer plain requests that separate a request's fixed decode time from its passes
 CASES = ("decode", "mixed", "verify", "baseline_decode")  # plain, half drafting, all drafting, plain elsewhere
+# one request of LONG tokens, plain, on each server: with the batch-1 plain case, what a request's decode time
+# holds besides its passes (_overhead_ms)
+LONG_CASES = {"decode_long": "decode", "baseline_long": "baseline_decode"}
 PROBED = ("decode", "mixed", "verify")  # the cases sent to the probed server (not to the one without speculation)
 
 
@@ -179,26 +192,32 @@ class _Probe:
         if other:
             self.timed(largest, 0, 2, other)
 
-    def round_of(self, batch: int, drafting: int, total: dict, server: str) -> None:
-        """One round of a case: `batch` concurrent requests, `drafting` of them with a prompt to draft on,
-        bracketed by scrapes; the counters' deltas and the wall time added to `total`."""
+    def round_of(self, batch: int, drafting: int, total: dict, server: str, tokens: int = TOKENS) -> None:
+        """One round of a case: `batch` concurrent requests of `tokens` tokens, `drafting` of them with a prompt
+        to draft on, bracketed by scrapes; the counters' deltas and the wall time added to `total`."""
         from engine.tools.analyze import scrape, snapshot
 
         speculating = server == self.base
         before = snapshot(scrape(server), require_speculation=speculating)
-        total["walls"].append(self.timed(batch, drafting, TOKENS, server))
+        total["walls"].append(self.timed(batch, drafting, tokens, server))
         after = snapshot(scrape(server), require_speculation=speculating)
         for key in COUNTERS:
             total[key] += after[key] - before[key]
 
-    def reading(self, batch: int, drafting: int, total: dict, server: str) -> dict:
-        """A case's rounds read: {"ms" per decode pass, "share" of the requests' passes that drafted, "clock"}."""
+    def reading(self, batch: int, drafting: int, total: dict, server: str, overhead_ms: float = 0.0) -> dict:
+        """A case's rounds read: {"ms" per decode pass, "share" of the requests' passes that drafted, "clock",
+        "outside_ms" per request (e2e − decode, where the server counts both)}. `overhead_ms`: what each
+        request's decode time holds besides its passes (_overhead_ms), taken out."""
         # every request's first token comes from its prefill; each decode pass adds one plus what it accepted
         passes = total["tokens"] - total["requests"] - total["accepted"]
         counted = total["requests"] == self.repeats * batch and passes > 0
+        outside = None
+        if total["timed_requests"] > 0 and total["e2e_s"] > 0:
+            outside = max(0.0, 1000.0 * (total["e2e_s"] - total["decode_s"]) / total["timed_requests"])
         if counted and total["decode_s"] > 0:
-            # the server's own clock: the seconds each request decoded, over the passes it took, in steady state
-            ms, clock = 1000.0 * total["decode_s"] / passes, "the server's decode time per pass"
+            # the server's own clock: the seconds each request decoded, less its fixed part, over the passes
+            decode_ms = 1000.0 * total["decode_s"] - overhead_ms * total["requests"]
+            ms, clock = decode_ms / passes, "the server's decode time per pass"
         else:
             ones = [self.timed(batch, drafting, 1, server) for _ in range(self.repeats)]
             per_request = passes / (self.repeats * batch) if counted else TOKENS - 1
@@ -210,28 +229,51 @@ class _Probe:
                 "server too far): enter the pass costs by hand"
             )
         share = total["drafts"] / passes if counted else (drafting / batch)
-        return {"ms": ms, "share": min(1.0, share), "clock": clock}
+        return {"ms": ms, "share": min(1.0, share), "clock": clock, "outside_ms": outside}
 
 
 def _cases(batches: list[int], servers: dict[str, str | None]) -> list[tuple[int, str, int]]:
     """(batch, case name, requests drafting) of every case probed: half drafting from B = 2, the server
     without speculation only where one is given."""
-    return [
+    cases = [
         (batch, name, {"mixed": batch // 2, "verify": batch}.get(name, 0))
         for batch in batches
         for name in CASES
         if (name != "mixed" or batch >= 2) and servers[name]
     ]
+    return cases + [(1, name, 0) for name, short in LONG_CASES.items() if servers[short]]
 
 
 def _run_rounds(probe: _Probe, cases: list, servers: dict[str, str | None]) -> dict:
     """{case: its summed counters and wall times}, the rounds interleaved across cases: a slow spell of the
     host lands on all of them."""
     totals = {case: {"walls": [], **dict.fromkeys(COUNTERS, 0.0)} for case in cases}
+    for case in cases:  # one round untimed: a fresh server compiles each new shape the first time it meets it
+        probe.timed(
+            case[0], case[2], LONG if case[1] in LONG_CASES else TOKENS, servers[LONG_CASES.get(case[1], case[1])]
+        )
     for _ in range(probe.repeats):
         for case in cases:
-            probe.round_of(case[0], case[2], totals[case], servers[case[1]])
+            tokens = LONG if case[1] in LONG_CASES else TOKENS
+            probe.round_of(case[0], case[2], totals[case], servers[LONG_CASES.get(case[1], case[1])], tokens)
     return totals
+
+
+def _overhead_ms(short: dict, long: dict) -> float:
+    """What each request's decode time holds besides its passes, on one server: from plain requests of TOKENS
+    and of LONG tokens at batch 1, decode ms per request = overhead + passes × ms per pass, solved for the
+    overhead (0 where the two cannot separate it)."""
+    per = []
+    for total in (short, long):
+        passes = total["tokens"] - total["requests"] - total["accepted"]
+        if total["requests"] <= 0 or passes <= 0 or total["decode_s"] <= 0:
+            return 0.0
+        per.append((passes / total["requests"], 1000.0 * total["decode_s"] / total["requests"]))
+    (p_short, d_short), (p_long, d_long) = per
+    if p_long - p_short < 1:
+        return 0.0
+    ms_per_pass = (d_long - d_short) / (p_long - p_short)
+    return min(max(0.0, d_short - p_short * ms_per_pass), d_short)
 
 
 def _read_cases(probe: _Probe, cases: list, totals: dict, servers: dict[str, str | None]) -> tuple[dict, set]:
@@ -246,12 +288,27 @@ def _read_cases(probe: _Probe, cases: list, totals: dict, servers: dict[str, str
         "baseline_decode_ms": {},
     }
     clocks = set()
+    overhead = {
+        short: _overhead_ms(totals[1, short, 0], totals[1, name, 0])
+        for name, short in LONG_CASES.items()
+        if (1, name, 0) in totals and (1, short, 0) in totals
+    }
+    costs["overhead_ms"] = {
+        "speculative": overhead.get("decode", 0.0),
+        "baseline": overhead.get("baseline_decode", 0.0),
+    }
+    costs["outside_ms"], costs["baseline_outside_ms"] = {}, {}
     for batch, name, drafting in cases:
-        result = probe.reading(batch, drafting, totals[batch, name, drafting], servers[name])
+        if name in LONG_CASES:
+            continue
+        fixed = overhead.get("baseline_decode" if name == "baseline_decode" else "decode", 0.0)
+        result = probe.reading(batch, drafting, totals[batch, name, drafting], servers[name], fixed)
         costs[f"{name}_ms"][batch] = result["ms"]
         clocks.add(result["clock"])
         if name in PROBED:
             costs[f"{name}_share"][batch] = result["share"]
+        if name in ("decode", "baseline_decode") and result["outside_ms"] is not None:
+            costs["outside_ms" if name == "decode" else "baseline_outside_ms"][batch] = result["outside_ms"]
     return costs, clocks
 
 
@@ -290,8 +347,10 @@ def probe_pass_costs(
 
     Returns {"decode_ms", "mixed_ms" (B ≥ 2), "verify_ms": {B: ms per decode pass}, "decode_share",
     "mixed_share", "verify_share": {B: share of the requests' passes that drafted}, "baseline_decode_ms" {B: ms
-    per pass of the server at `baseline_url`, when given}, "k": draft tokens per drafting pass as the server's
-    counters saw them, "tokens_per_request", "repeats", "model", "source"};
+    per pass of the server at `baseline_url`, when given}, "outside_ms", "baseline_outside_ms" {B: ms per plain
+    request outside its decode passes, where the server counts e2e and decode time}, "overhead_ms"
+    {"speculative", "baseline": the fixed decode ms per request taken out}, "k": draft tokens per drafting pass
+    as the server's counters saw them, "tokens_per_request", "repeats", "model", "source"};
     AnalyzeError when the server cannot be reached, does not generate the tokens asked for, does not draft on
     the probe's prompts, or the timings cannot separate a pass from the overhead."""
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):

@@ -37,9 +37,8 @@ import os
 import random
 import shlex
 
-from engine.metrics import modelled_speedup
 from engine.paths import DEFAULT_MODEL
-from engine.tools.analyze import AnalyzeError, parse_prometheus
+from engine.tools.analyze import AnalyzeError, parse_prometheus, predicted_speedup
 
 __all__ = [
     "CPU_REFUSAL",
@@ -168,11 +167,7 @@ def _predicted(window: dict | None, rates: list[float], sizes: list[int]) -> lis
     if not costs:
         return [None] * len(sizes)
     k, tau = len(rates), 1.0 + sum(rates)
-    out = []
-    for b in sizes:
-        plain, token, ref = (costs.get(name, {}).get(b) for name in ("plain_ms", "token_ms", "reference_ms"))
-        out.append(None if None in (plain, token, ref) else modelled_speedup(tau, ref, plain + b * k * token))
-    return out
+    return [predicted_speedup(window, b, k, tau, share=1.0) if b in costs["plain_ms"] else None for b in sizes]
 
 
 def measure_what_if(

@@ -90,13 +90,15 @@ def measure_batches(
     chat: bool = True,
     ignore_eos: bool = False,
     progress=None,
+    warm_up: bool = True,
 ) -> dict:
     """Measured throughput and latency per batch size, for each server.
 
     servers: {mode name: URL or VllmBackend}, e.g. {"baseline": url, "speculative": url}.
     prompts: texts (chat) or token-id lists; request i of a batch in repeat r gets
     prompts[(r * B + i) % len]. max_num_seqs of the server must allow B at once. ignore_eos: every request
-    decodes max_new_tokens (engine/tools/what_if.py's production-shaped requests).
+    decodes max_new_tokens (engine/tools/what_if.py's production-shaped requests). warm_up: one 4-token request
+    to each server first (False where the servers are warm and a scrape window must hold only the batches).
     Returns {"batch_sizes", "modes": {name: {"url", "speculative", "k", "tok_per_s",
     "tok_per_s_min", "tok_per_s_max", "latency_s" (median per-request latency),
     "latency_min_s", "latency_max_s", "acceptance_rate"}}, "speedup" (speculative ÷
@@ -114,7 +116,7 @@ def measure_batches(
     kw = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "chat": chat, "seed": 0}
     if ignore_eos:  # every request decodes its full length (a what-if's production-shaped requests)
         kw["ignore_eos"] = True
-    for b in backends.values():  # warm-up: first requests allocate and may compile
+    for b in backends.values() if warm_up else ():  # warm-up: first requests allocate and may compile
         b.complete(prompts[0], **{**kw, "max_new_tokens": 4})
     runs = _interleaved_batches(backends, prompts, sizes, kw, int(repeats), progress)
     report = {
