@@ -533,6 +533,9 @@ def test_a_window_with_request_times_is_weighed_as_whole_requests():
     # where it pays, decode passes alone promise more: at batch 1 a pass costs 40 + 10 ms, 200 ms outside
     assert result["speedup_by_batch"][1][1] == pytest.approx((200 + 100 * 38.0) / (200 + 100 / tpp * 50.0))
     assert 1 < result["speedup_by_batch"][1][1] < tpp * 38.0 / 50.0
+    # the fixed part of a request's decode time that the probe took out of its passes is paid per request
+    fixed = read_window(counts, None, {**costs, "overhead_ms": {"baseline": {"1": 150.0, "16": 150.0}}})
+    assert fixed["pass_costs"]["outside_by_batch"][16] == pytest.approx(outside16 + 150.0)
     # without vLLM's per-request times (SpecLens, llama.cpp): decode passes only, and it says so
     bare = analyze(_scrape(0, 0, 0, [0]), _scrape(400, 400, 400, [400]), None, costs)
     assert bare["model"] == "decode passes"
@@ -555,3 +558,20 @@ def test_the_probe_separates_a_requests_fixed_decode_time():
     assert _overhead_ms(total(3, 8, 8 * 45), total(3, 32, 32 * 45)) == pytest.approx(0.0, abs=1e-9)
     assert _overhead_ms(total(3, 8, 100), total(3, 32, 5000)) == 0.0  # a steeper long case: none, not below 0
     assert _overhead_ms(total(3, 8, 400), total(3, 8, 400)) == 0.0  # one length cannot separate it
+
+
+GRID = ROOT / "docs" / "bench" / "2026-12-05-analyzer-grid-avx512bf16.json"
+
+
+def test_the_validation_table_is_the_models_on_the_stored_grid():
+    """#41: docs/vllm.md's table of predicted against measured speedups is what the analyzer's model gives on the
+    stored grid (scripts/validate_analyzer.py's JSON: every server's windows and the batches' throughput), and
+    the tab quotes the same median error: change the model and the table must be recomputed."""
+    from app.labs.deployment import TEXT
+    from engine.tools.validate import grid_markdown, predict_grid
+
+    data = json.loads(GRID.read_text())
+    table = predict_grid(data)
+    assert table["summary"]["cells"] == len(data["settings"]["ks"]) * len(data["settings"]["sizes"]) * 2
+    assert grid_markdown(table) in (ROOT / "docs" / "vllm.md").read_text()
+    assert f"{table['summary']['median_abs_error']:.0%}" in " ".join(TEXT.split())

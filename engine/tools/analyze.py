@@ -352,7 +352,7 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
         base, token = parts[b]
         return base + b * d * k * token
 
-    outside_at = _outside_model(result, tables)
+    outside_at = _outside_model(result, tables, costs.get("overhead_ms"))
     # What speculation is weighed against: a server without it where one was probed, else this server's own
     # passes without drafts (on vLLM's CPU build those cost more than a plain server's: measured 165 against
     # 113 ms a pass at batch 16, so without the other server the speedups lean high, and the words say so).
@@ -417,15 +417,21 @@ def predicted_speedup(result: dict, b: int, k: int, tokens_per_pass: float, shar
     return (outside + (n - 1) * reference) / speculative if speculative > 0 else None
 
 
-def _outside_model(result: dict, tables: dict):
+def _outside_model(result: dict, tables: dict, overhead: dict | None = None):
     """outside(B): ms of a request outside its decode passes at batch B (waiting, its prefill step, the server's
     work around the request), or None where the window does not say (a server without vLLM's e2e and decode
     histograms). The window's own per-request figure at its load, plus, per concurrent request more or less,
     the slope the probe measured on its plain requests (both servers' points, least squares over B): measured
-    on vLLM's CPU server ~100 ms per request, as each request waits for the others' prefill."""
+    on vLLM's CPU server ~100 ms per request, as each request waits for the others' prefill. Plus the fixed
+    part of a request's decode time the probe took out of its passes (`overhead`: pass_costs' "overhead_ms",
+    ~150 ms per request measured there), which a request pays with or without speculation."""
     outside, load = result.get("outside_ms"), result.get("concurrency") or 1.0
     if outside is None:
         return None
+    try:
+        fixed = {int(b): float(ms) for b, ms in ((overhead or {}).get("baseline") or {}).items()}
+    except (TypeError, ValueError, AttributeError):
+        raise AnalyzeError("pass costs' overhead_ms must be ms by batch size") from None
     points = [(b, ms) for name in ("outside_ms", "baseline_outside_ms") for b, ms in tables[name].items()]
     slope = None  # not probed (typed costs): held at the window's figure, and said
     if len({b for b, _ in points}) >= 2:
@@ -434,7 +440,7 @@ def _outside_model(result: dict, tables: dict):
         var = sum((b - mean_b) ** 2 for b, _ in points)
         slope = max(0.0, sum((b - mean_b) * (ms - mean_ms) for b, ms in points) / var)
     result["outside_per_request_ms"] = slope
-    return lambda b: max(0.0, outside + (b - load) * (slope or 0.0))
+    return lambda b: max(0.0, outside + (b - load) * (slope or 0.0)) + fixed.get(b, 0.0)
 
 
 def model_note(result: dict) -> str:

@@ -16,12 +16,14 @@ drafts on some passes (38% at one batch size, measured), and the drafting cases 
 is kept with the share of its passes that drafted, and engine/tools/analyze.py fits ms per pass against
 that share, batch size by batch size.
 
-A request's decode time may hold more than its passes (a fixed part per request), which over the 8 passes of
-a short probe request would read every pass dearer. So one more case per server sends plain requests of LONG
-tokens at batch 1; with the batch-1 plain case it separates that fixed part (_overhead_ms), taken out of every
-case's decode time (measured on vLLM's CPU server: 0 and 2 ms per request, so small there). Around each plain
-case the probe also reads each request's time outside its decode passes (e2e − decode): how it grows with the
-batch (each request waits for the others' prefill) is what the analyzer adds to a window's own figure.
+A request's decode time holds more than its passes: B requests sent together reach the server a little apart,
+and the later ones' prefills run in steps the earlier ones decode in, a fixed part per request that over the 8
+passes of a short probe request reads every pass dearer (a validation run: 62 against the traffic's 39 ms a
+plain pass at batch 4, 77 against 51 at batch 2, none at batch 1). So each plain case is sent twice, with
+requests of TOKENS and of LONG tokens; per server and batch size the pair separates that fixed part
+(_overhead_ms), taken out of every case's decode time at that batch size. Around each plain case the probe
+also reads each request's time outside its decode passes (e2e − decode): how it grows with the batch (each
+request waits for the others' prefill) is what the analyzer adds to a window's own figure.
 
 Each request asks for TOKENS tokens (the drafting ones (K + 1)× as many, so that the batch keeps its mix to
 the end) and ignores end of sequence. Around each case the probe scrapes the server's counters: passes =
@@ -116,8 +118,8 @@ def _model(base: str, timeout: float) -> str:
 COUNTERS = ("requests", "tokens", "accepted", "drafts", "draft_tokens", "decode_s", "e2e_s", "timed_requests")
 LONG = 33  # tokens of the longer plain requests that separate a request's fixed decode time from its passes
 CASES = ("decode", "mixed", "verify", "baseline_decode")  # plain, half drafting, all drafting, plain elsewhere
-# one request of LONG tokens, plain, on each server: with the batch-1 plain case, what a request's decode time
-# holds besides its passes (_overhead_ms)
+# plain requests of LONG tokens on each server at each batch size: with the plain case of TOKENS, what a
+# request's decode time holds besides its passes (_overhead_ms)
 LONG_CASES = {"decode_long": "decode", "baseline_long": "baseline_decode"}
 PROBED = ("decode", "mixed", "verify")  # the cases sent to the probed server (not to the one without speculation)
 
@@ -241,7 +243,7 @@ def _cases(batches: list[int], servers: dict[str, str | None]) -> list[tuple[int
         for name in CASES
         if (name != "mixed" or batch >= 2) and servers[name]
     ]
-    return cases + [(1, name, 0) for name, short in LONG_CASES.items() if servers[short]]
+    return cases + [(batch, name, 0) for batch in batches for name, short in LONG_CASES.items() if servers[short]]
 
 
 def _run_rounds(probe: _Probe, cases: list, servers: dict[str, str | None]) -> dict:
@@ -260,9 +262,9 @@ def _run_rounds(probe: _Probe, cases: list, servers: dict[str, str | None]) -> d
 
 
 def _overhead_ms(short: dict, long: dict) -> float:
-    """What each request's decode time holds besides its passes, on one server: from plain requests of TOKENS
-    and of LONG tokens at batch 1, decode ms per request = overhead + passes × ms per pass, solved for the
-    overhead (0 where the two cannot separate it)."""
+    """What each request's decode time holds besides its passes, on one server at one batch size: from plain
+    requests of TOKENS and of LONG tokens, decode ms per request = overhead + passes × ms per pass, solved for
+    the overhead (0 where the two cannot separate it)."""
     per = []
     for total in (short, long):
         passes = total["tokens"] - total["requests"] - total["accepted"]
@@ -288,20 +290,28 @@ def _read_cases(probe: _Probe, cases: list, totals: dict, servers: dict[str, str
         "baseline_decode_ms": {},
     }
     clocks = set()
-    overhead = {
-        short: _overhead_ms(totals[1, short, 0], totals[1, name, 0])
-        for name, short in LONG_CASES.items()
-        if (1, name, 0) in totals and (1, short, 0) in totals
-    }
-    costs["overhead_ms"] = {
-        "speculative": overhead.get("decode", 0.0),
-        "baseline": overhead.get("baseline_decode", 0.0),
-    }
+    overhead: dict = {short: {} for short in LONG_CASES.values()}
+    for batch, name, _ in cases:
+        if name in LONG_CASES:
+            short = LONG_CASES[name]
+            overhead[short][batch] = _overhead_ms(totals[batch, short, 0], totals[batch, name, 0])
+    # The fixed part is the engine's, not speculation's: where a server without speculation was probed, its
+    # figure serves both. The speculating server's own plain requests draft on some passes, more of them in the
+    # longer requests, which blurs its pair (one run: 9, 0, 136, 0, 0 ms at B = 1..16 against the plain
+    # server's 152, 231, 95, 152, 153).
+    taken_out = overhead["baseline_decode"] if servers["baseline_decode"] else overhead["decode"]
+    costs["overhead_ms"] = {"speculative": taken_out, "baseline": overhead["baseline_decode"]}
+    costs["speculative_own_overhead_ms"] = overhead["decode"]
     costs["outside_ms"], costs["baseline_outside_ms"] = {}, {}
+    # every case's summed counters, so that a reading can be recomputed from the probe's output alone
+    costs["cases"] = [
+        {"batch": b, "case": name, "drafting": n, **{key: totals[b, name, n][key] for key in COUNTERS}}
+        for b, name, n in cases
+    ]
     for batch, name, drafting in cases:
         if name in LONG_CASES:
             continue
-        fixed = overhead.get("baseline_decode" if name == "baseline_decode" else "decode", 0.0)
+        fixed = overhead["baseline_decode"].get(batch, 0.0) if name == "baseline_decode" else taken_out.get(batch, 0.0)
         result = probe.reading(batch, drafting, totals[batch, name, drafting], servers[name], fixed)
         costs[f"{name}_ms"][batch] = result["ms"]
         clocks.add(result["clock"])
@@ -349,7 +359,8 @@ def probe_pass_costs(
     "mixed_share", "verify_share": {B: share of the requests' passes that drafted}, "baseline_decode_ms" {B: ms
     per pass of the server at `baseline_url`, when given}, "outside_ms", "baseline_outside_ms" {B: ms per plain
     request outside its decode passes, where the server counts e2e and decode time}, "overhead_ms"
-    {"speculative", "baseline": the fixed decode ms per request taken out}, "k": draft tokens per drafting pass
+    {"speculative", "baseline": {B: the fixed decode ms per request taken out}}, "speculative_own_overhead_ms",
+    "cases" [each case's summed counters], "k": draft tokens per drafting pass
     as the server's counters saw them, "tokens_per_request", "repeats", "model", "source"};
     AnalyzeError when the server cannot be reached, does not generate the tokens asked for, does not draft on
     the probe's prompts, or the timings cannot separate a pass from the overhead."""
