@@ -265,7 +265,9 @@ def _window_passes(delta: dict, interval_s: float | None) -> dict:
         out["outside_ms"] = max(0.0, 1000.0 * (delta["e2e_s"] - delta["decode_s"]) / timed)
     if known and delta.get("steps", 0) > 0:
         # each request is one prefill step's row and one row of each of its decode passes: rows ÷ steps
-        out["concurrency"] = (delta["requests"] + passes) / delta["steps"]
+        # (at least 1: a long prompt's prefill can take two steps, which reads a window of one request at a
+        # time as 0.9)
+        out["concurrency"] = max(1.0, (delta["requests"] + passes) / delta["steps"])
     elif out["window_pass_ms"] and interval_s:
         out["concurrency"] = delta["decode_s"] / interval_s
     return out
@@ -433,7 +435,7 @@ def _outside_model(result: dict, tables: dict, overhead: dict | None = None):
     except (TypeError, ValueError, AttributeError):
         raise AnalyzeError("pass costs' overhead_ms must be ms by batch size") from None
     points = [(b, ms) for name in ("outside_ms", "baseline_outside_ms") for b, ms in tables[name].items()]
-    slope = None  # not probed (typed costs): held at the window's figure, and said
+    slope = None  # not probed (typed costs, or a probe from before it read them): held at the window's figure, said
     if len({b for b, _ in points}) >= 2:
         mean_b = sum(b for b, _ in points) / len(points)
         mean_ms = sum(ms for _, ms in points) / len(points)
@@ -454,7 +456,7 @@ def model_note(result: dict) -> str:
     grows = (
         f"{slope:.0f} ms more per concurrent request, as the probe measured"
         if slope is not None
-        else "held at that figure at every batch size (typed pass costs do not say how it grows)"
+        else "held at that figure at every batch size: these pass costs do not say how it grows"
     )
     return (
         f"whole requests of {result['tokens_per_request']:.0f} tokens, each with its time outside decode passes "

@@ -16,10 +16,10 @@ drafts on some passes (38% at one batch size, measured), and the drafting cases 
 is kept with the share of its passes that drafted, and engine/tools/analyze.py fits ms per pass against
 that share, batch size by batch size.
 
-A request's decode time holds more than its passes: B requests sent together reach the server a little apart,
-and the later ones' prefills run in steps the earlier ones decode in, a fixed part per request that over the 8
-passes of a short probe request reads every pass dearer (a validation run: 62 against the traffic's 39 ms a
-plain pass at batch 4, 77 against 51 at batch 2, none at batch 1). So each plain case is sent twice, with
+A request's decode time holds more than its passes: a fixed part per request (the plain vLLM CPU server
+measured ~150 ms, at batch 1 too), which over the 8 passes of a short probe request reads every pass dearer (a
+validation run without this: 62 against the traffic's 39 ms a plain pass at batch 4, 77 against 51 at batch
+2). So each plain case is sent twice, with
 requests of TOKENS and of LONG tokens; per server and batch size the pair separates that fixed part
 (_overhead_ms), taken out of every case's decode time at that batch size. Around each plain case the probe
 also reads each request's time outside its decode passes (e2e − decode): how it grows with the batch (each
@@ -295,13 +295,12 @@ def _read_cases(probe: _Probe, cases: list, totals: dict, servers: dict[str, str
         if name in LONG_CASES:
             short = LONG_CASES[name]
             overhead[short][batch] = _overhead_ms(totals[batch, short, 0], totals[batch, name, 0])
-    # The fixed part is the engine's, not speculation's: where a server without speculation was probed, its
-    # figure serves both. The speculating server's own plain requests draft on some passes, more of them in the
-    # longer requests, which blurs its pair (one run: 9, 0, 136, 0, 0 ms at B = 1..16 against the plain
-    # server's 152, 231, 95, 152, 153).
-    taken_out = overhead["baseline_decode"] if servers["baseline_decode"] else overhead["decode"]
+    # Each server's own pair. The speculating server's reads near 0 (one run: 9, 0, 136, 0, 0 ms at B = 1..16
+    # against the plain server's 152, 231, 95, 152, 153); taking the plain server's figure for both instead
+    # read its passes cheaper than its traffic, and a second validation grid came out worse (19% median error,
+    # 4 cells on the wrong side of 1x, against 16% and 1).
+    taken_out = overhead["decode"]
     costs["overhead_ms"] = {"speculative": taken_out, "baseline": overhead["baseline_decode"]}
-    costs["speculative_own_overhead_ms"] = overhead["decode"]
     costs["outside_ms"], costs["baseline_outside_ms"] = {}, {}
     # every case's summed counters, so that a reading can be recomputed from the probe's output alone
     costs["cases"] = [
@@ -311,7 +310,7 @@ def _read_cases(probe: _Probe, cases: list, totals: dict, servers: dict[str, str
     for batch, name, drafting in cases:
         if name in LONG_CASES:
             continue
-        fixed = overhead["baseline_decode"].get(batch, 0.0) if name == "baseline_decode" else taken_out.get(batch, 0.0)
+        fixed = (overhead["baseline_decode"] if name == "baseline_decode" else taken_out).get(batch, 0.0)
         result = probe.reading(batch, drafting, totals[batch, name, drafting], servers[name], fixed)
         costs[f"{name}_ms"][batch] = result["ms"]
         clocks.add(result["clock"])
@@ -359,8 +358,8 @@ def probe_pass_costs(
     "mixed_share", "verify_share": {B: share of the requests' passes that drafted}, "baseline_decode_ms" {B: ms
     per pass of the server at `baseline_url`, when given}, "outside_ms", "baseline_outside_ms" {B: ms per plain
     request outside its decode passes, where the server counts e2e and decode time}, "overhead_ms"
-    {"speculative", "baseline": {B: the fixed decode ms per request taken out}}, "speculative_own_overhead_ms",
-    "cases" [each case's summed counters], "k": draft tokens per drafting pass
+    {"speculative", "baseline": {B: the fixed decode ms per request taken out}}, "cases" [each case's summed
+    counters], "k": draft tokens per drafting pass
     as the server's counters saw them, "tokens_per_request", "repeats", "model", "source"};
     AnalyzeError when the server cannot be reached, does not generate the tokens asked for, does not draft on
     the probe's prompts, or the timings cannot separate a pass from the overhead."""
