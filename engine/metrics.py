@@ -633,6 +633,20 @@ def modelled_speedup(tokens_per_pass: float, plain_pass_ms: float, pass_ms: floa
     return tokens_per_pass * plain_pass_ms / pass_ms
 
 
+def request_speedup(
+    outside_ms: float, tokens: float, tokens_per_pass: float, plain_pass_ms: float, pass_ms: float
+) -> float | None:
+    """A MODELLED speedup of whole requests of `tokens` tokens: each spends `outside_ms` outside its decode passes
+    (waiting, its prefill step, the server's work around it: the same with and without speculation), then its
+    tokens − 1 decoded tokens, one per plain pass or `tokens_per_pass` per speculative pass:
+    (outside + (N − 1) · plain) ÷ (outside + (N − 1) ÷ tokens per pass · pass). The analyzer's model where a
+    server counts per-request times (engine/tools/analyze.py ``predicted_speedup``). None when undefined."""
+    if not tokens_per_pass or tokens_per_pass <= 0 or not plain_pass_ms or not pass_ms or pass_ms <= 0:
+        return None
+    speculative = outside_ms + (tokens - 1) / tokens_per_pass * pass_ms
+    return (outside_ms + (tokens - 1) * plain_pass_ms) / speculative if speculative > 0 else None
+
+
 def implied_speedup(baseline: dict, run: dict) -> float | None:
     """The speedup a run's measured costs imply: its tokens per pass × the baseline's mean pass time ÷ (its
     mean target pass + mean drafting time per pass). Wall-clock speedup also counts the prefill and the

@@ -38,7 +38,7 @@ import time
 import urllib.error
 import urllib.request
 
-from engine.metrics import expected_tokens_per_pass, modelled_speedup
+from engine.metrics import expected_tokens_per_pass, modelled_speedup, request_speedup
 
 __all__ = [
     "AnalyzeError",
@@ -414,9 +414,9 @@ def predicted_speedup(result: dict, b: int, k: int, tokens_per_pass: float, shar
     reference = costs["reference_ms"][b]
     if not _request_model(result):
         return modelled_speedup(tokens_per_pass, reference, pass_ms)
-    n, outside = result["tokens_per_request"], costs["outside_by_batch"][b]
-    speculative = outside + (n - 1) / tokens_per_pass * pass_ms
-    return (outside + (n - 1) * reference) / speculative if speculative > 0 else None
+    return request_speedup(
+        costs["outside_by_batch"][b], result["tokens_per_request"], tokens_per_pass, reference, pass_ms
+    )
 
 
 def _outside_model(result: dict, tables: dict, overhead: dict | None = None):
