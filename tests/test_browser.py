@@ -720,8 +720,9 @@ def test_your_deployment_says_why_a_dead_server_cannot_be_read(app_url, browser)
             page.locator("#sl-deploy-url textarea, #sl-deploy-url input").first.fill(url)
             started = time.monotonic()
             page.locator("#sl-deploy-scrape").click()
-            text = _wait_text(page, "#sl-deploy-status", "Cannot scrape", 40_000)
-            assert url in text and why in text.lower(), text
+            # wait for this URL's answer: the previous one's "Cannot scrape" is still on screen at the click
+            text = _wait_text(page, "#sl-deploy-status", url, 40_000)
+            assert "Cannot scrape" in text and why in text.lower(), text
             assert time.monotonic() - started < 35, "the message came later than the scrape's 10 s timeout allows"
         page.screenshot(path=str(SHOTS / "deployment-dead-server.png"))
         assert page.locator("#sl-deploy-acceptance .js-plotly-plot").count() == 1  # the window shown before stays
