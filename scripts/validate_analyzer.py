@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.host import cpu_flags, cpu_name  # noqa: E402
 from engine.tools.pass_costs import probe_pass_costs  # noqa: E402
-from engine.tools.validate import grid_markdown, measure_cell, predict_grid  # noqa: E402
+from engine.tools.validate import grid_markdown, measure_cell, pooled_summary, predict_grid  # noqa: E402
 from engine.vllm.batch import measure_batches  # noqa: E402
 from engine.vllm.server import VllmServer, ngram_config  # noqa: E402
 
@@ -48,10 +48,21 @@ def main() -> int:
     parser.add_argument("--workloads", default="code-edit,chat")
     parser.add_argument("--window-batch", type=int, default=4)
     parser.add_argument("--out", default="validate-analyzer.json")
-    parser.add_argument("--from", dest="stored", default=None, help="recompute the table of a stored grid (no servers)")
+    parser.add_argument(
+        "--from", dest="stored", nargs="+", default=None, help="recompute the tables of stored grids (no servers)"
+    )
     args = parser.parse_args()
     if args.stored:
-        print(grid_markdown(predict_grid(json.loads(Path(args.stored).read_text()))))
+        tables = [predict_grid(json.loads(Path(path).read_text())) for path in args.stored]
+        for path, table in zip(args.stored, tables):
+            print(f"{path}\n\n{grid_markdown(table)}\n")
+        if len(tables) > 1:
+            pooled = pooled_summary(tables)
+            print(
+                f"Pooled over {pooled['grids']} grids: median absolute error {pooled['median_abs_error']:.0%} over "
+                f"{pooled['cells']} cells (each grid: {', '.join(f'{e:.0%}' for e in pooled['per_grid'])}); "
+                f"{pooled['wrong_side']} on the wrong side of 1.0×."
+            )
         return 0
     ks = [int(k) for k in args.ks.split(",")]
     sizes = [int(b) for b in args.sizes.split(",")]

@@ -53,7 +53,7 @@ import urllib.request
 
 from engine.tools.analyze import AnalyzeError
 
-__all__ = ["BATCHES", "parse_pass_costs", "probe_pass_costs"]
+__all__ = ["BATCHES", "costs_from_cases", "counted_reading", "parse_pass_costs", "probe_pass_costs"]
 
 BATCHES = (1, 2, 4, 8, 16)  # batch sizes probed (capped by the caller's max_batch)
 TOKEN_IDS = (100, 10_000)  # random prompt ids drawn here: ordinary tokens in any vocabulary of ≥ 10k
@@ -122,6 +122,17 @@ CASES = ("decode", "mixed", "verify", "baseline_decode")  # plain, half drafting
 # request's decode time holds besides its passes (_overhead_ms)
 LONG_CASES = {"decode_long": "decode", "baseline_long": "baseline_decode"}
 PROBED = ("decode", "mixed", "verify")  # the cases sent to the probed server (not to the one without speculation)
+BY_BATCH = (  # the probe's tables by batch size
+    "decode_ms",
+    "mixed_ms",
+    "verify_ms",
+    "decode_share",
+    "mixed_share",
+    "verify_share",
+    "baseline_decode_ms",
+    "outside_ms",
+    "baseline_outside_ms",
+)
 
 
 def _server_base(url: str) -> str:
@@ -207,31 +218,47 @@ class _Probe:
             total[key] += after[key] - before[key]
 
     def reading(self, batch: int, drafting: int, total: dict, server: str, overhead_ms: float = 0.0) -> dict:
-        """A case's rounds read: {"ms" per decode pass, "share" of the requests' passes that drafted, "clock",
-        "outside_ms" per request (e2e − decode, where the server counts both)}. `overhead_ms`: what each
-        request's decode time holds besides its passes (_overhead_ms), taken out."""
-        # every request's first token comes from its prefill; each decode pass adds one plus what it accepted
+        """A case's rounds read: `counted_reading` where the server counted them, else wall-time differences
+        with requests of one token (a server without vLLM's counters), over the passes."""
+        counted = counted_reading(total, batch, self.repeats, overhead_ms)
+        if counted is not None:
+            return counted
         passes = total["tokens"] - total["requests"] - total["accepted"]
-        counted = total["requests"] == self.repeats * batch and passes > 0
-        outside = None
-        if total["timed_requests"] > 0 and total["e2e_s"] > 0:
-            outside = max(0.0, 1000.0 * (total["e2e_s"] - total["decode_s"]) / total["timed_requests"])
-        if counted and total["decode_s"] > 0:
-            # the server's own clock: the seconds each request decoded, less its fixed part, over the passes
-            decode_ms = 1000.0 * total["decode_s"] - overhead_ms * total["requests"]
-            ms, clock = decode_ms / passes, "the server's decode time per pass"
-        else:
-            ones = [self.timed(batch, drafting, 1, server) for _ in range(self.repeats)]
-            per_request = passes / (self.repeats * batch) if counted else TOKENS - 1
-            ms = (statistics.median(total["walls"]) - statistics.median(ones)) / per_request
-            clock = "wall-time differences"
-        if ms <= 0:
-            raise AnalyzeError(
-                "the timings could not separate a pass from the requests' overhead (the host is too busy or the "
-                "server too far): enter the pass costs by hand"
-            )
-        share = total["drafts"] / passes if counted else (drafting / batch)
-        return {"ms": ms, "share": min(1.0, share), "clock": clock, "outside_ms": outside}
+        known = total["requests"] == self.repeats * batch and passes > 0
+        ones = [self.timed(batch, drafting, 1, server) for _ in range(self.repeats)]
+        per_request = passes / (self.repeats * batch) if known else TOKENS - 1
+        ms = (statistics.median(total["walls"]) - statistics.median(ones)) / per_request
+        _check_positive(ms)
+        share = total["drafts"] / passes if known else (drafting / batch)
+        return {"ms": ms, "share": min(1.0, share), "clock": "wall-time differences", "outside_ms": None}
+
+
+def _check_positive(ms: float) -> None:
+    if ms <= 0:
+        raise AnalyzeError(
+            "the timings could not separate a pass from the requests' overhead (the host is too busy or the "
+            "server too far): enter the pass costs by hand"
+        )
+
+
+def counted_reading(total: dict, batch: int, repeats: int, overhead_ms: float = 0.0) -> dict | None:
+    """A case's rounds read from the server's counters alone: {"ms" per decode pass, "share" of the requests'
+    passes that drafted, "clock", "outside_ms" per request (e2e − decode, where the server counts both)}, or
+    None where the server did not count every request's decode time. `overhead_ms`: what each request's decode
+    time holds besides its passes (_overhead_ms), taken out. A pure function of the counters, so a stored probe
+    (its "cases") reads again the same way (``costs_from_cases``)."""
+    # every request's first token comes from its prefill; each decode pass adds one plus what it accepted
+    passes = total["tokens"] - total["requests"] - total["accepted"]
+    if not (total["requests"] == repeats * batch and passes > 0 and total["decode_s"] > 0):
+        return None
+    outside = None
+    if total["timed_requests"] > 0 and total["e2e_s"] > 0:
+        outside = max(0.0, 1000.0 * (total["e2e_s"] - total["decode_s"]) / total["timed_requests"])
+    # the server's own clock: the seconds each request decoded, less its fixed part, over the passes
+    ms = (1000.0 * total["decode_s"] - overhead_ms * total["requests"]) / passes
+    _check_positive(ms)
+    share = min(1.0, total["drafts"] / passes)
+    return {"ms": ms, "share": share, "clock": "the server's decode time per pass", "outside_ms": outside}
 
 
 def _cases(batches: list[int], servers: dict[str, str | None]) -> list[tuple[int, str, int]]:
@@ -278,8 +305,10 @@ def _overhead_ms(short: dict, long: dict) -> float:
     return min(max(0.0, d_short - p_short * ms_per_pass), d_short)
 
 
-def _read_cases(probe: _Probe, cases: list, totals: dict, servers: dict[str, str | None]) -> tuple[dict, set]:
-    """(costs {"<case>_ms", "<case>_share" (speculative cases): {B: value}}, the clocks the readings used)."""
+def _read_cases(read, cases: list, totals: dict) -> tuple[dict, set]:
+    """(costs {"<case>_ms", "<case>_share" (speculative cases): {B: value}}, the clocks the readings used);
+    read(batch, case name, requests drafting, fixed ms per request) reads one case (live: the probe's
+    ``reading``; stored: ``counted_reading``)."""
     costs: dict[str, dict[int, float]] = {
         "decode_ms": {},
         "mixed_ms": {},
@@ -295,10 +324,10 @@ def _read_cases(probe: _Probe, cases: list, totals: dict, servers: dict[str, str
         if name in LONG_CASES:
             short = LONG_CASES[name]
             overhead[short][batch] = _overhead_ms(totals[batch, short, 0], totals[batch, name, 0])
-    # Each server's own pair. The speculating server's reads near 0 (one run: 9, 0, 136, 0, 0 ms at B = 1..16
-    # against the plain server's 152, 231, 95, 152, 153); taking the plain server's figure for both instead
-    # read its passes cheaper than its traffic, and a second validation grid came out worse (19% median error,
-    # 4 cells on the wrong side of 1x, against 16% and 1).
+    # Each server's own pair. The speculating server's often reads near 0 (one run: 9, 0, 136, 0, 0 ms at
+    # B = 1..16 against the plain server's 152, 231, 95, 152, 153); taking the plain server's figure for both
+    # instead read its passes cheaper than its traffic: on the same grid's stored counters, 19% median error
+    # and 4 cells on the wrong side of 1x, against 10% and 0 with each server's own pair (docs/vllm.md).
     taken_out = overhead["decode"]
     costs["overhead_ms"] = {"speculative": taken_out, "baseline": overhead["baseline_decode"]}
     costs["outside_ms"], costs["baseline_outside_ms"] = {}, {}
@@ -311,7 +340,7 @@ def _read_cases(probe: _Probe, cases: list, totals: dict, servers: dict[str, str
         if name in LONG_CASES:
             continue
         fixed = (overhead["baseline_decode"] if name == "baseline_decode" else taken_out).get(batch, 0.0)
-        result = probe.reading(batch, drafting, totals[batch, name, drafting], servers[name], fixed)
+        result = read(batch, name, drafting, fixed)
         costs[f"{name}_ms"][batch] = result["ms"]
         clocks.add(result["clock"])
         if name in PROBED:
@@ -331,8 +360,8 @@ def _drop_unclear(costs: dict, batches: list[int]) -> list[int]:
     """A batch size whose drafting and plain cases drafted on nearly the same share of passes cannot show what
     drafting costs there: it is left out of `costs` (and returned), not guessed; AnalyzeError if all are."""
     unclear = [b for b in batches if costs["verify_share"][b] - costs["decode_share"][b] < MIN_SHARE]
-    for b in unclear:
-        for table in costs.values():
+    for b in unclear:  # from every table by batch size (not from the list of cases)
+        for table in [*(costs[name] for name in BY_BATCH if name in costs), *costs.get("overhead_ms", {}).values()]:
             table.pop(b, None)
     if len(unclear) == len(batches):
         raise AnalyzeError(
@@ -340,6 +369,35 @@ def _drop_unclear(costs: dict, batches: list[int]) -> list[int]:
             "the probe cannot tell what drafting costs on this server; enter the pass costs by hand"
         )
     return unclear
+
+
+def costs_from_cases(costs: dict) -> dict:
+    """A stored probe read again from its cases' summed counters (its "cases"), as ``probe_pass_costs`` reads
+    them now: what a stored validation grid predicts from is then today's reading of the same requests, not the
+    figures of the code that recorded it. A probe without cases (or with a case its server did not count, read
+    from wall times that are not stored) comes back as it was."""
+    stored = costs.get("cases") or []
+    try:
+        cases = [(int(c["batch"]), str(c["case"]), int(c["drafting"])) for c in stored]
+        totals = {case: {key: float(c[key]) for key in COUNTERS} for case, c in zip(cases, stored)}
+        repeats = int(costs["repeats"])
+    except (KeyError, TypeError, ValueError):
+        raise AnalyzeError("a stored probe's cases need batch, case, drafting and every counter") from None
+    if not cases:
+        return costs
+
+    def read(batch: int, name: str, drafting: int, fixed: float) -> dict:
+        reading = counted_reading(totals[batch, name, drafting], batch, repeats, fixed)
+        if reading is None:
+            raise LookupError
+        return reading
+
+    try:
+        again, _ = _read_cases(read, cases, totals)
+    except LookupError:
+        return costs
+    batches = sorted({b for b, name, _ in cases if name == "decode"})
+    return {**costs, **again, "left_out": _drop_unclear(again, batches)}
 
 
 def probe_pass_costs(
@@ -379,7 +437,9 @@ def probe_pass_costs(
     probe.warm_up(max(batches), other)
     cases = _cases(batches, servers)
     totals = _run_rounds(probe, cases, servers)
-    costs, clocks = _read_cases(probe, cases, totals, servers)
+    costs, clocks = _read_cases(
+        lambda b, name, n, fixed: probe.reading(b, n, totals[b, name, n], servers[name], fixed), cases, totals
+    )
     unclear = _drop_unclear(costs, batches)
     return {
         **costs,

@@ -5,7 +5,9 @@ stores, for each workload and batch size B, every server's window (engine/tools/
 and the batches' throughput, beside the probed pass costs. ``predict_grid`` reads that JSON alone:
 
 * the prediction for (workload, B, K) reads what an engineer has: ONE window of the largest K's server (that
-  workload's traffic at ``window_batch``) and the pass costs, through ``read_window`` (the analyzer itself);
+  workload's traffic at ``window_batch``) and the pass costs, through ``read_window`` (the analyzer itself); the
+  pass costs are read again from the probe's stored counters where it kept them (``costs_from_cases``), so a
+  grid recorded before a change to the probe's reading is predicted as the probe reads today;
 * the measurement is the ratio of medians of the K server's and the plain server's throughput at (B), with its
   spread (engine.metrics.ratio_bounds);
 * error = predicted ÷ measured − 1; the summary gives the median absolute error and the cells where the
@@ -18,17 +20,21 @@ import statistics
 
 from engine.metrics import ratio_bounds
 from engine.tools.analyze import AnalyzeError, read_window, scrape, window_counts
+from engine.tools.pass_costs import costs_from_cases
 
-__all__ = ["grid_markdown", "measure_cell", "predict_grid"]
+__all__ = ["grid_markdown", "measure_cell", "pooled_summary", "predict_grid"]
 
-READ = ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "tokens_per_request")  # measure_batches' figures kept
+# measure_batches' figures kept; the latencies show how far a batch's slowest request (which ends its wall time,
+# hence its throughput) is from its median one
+READ = ("tok_per_s", "tok_per_s_min", "tok_per_s_max", "tokens_per_request", "latency_s", "latency_max_s")
 
 
 def measure_cell(urls: dict, prompts: list, batch: int, max_new_tokens: int = 128, repeats: int = 3) -> dict:
     """One (workload, B) of the grid: B concurrent requests of `prompts`, `repeats` times interleaved over the
     servers `urls` ({"baseline": url, "k<K>": url, ..}, already warm), and every server's window of exactly
     those batches: {"batch", "windows" {name: window_counts}, "tok_per_s", "tok_per_s_min", "tok_per_s_max",
-    "tokens_per_request" {name: value}, "greedy_mismatches"}."""
+    "tokens_per_request", "latency_s" (median request), "latency_max_s" (slowest) {name: value},
+    "greedy_mismatches"}."""
     from engine.vllm.batch import measure_batches
 
     before = {name: scrape(url) for name, url in urls.items()}
@@ -60,8 +66,9 @@ def predict_grid(data: dict) -> dict:
     "wrong_side"}], "summary": {"cells", "median_abs_error", "wrong_side", "window_batch"}} for a stored grid
     (scripts/validate_analyzer.py's JSON)."""
     rows = []
+    costs = costs_from_cases(data["pass_costs"])  # today's reading of the probe's requests, where they are stored
     for workload in dict.fromkeys(c["workload"] for c in data["cells"]):
-        result = read_window(_window(data, workload), None, data["pass_costs"])
+        result = read_window(_window(data, workload), None, costs)
         for cell in (c for c in data["cells"] if c["workload"] == workload):
             base = cell["tok_per_s"]["baseline"]
             for k in data["settings"]["ks"]:
@@ -97,6 +104,22 @@ def predict_grid(data: dict) -> dict:
             "wrong_side": sum(r["wrong_side"] for r in rows),
             "window_batch": data["settings"].get("window_batch", 1),
         },
+    }
+
+
+def pooled_summary(tables: list[dict]) -> dict:
+    """Several grids' tables (``predict_grid``) as one check: {"grids", "cells", "median_abs_error" over every
+    cell of every grid, "wrong_side" summed, "per_grid" [each grid's median absolute error]}. One grid on this
+    shared host is one draw of its noise; the median over runs is what the model is judged by."""
+    rows = [r for table in tables for r in table["rows"]]
+    if not rows:
+        raise AnalyzeError("no grid cells to pool")
+    return {
+        "grids": len(tables),
+        "cells": len(rows),
+        "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
+        "wrong_side": sum(r["wrong_side"] for r in rows),
+        "per_grid": [table["summary"]["median_abs_error"] for table in tables],
     }
 
 
