@@ -359,8 +359,9 @@ def test_the_ticket_sentence_names_k_per_load_band_the_gain_and_the_line_that_tu
         sentence = ticket(result)
         best = result["best_k_by_batch"]
         low = min(best)
-        for b, k in best.items():
-            assert (f"K = {k} at B = " in sentence) if k else (f"B = {b}" in sentence)
+        for b, k in best.items():  # an off batch is named, or lies in an "off from B = c" band
+            off = f"B = {b}" in sentence or any(f"off from B = {c}" in sentence for c in best if c <= b)
+            assert (f"K = {k} at B = " in sentence) if k else off, sentence
         assert f"{result['speedup_by_batch'][low][best[low]]:.2f}× expected at batch {low} (modelled" in sentence
         line = launch_command("vllm", "ngram", k=best[low], target="SmolLM2-135M-Instruct")["command"]
         assert sentence.endswith(f"serve with: {line}") and "\n" not in sentence
@@ -575,7 +576,11 @@ def test_a_stored_probe_reads_again_from_its_counters():
     for name in ("baseline_decode_ms", "baseline_outside_ms", "verify_share", "decode_share"):
         assert again[name] == pytest.approx({int(b): v for b, v in costs[name].items()})
     own = {int(b): v for b, v in costs["speculative_own_overhead_ms"].items()}
-    assert again["overhead_ms"]["speculative"] == pytest.approx(own)
+    taken = again["overhead_ms"]["speculative"]
+    for b, ms in own.items():  # its own pair's, or less where that would make its plain pass the cheaper one
+        assert taken[b] == pytest.approx(ms) or (
+            taken[b] < ms and again["decode_ms"][b] == pytest.approx(again["baseline_decode_ms"][b])
+        )
     assert again["decode_ms"] != pytest.approx({int(b): v for b, v in costs["decode_ms"].items()})
     assert again["cases"] == costs["cases"]
     assert costs_from_cases({**costs, "cases": []}) == {**costs, "cases": []}  # nothing stored: as it was
@@ -587,8 +592,26 @@ def test_a_stored_probe_reads_again_from_its_counters():
     assert len(again["cases"]) == len(costs["cases"])
 
 
+def test_a_speculating_servers_plain_pass_is_no_cheaper_than_a_plain_servers():
+    """The probe's fixed decode time per request, from requests of two lengths, is noisy: in the fourth grid it
+    read 535 ms at B = 2 on the speculating server (the plain server: 248), which left that server's plain pass
+    at 18 ms against the plain server's 57 and the analyzer expecting 2.6x on chat where 1.2x was measured. The
+    part taken out is capped so that a pass drafting on few passes costs at least the plain server's pass."""
+    from engine.tools.pass_costs import _no_cheaper_than_plain, costs_from_cases
+    from engine.tools.validate import predict_grid
+
+    costs = costs_from_cases(json.loads(GRIDS[0].read_text())["pass_costs"])
+    assert costs["decode_ms"][2] == pytest.approx(costs["baseline_decode_ms"][2])
+    assert costs["overhead_ms"]["speculative"][2] < 535 and all(ms > 0 for ms in costs["decode_ms"].values())
+    table = predict_grid(json.loads(GRIDS[0].read_text()))
+    assert max(abs(r["error"]) for r in table["rows"]) < 0.6
+    alone = {(2, "decode", 0): {"tokens": 30, "requests": 2, "accepted": 0, "decode_s": 1.0}}
+    assert _no_cheaper_than_plain({2: 500.0}, {}, alone) == {2: 500.0}  # no plain server probed: as measured
+
+
 GRID = ROOT / "docs" / "bench" / "2026-12-05-analyzer-grid-avx512bf16.json"
 GRIDS = [  # every validation grid docs/vllm.md shows, newest first
+    ROOT / "docs" / "bench" / "2026-12-05-analyzer-grid-4-avx512bf16.json",
     ROOT / "docs" / "bench" / "2026-12-05-analyzer-grid-3-avx512bf16.json",
     GRID,
     ROOT / "docs" / "bench" / "2026-12-05-analyzer-grid-avx512bf16-plain-overhead-for-both.json",

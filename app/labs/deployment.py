@@ -63,8 +63,8 @@ concurrent requests, and a recommendation. Expected means modelled from measured
 where the server counts per-request times (vLLM: each request's time outside its decode passes, which speculation
 does not shrink, included), else of decode passes only; racing the server measures the real thing. Checked
 against real batches on the vLLM CPU server (n-gram at K = 2, 4, 8, 1 to 16 concurrent requests, code edits and
-chat, three runs; docs/vllm.md), the expected speedups came within 11% of the measured ones (median over 90 cells;
-9–16% in each run), on the same side of 1× in all but one of them.
+chat, four runs; docs/vllm.md), the expected speedups came within 10% of the measured ones (median over 120
+cells; 9–16% in each run), on the same side of 1× in all but one of them.
 """
 
 WAITING = "Pick a recorded window, upload a saved one, or scrape a server."
