@@ -57,6 +57,17 @@ __all__ = [
 
 MAX_LINE = 4096
 MIN_DRAFTS = 20  # fewer drafts in the window say too little about acceptance
+PROBE_TABLES = (  # pass costs' tables by batch size (engine/tools/pass_costs.py writes them)
+    "decode_ms",
+    "mixed_ms",
+    "verify_ms",
+    "decode_share",
+    "mixed_share",
+    "verify_share",
+    "baseline_decode_ms",
+    "outside_ms",
+    "baseline_outside_ms",
+)
 MIN_GAIN = 0.05  # a recommended K must be expected this much faster than no speculation
 K_MAX = 8
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
@@ -313,20 +324,7 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
     """
     d = result["drafting_share"]
     try:
-        tables = {
-            name: {int(b): float(v) for b, v in (costs.get(name) or {}).items()}
-            for name in (
-                "decode_ms",
-                "mixed_ms",
-                "verify_ms",
-                "decode_share",
-                "mixed_share",
-                "verify_share",
-                "baseline_decode_ms",
-                "outside_ms",
-                "baseline_outside_ms",
-            )
-        }
+        tables = {name: {int(b): float(v) for b, v in (costs.get(name) or {}).items()} for name in PROBE_TABLES}
     except (TypeError, ValueError, AttributeError):
         raise AnalyzeError(
             "pass costs need plain and speculative ms by batch size ('decode_ms', 'verify_ms')"

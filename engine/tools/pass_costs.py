@@ -51,7 +51,7 @@ import time
 import urllib.error
 import urllib.request
 
-from engine.tools.analyze import AnalyzeError
+from engine.tools.analyze import PROBE_TABLES, AnalyzeError
 
 __all__ = ["BATCHES", "costs_from_cases", "counted_reading", "parse_pass_costs", "probe_pass_costs"]
 
@@ -122,17 +122,6 @@ CASES = ("decode", "mixed", "verify", "baseline_decode")  # plain, half drafting
 # request's decode time holds besides its passes (_overhead_ms)
 LONG_CASES = {"decode_long": "decode", "baseline_long": "baseline_decode"}
 PROBED = ("decode", "mixed", "verify")  # the cases sent to the probed server (not to the one without speculation)
-BY_BATCH = (  # the probe's tables by batch size
-    "decode_ms",
-    "mixed_ms",
-    "verify_ms",
-    "decode_share",
-    "mixed_share",
-    "verify_share",
-    "baseline_decode_ms",
-    "outside_ms",
-    "baseline_outside_ms",
-)
 
 
 def _server_base(url: str) -> str:
@@ -384,7 +373,7 @@ def _drop_unclear(costs: dict, batches: list[int]) -> list[int]:
     drafting costs there: it is left out of `costs` (and returned), not guessed; AnalyzeError if all are."""
     unclear = [b for b in batches if costs["verify_share"][b] - costs["decode_share"][b] < MIN_SHARE]
     for b in unclear:  # from every table by batch size (not from the list of cases)
-        for table in [*(costs[name] for name in BY_BATCH if name in costs), *costs.get("overhead_ms", {}).values()]:
+        for table in [*(costs[name] for name in PROBE_TABLES if name in costs), *costs.get("overhead_ms", {}).values()]:
             table.pop(b, None)
     if len(unclear) == len(batches):
         raise AnalyzeError(
