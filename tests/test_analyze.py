@@ -566,7 +566,8 @@ def test_a_stored_probe_reads_again_from_its_counters():
     summed counters, so a stored grid is predicted from today's reading of the same requests. The second grid
     was recorded while the probe took the plain server's fixed decode time out of both servers' passes (a
     variant since dropped): read again, the plain server's figures are unchanged, the speculating server's
-    fixed part is its own pair's (kept beside it when recorded), and a batch size whose cases cannot show what
+    fixed part is its own pair's (kept beside it when recorded) unless that would make its plain pass cheaper
+    than the plain server's, and a batch size whose cases cannot show what
     drafting costs is dropped from every table by batch size, not from the list of cases."""
     from engine.tools.pass_costs import _drop_unclear, costs_from_cases
 

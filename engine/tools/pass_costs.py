@@ -212,7 +212,7 @@ class _Probe:
         counted = counted_reading(total, batch, self.repeats, overhead_ms)
         if counted is not None:
             return counted
-        passes = total["tokens"] - total["requests"] - total["accepted"]
+        passes = _passes(total)
         known = total["requests"] == self.repeats * batch and passes > 0
         ones = [self.timed(batch, drafting, 1, server) for _ in range(self.repeats)]
         per_request = passes / (self.repeats * batch) if known else TOKENS - 1
@@ -236,8 +236,7 @@ def counted_reading(total: dict, batch: int, repeats: int, overhead_ms: float = 
     None where the server did not count every request's decode time. `overhead_ms`: what each request's decode
     time holds besides its passes (_overhead_ms), taken out. A pure function of the counters, so a stored probe
     (its "cases") reads again the same way (``costs_from_cases``)."""
-    # every request's first token comes from its prefill; each decode pass adds one plus what it accepted
-    passes = total["tokens"] - total["requests"] - total["accepted"]
+    passes = _passes(total)
     if not (total["requests"] == repeats * batch and passes > 0 and total["decode_s"] > 0):
         return None
     outside = None
@@ -283,7 +282,7 @@ def _overhead_ms(short: dict, long: dict) -> float:
     the overhead (0 where the two cannot separate it)."""
     per = []
     for total in (short, long):
-        passes = total["tokens"] - total["requests"] - total["accepted"]
+        passes = _passes(total)
         if total["requests"] <= 0 or passes <= 0 or total["decode_s"] <= 0:
             return 0.0
         per.append((passes / total["requests"], 1000.0 * total["decode_s"] / total["requests"]))
