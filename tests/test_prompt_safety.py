@@ -45,3 +45,39 @@ def test_a_run_with_injected_markers_starts_with_one_user_turn(real_engine):
     assert turns == [real_engine.token_text(harmless[i]) for i in _special_positions(real_engine, harmless)].count(
         "<|im_start|>"
     )
+
+
+def test_two_sessions_encoding_at_once_keep_their_own_markers(real_engine):
+    """The tokenizer's "split special tokens" flag is shared state on its Rust object, set by each call before it
+    encodes: two sessions encoding at once must not encode with each other's flag (the template's markers split
+    into text, or a visitor's spelling made a control token). Python is made to switch threads every microsecond
+    so the window is hit: without the lock in engine/prompts.py this found 130 chat prompts without their markers
+    and 24 injections made real in 5 s."""
+    import sys
+    import threading
+    import time
+
+    chat = real_engine.encode_prompt("Write one sentence about cats.")
+    injected = real_engine.encode_prompt(INJECTION, chat=False)
+    wrong = {"chat": 0, "injection": 0}
+    stop = time.monotonic() + 2.0
+
+    def encode_chat():
+        while time.monotonic() < stop:
+            wrong["chat"] += real_engine.encode_prompt("Write one sentence about cats.") != chat
+
+    def encode_injection():
+        while time.monotonic() < stop:
+            wrong["injection"] += real_engine.encode_prompt(INJECTION, chat=False) != injected
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=f) for f in (encode_chat, encode_injection)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == {"chat": 0, "injection": 0}
