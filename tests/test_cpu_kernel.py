@@ -668,6 +668,59 @@ def test_q4_1_gives_the_same_bits_on_every_variant():
     assert all(torch.equal(outs[0], other) for other in outs[1:]), names
 
 
+@pytest.mark.parametrize("rows,n_in,n_out,top", [(1, 576, 960, 32), (7, 576, 200, 8), (3, 70, 50, 64), (2, 64, 40, 1)])
+def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n_in, n_out, top):
+    """head_q4_rescored's contract, bit for bit: each row's `top` best outputs of the Q4_1 product (value
+    descending, the lower index first among equals) hold the int8 product's values (x quantised per row to
+    int16, as skinny_gemm_int8w), every other output the Q4_1 product's; fused RMSNorm and bf16 x alike;
+    a row's result does not depend on the other rows; top >= n_out re-scores every output (the whole int8
+    product). Odd widths: 70 inputs are padded to 96, 50 outputs to 64 (padding never a candidate)."""
+    gen = torch.Generator().manual_seed(21)
+    w = torch.randn(n_out, n_in, generator=gen)
+    w[:, :3] *= 8.0  # a few strong inputs, as a model's output projection has
+    x = torch.randn(rows, n_in, generator=gen) * torch.linspace(0.2, 3.0, n_in)
+    x[0, 5] = 40.0  # an outlier: the int16 rows' scale follows it
+    head = cpu_kernels.RescoredQ4Head(w, top)
+    q, scale = cpu_kernels.int8_per_channel(w)
+    int8 = cpu_kernels.PackedInt8Weight(q, scale)
+    g = torch.rand(n_in, generator=gen) + 0.5
+    for xin, norm in ((x, None), (x, g), (x.to(torch.bfloat16), None)):
+        got = cpu_kernels.head_q4_rescored(xin, head, norm, 1e-5)
+        q4_only = cpu_kernels.skinny_gemm_q4_1(xin, head.q4, torch.float32, norm, 1e-5)
+        if norm is not None and n_in % 32:  # padded to Q4_1's groups: the rows are normalised by torch first
+            xn = torch.nn.functional.rms_norm(xin, (n_in,), norm, 1e-5)
+            int8_all = cpu_kernels.skinny_gemm_int8w(xn, int8, torch.float32)
+        else:
+            int8_all = cpu_kernels.skinny_gemm_int8w(xin, int8, torch.float32, norm, 1e-5)
+        best = torch.sort(q4_only, dim=1, descending=True, stable=True).indices[:, :top]  # [rows, top]
+        want = q4_only.clone()
+        want.scatter_(1, best, int8_all.gather(1, best))
+        assert got.shape == (rows, n_out) and torch.equal(got, want), (xin.dtype, norm is not None)
+        for t in range(rows):  # rows are independent
+            assert torch.equal(cpu_kernels.head_q4_rescored(xin[t : t + 1], head, norm, 1e-5)[0], got[t])
+    whole = cpu_kernels.RescoredQ4Head(w, n_out + 5)
+    assert torch.equal(cpu_kernels.head_q4_rescored(x, whole), cpu_kernels.skinny_gemm_int8w(x, int8, torch.float32))
+
+
+def test_rescored_q4_head_breaks_ties_by_index(variant):
+    """Equal Q4_1 values: the lower output index is re-scored (a stable order, the same on every variant and
+    every row count)."""
+    w = torch.zeros(200, 64)
+    w[:, 0] = 1.0  # every output equal (one strong input)
+    w[150, 0] = 2.0  # one best output, far along
+    head = cpu_kernels.RescoredQ4Head(w, 4)
+    x = torch.zeros(1, 64)
+    x[0, 0] = 1.0
+    q4_only = cpu_kernels.skinny_gemm_q4_1(x, head.q4, torch.float32)
+    got = cpu_kernels.head_q4_rescored(x, head)
+    changed = (got != q4_only).nonzero()[:, 1].tolist()
+    assert set(changed) <= {150, 0, 1, 2}  # only the candidates may change
+    q, scale = cpu_kernels.int8_per_channel(w)
+    int8_all = cpu_kernels.skinny_gemm_int8w(x, cpu_kernels.PackedInt8Weight(q, scale), torch.float32)
+    assert torch.equal(got[0, [150, 0, 1, 2]], int8_all[0, [150, 0, 1, 2]])
+    assert torch.equal(got[0, 3:150], q4_only[0, 3:150])
+
+
 def test_q4_1_reads_gguf_blocks():
     """GGUF's Q4_1 block: d, m float16, then qs[16] with weight j in the low nibble of
     qs[j] and weight j + 16 in the high one."""

@@ -80,9 +80,12 @@ __all__ = [
     "PackedInt8Weight",
     "PackedQ4_1Weight",
     "PackedWeight",
+    "RescoredQ4Head",
     "attend_few",
     "available",
     "describe",
+    "head_q4_rescored",
+    "int8_per_channel",
     "rope_and_store",
     "swiglu",
     "run_packed",
@@ -211,6 +214,8 @@ def _build(name: str) -> ctypes.CDLL:
     lib.skinny_gemm_int8w.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, flag, size, size, size, ptr, real]
     lib.skinny_gemm_q4_1.restype = None
     lib.skinny_gemm_q4_1.argtypes = [ptr, flag, ptr, ptr, ptr, flag, size, size, size, ptr, real]
+    lib.head_q4_rescored.restype = None
+    lib.head_q4_rescored.argtypes = [ptr, flag, ptr, ptr, ptr, ptr] + [size] * 5 + [ptr, real]
     lib.rope_and_store.restype = None
     lib.rope_and_store.argtypes = [ptr] * 6 + [size] * 6
     lib.attend_few.restype = None
@@ -341,6 +346,78 @@ class PackedQ4_1Weight:
     @property
     def nbytes(self) -> int:
         return self.data.numel()
+
+
+def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Q int8 [out, in], scale float32 [out]): W ~= scale[:, None] * Q, symmetric per output channel (the
+    int8 drafter's rule, Int8Linear)."""
+    w = weight.float()  # [out, in]
+    scale = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0  # [out]
+    return torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8).contiguous(), scale
+
+
+class RescoredQ4Head:
+    """An output projection W [out, in] for ``head_q4_rescored``: W in Q4_1 (llama.cpp's rule) for the whole
+    product, and in int8 per channel (``int8_per_channel``, row-major, zero-padded like the Q4_1 blocks) for
+    each row's `top` best outputs, computed again (decode_kernels.c explains why). Reads the Q4_1 blocks and
+    `top` int8 rows per row of x: 18 MB + 18 KB for the default model's head against int8's 28 MB."""
+
+    def __init__(self, weight: torch.Tensor, top: int):
+        if top < 1:
+            raise ValueError(f"a re-scored head re-scores at least one output per row, got top={top}")
+        self.q4 = PackedQ4_1Weight.quantize(weight)
+        self.top = int(top)
+        self.out, self.n_in = self.q4.out, self.q4.n_in
+        self.out_padded, self.in_padded = self.q4.out_padded, self.q4.in_padded
+        q, scale = int8_per_channel(weight)
+        self.w8 = torch.zeros(self.out_padded, self.in_padded, dtype=torch.int8)  # [out, in] row-major
+        self.w8[: self.out, : self.n_in] = q
+        self.scale8 = torch.zeros(self.out_padded, dtype=torch.float32)
+        self.scale8[: self.out] = scale
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one row's pass reads: the Q4_1 blocks, its re-scored int8 rows and their scales."""
+        return self.q4.nbytes + self.top * (self.in_padded + 4)
+
+
+def head_q4_rescored(
+    x: torch.Tensor, head: RescoredQ4Head, norm_weight: torch.Tensor | None = None, eps: float = 1e-6, lib=None
+) -> torch.Tensor:
+    """y [rows, out] float32: x [rows, in] (float32 or bf16; float32 with norm_weight, RMS-normalised first)
+    through the Q4_1 head, each row's `head.top` best outputs overwritten with the int8 product's values:
+    those entries equal skinny_gemm_int8w's on the same int8 matrix bit for bit, the others
+    skinny_gemm_q4_1's (where `in` is not a multiple of 32, rows to normalise are normalised by torch first,
+    as skinny_gemm_q4_1 does: the int8 product then on those rows)."""
+    if lib is None:
+        if not available():
+            raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")
+        lib = _state["lib"]
+    x = x.contiguous()
+    if head.in_padded != head.n_in:
+        if norm_weight is not None:  # padding zeros would change the mean of squares: normalise first
+            x = torch.nn.functional.rms_norm(x.float(), norm_weight.shape, norm_weight, eps)
+            norm_weight = None
+        x = torch.nn.functional.pad(x, (0, head.in_padded - head.n_in))
+    rows = x.shape[0]
+    y = torch.empty(rows, head.out_padded, dtype=torch.float32)
+    norm = norm_weight.data_ptr() if norm_weight is not None else None
+    lib.head_q4_rescored(
+        x.data_ptr(),
+        x.dtype == torch.float32,
+        head.q4.data.data_ptr(),
+        head.w8.data_ptr(),
+        head.scale8.data_ptr(),
+        y.data_ptr(),
+        rows,
+        head.in_padded,
+        head.out_padded,
+        head.out,
+        head.top,
+        norm,
+        eps,
+    )
+    return y if head.out_padded == head.out else y[:, : head.out]
 
 
 def _q4_1_fields(raw, n_in: int):
