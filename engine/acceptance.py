@@ -33,11 +33,13 @@ extra token is the argmax at the stop. No uniforms are drawn.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = [
     "Q_FLOOR",
     "accept_probability",
+    "argmax_index",
     "block_verify_chain",
     "race_scores",
     "residual",
@@ -48,6 +50,16 @@ __all__ = [
 # q(x) is floored at this before dividing: a drafted token always has q(x) > 0, so
 # the floor only keeps the division defined (the batched verifier uses the same).
 Q_FLOOR = 1e-30
+
+
+def argmax_index(x: torch.Tensor) -> int:
+    """The index of a vector's maximum, the first one on a tie (NaN counts as the maximum): torch's argmax rule,
+    the greedy choice everywhere. On a CPU float vector numpy's argmax (the same rule) takes ~5 us over a
+    49152-token vocabulary against torch's ~40 us (its topk ~80), measured on 2 Zen 4 cores; a greedy pass of
+    K = 6 makes ~13 of these choices."""
+    if x.device.type == "cpu" and x.dim() == 1 and x.dtype in (torch.float32, torch.float64):
+        return int(np.argmax(x.numpy()))
+    return int(x.argmax())
 
 
 def accept_probability(p_x: float, q_x: float) -> float:
@@ -100,7 +112,7 @@ def verify_children(
     """
     records: list[dict] = []
     if greedy:
-        best = int(p.argmax().item())
+        best = argmax_index(p)
         for j, c in enumerate(child_ids):
             ok = c == best
             q_c = 1.0 if point_mass else float(q[c])
@@ -150,7 +162,7 @@ def verify_chain(
             return i, dist
     if greedy:
         dist = torch.zeros_like(p[k])
-        dist[int(p[k].argmax())] = 1.0
+        dist[argmax_index(p[k])] = 1.0
         return k, dist
     return k, p[k]
 

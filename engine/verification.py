@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.acceptance import block_verify_chain, verify_children
+from engine.acceptance import argmax_index, block_verify_chain, verify_children
 from engine.drafters.base import DraftTree
 from engine.kernels.batched_verifier import extra_distribution, verify_batch
 from engine.sampling import SamplingParams, draw, exponentials, probs_from_logits, sample
@@ -173,7 +173,7 @@ def walk_tree(
             for c, value in zip(children, picked):
                 p_token[c] = value
         if not children:
-            token = int(p.argmax()) if params.greedy else sample(p, gen)
+            token = argmax_index(p) if params.greedy else sample(p, gen)
             extra = {"token_id": token, "kind": "bonus", "from_node": node}
             break
         u = [] if params.greedy else [_uniform(gen) for _ in children]
@@ -183,7 +183,7 @@ def walk_tree(
         for c, rec in zip(children, recs):
             records[c], decisions[c] = rec, "rejected"
         if chosen is None:
-            token = int(dist.argmax()) if params.greedy else sample(dist, gen)
+            token = argmax_index(dist) if params.greedy else sample(dist, gen)
             extra = {"token_id": token, "kind": "resampled", "from_node": node}
             if tops and not params.greedy:
                 residual_top = dist

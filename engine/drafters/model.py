@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.acceptance import argmax_index
 from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree, Verified
 from engine.model.static_pass import StaticPasses
 from engine.model.transformer import KVCache, PassOutput, Transformer
@@ -134,7 +135,7 @@ class ModelDrafter(Drafter):
                 q = frontier_q[parent]
                 tree.q_dists[parent] = q
                 if params.greedy:
-                    children = torch.topk(q, shape.topk).indices.tolist()
+                    children = [argmax_index(q)] if shape.topk == 1 else torch.topk(q, shape.topk).indices.tolist()
                 else:
                     children = sample_without_replacement(q, shape.topk, gen)
                 parent_score = 1.0 if parent == -1 else score[parent]

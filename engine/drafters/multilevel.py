@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.acceptance import residual, verify_children
+from engine.acceptance import argmax_index, residual, verify_children
 from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape
 from engine.drafters.model import ModelDrafter
 from engine.model.transformer import Transformer
@@ -121,7 +121,7 @@ class MultiLevelDrafter(ModelDrafter):
     def _draw(q: torch.Tensor, rejected: int | None, params: SamplingParams, gen) -> int:
         """A token from q (the bonus), or from norm(max(0, q - onehot(rejected))) after a rejection."""
         if params.greedy:
-            return int(torch.topk(q, 1).indices)  # a rejected proposal was not the argmax: the argmax stands
+            return argmax_index(q)  # a rejected proposal was not the argmax: the argmax stands
         if rejected is not None:
             point = torch.zeros_like(q)
             point[rejected] = 1.0
