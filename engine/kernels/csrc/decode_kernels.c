@@ -481,19 +481,35 @@ static void quantise_rows(const void *x, int x_f32, const float *norm_w, float e
 
 /* y = (x Q^T) * scale (+ b), Q packed int8 [out/16, in/2, 16, 2], scale float32 [out].
  * x float32 (x_f32) or bf16 [rows, in], RMS-normalised first when norm_w != NULL. */
+/* The int8 product's rows of x (quantise_rows with the largest xmax that keeps every sum inside int32), in the
+ * caller's buffers `small` (4096 int16) and `small_sx` (64 floats) where they fit, else allocated: release them
+ * with int16_rows_free. */
+typedef struct {
+    int16_t *xq;
+    float *sx;
+} int16_rows;
+static int16_rows int16_rows_of(const void *x, int x_f32, const float *norm_w, float eps, int64_t rows, int64_t in,
+                                int16_t *small, float *small_sx) {
+    int16_rows r = {rows * in <= 4096 ? small : malloc(sizeof(int16_t) * rows * in),
+                    rows <= 64 ? small_sx : malloc(sizeof(float) * rows)};
+    if (!r.xq || !r.sx) abort();
+    const double limit = 2147483647.0 / (127.0 * (double)in);
+    const float xmax = (float)(limit < 32767.0 ? (double)(int64_t)limit : 32767.0);
+    quantise_rows(x, x_f32, norm_w, eps, rows, in, xmax, r.xq, r.sx);
+    return r;
+}
+static void int16_rows_free(int16_rows r, const int16_t *small, const float *small_sx) {
+    if (r.xq != small) free(r.xq);
+    if (r.sx != small_sx) free(r.sx);
+}
+
 void skinny_gemm_int8w(const void *x, int x_f32, const int8_t *qp, const float *scale, const uint16_t *b, void *y,
                        int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
     int16_t small[4096];
     float small_sx[64];
-    int16_t *xq = rows * in <= 4096 ? small : malloc(sizeof(int16_t) * rows * in);
-    float *sx = rows <= 64 ? small_sx : malloc(sizeof(float) * rows);
-    if (!xq || !sx) abort();
-    const double limit = 2147483647.0 / (127.0 * (double)in);
-    const float xmax = (float)(limit < 32767.0 ? (double)(int64_t)limit : 32767.0);
-    quantise_rows(x, x_f32, norm_w, eps, rows, in, xmax, xq, sx);
-    run_i8(xq, sx, qp, scale, b, y, y_f32, rows, in, out);
-    if (xq != small) free(xq);
-    if (sx != small_sx) free(sx);
+    const int16_rows r = int16_rows_of(x, x_f32, norm_w, eps, rows, in, small, small_sx);
+    run_i8(r.xq, r.sx, qp, scale, b, y, y_f32, rows, in, out);
+    int16_rows_free(r, small, small_sx);
 }
 
 /* Rows of x [rows, in] (float32 when x_f32, else bf16; RMS-normalised first when norm_w
@@ -557,8 +573,8 @@ void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_
  * greedy drafts were kept ~0.75 of the time against int8's ~0.95. Its ranking is still
  * good enough to find the few tokens that matter, so each row's `top` best outputs of the
  * Q4_1 product (value descending, the lower index first among equals, among the first
- * n_out) are computed again as the int8 product does -- x quantised per row to int16 by
- * quantise_rows, an exact int32 dot with the output's int8 row, ((float)dot * sx) * scale
+ * n_out) are computed again as the int8 product does -- x quantised per row to int16
+ * (int16_rows_of), an exact int32 dot with the output's int8 row, ((float)dot * sx) * scale
  * -- and overwrite their Q4_1 values: those entries are bit for bit what
  * skinny_gemm_int8w gives, the rest what skinny_gemm_q4_1 gives. The re-scoring reads
  * top rows of w8 ([out, in] int8, row-major: 18 KB for 32 rows), not the packed layout.
@@ -630,16 +646,10 @@ void head_q4_rescored(const void *x, int x_f32, const uint8_t *wp, const int8_t 
     if (top <= 0) return;
     int16_t small[4096];
     float small_sx[64];
-    int16_t *xq = rows * in <= 4096 ? small : malloc(sizeof(int16_t) * rows * in);
-    float *sx = rows <= 64 ? small_sx : malloc(sizeof(float) * rows);
-    if (!xq || !sx) abort();
-    const double limit = 2147483647.0 / (127.0 * (double)in);
-    const float xmax = (float)(limit < 32767.0 ? (double)(int64_t)limit : 32767.0);
-    quantise_rows(x, x_f32, norm_w, eps, rows, in, xmax, xq, sx);
-    rescore_job job = {y, xq, sx, scale8, w8, in, out, n_out, top < n_out ? top : n_out};
+    const int16_rows r = int16_rows_of(x, x_f32, norm_w, eps, rows, in, small, small_sx); /* as skinny_gemm_int8w */
+    rescore_job job = {y, r.xq, r.sx, scale8, w8, in, out, n_out, top < n_out ? top : n_out};
     pool_for(rows, 1, rescore_rows, &job);
-    if (xq != small) free(xq);
-    if (sx != small_sx) free(sx);
+    int16_rows_free(r, small, small_sx);
 }
 
 /* ---- attention of a pass's new tokens over the cache ------------------------------
