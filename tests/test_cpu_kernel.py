@@ -700,6 +700,9 @@ def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n
             assert torch.equal(cpu_kernels.head_q4_rescored(xin[t : t + 1], head, norm, 1e-5)[0], got[t])
     whole = cpu_kernels.RescoredQ4Head(w, n_out + 5)
     assert torch.equal(cpu_kernels.head_q4_rescored(x, whole), cpu_kernels.skinny_gemm_int8w(x, int8, torch.float32))
+    for bad in (0, 1025):
+        with pytest.raises(ValueError, match="between 1 and 1024"):
+            cpu_kernels.RescoredQ4Head(w, bad)
 
 
 def test_rescored_q4_head_breaks_ties_by_index(variant):

@@ -363,8 +363,8 @@ class RescoredQ4Head:
     `top` int8 rows per row of x: 18 MB + 18 KB for the default model's head against int8's 28 MB."""
 
     def __init__(self, weight: torch.Tensor, top: int):
-        if top < 1:
-            raise ValueError(f"a re-scored head re-scores at least one output per row, got top={top}")
+        if not 1 <= top <= 1024:  # (the kernel keeps a row's candidates in a sorted list on the stack)
+            raise ValueError(f"a re-scored head re-scores between 1 and 1024 outputs per row, got top={top}")
         self.q4 = PackedQ4_1Weight.quantize(weight)
         self.top = int(top)
         self.out, self.n_in = self.q4.out, self.q4.n_in
