@@ -724,6 +724,69 @@ def test_rescored_q4_head_breaks_ties_by_index(variant):
     assert torch.equal(got[0, 3:150], q4_only[0, 3:150])
 
 
+def test_top_rows_are_the_best_entries_lower_index_first(variant):
+    """top_rows (the events' top entries, all of a pass's rows in one call): each row's best entries, value
+    descending, the lower index first among equals, NaN never one of them; rows from different tensors (views
+    included); torch.topk's values on rows without ties."""
+    gen = torch.Generator().manual_seed(5)
+    big = torch.randn(3, 49152, generator=gen)
+    tied = torch.zeros(49152)
+    tied[[25000, 40, 41, 49151]] = 1.0
+    tied[7] = float("nan")
+    rows = [big[0], big[2], torch.softmax(torch.randn(49152, generator=gen) * 4, -1), tied]
+    got = cpu_kernels.top_rows(rows, 10)
+    for row, ids in zip(rows[:3], got[:3]):
+        values, want = torch.topk(row, 10)
+        assert ids == want.tolist() and torch.equal(row[ids], values)
+    assert got[3][:4] == [40, 41, 25000, 49151] and 7 not in got[3]
+    short = torch.randn(7, generator=gen)
+    assert cpu_kernels.top_rows([short], 10) == [torch.topk(short, 7).indices.tolist()]
+    assert cpu_kernels.top_rows([], 10) == []
+    with pytest.raises(ValueError, match="float32 vectors of one length"):
+        cpu_kernels.top_rows([rows[0], short], 10)
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8", "q4"])
+def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
+    """greedy_chain (a greedy drafter's n passes in one C call) gives, bit for bit, what n one-token
+    run_pass calls at consecutive slots give, each fed the argmax of the last: the logits, the tokens and
+    the cache; from a cache holding a prompt, and from one slot further on. The q4 drafter's head (Q4_1 with
+    its best outputs re-scored in int8) and the plain kernel heads alike."""
+    from conftest import tiny_hf_model
+
+    from engine.acceptance import argmax_index
+    from engine.drafters.model import q4_weights
+    from engine.model.transformer import ModelConfig, Transformer
+
+    hf = tiny_hf_model("llama", 512, 0)
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16, int8=weights == "int8")
+    if weights == "int8":
+        model = Transformer(model.cfg, dict(hf.state_dict()), torch.float32, int8=True)
+    if weights == "q4":
+        model = q4_weights(model)
+    cache = model.new_cache(64)
+    assert model.greedy_chain_ready(cache)
+    model.prefill(list(range(3, 30)), cache)
+    for start in (cache.length, cache.length + 1):
+        cache.length = start
+        logits, tokens = model.greedy_chain(11, cache, 6)
+        chain_k, chain_v = cache.k.clone(), cache.v.clone()
+        assert cache.length == start + 6 and logits.shape == (6, 512)
+        cache.length = start
+        token, rows, chosen = 11, [], []
+        for i in range(6):
+            out = model.run_pass(torch.tensor([token]), torch.tensor([start + i]), cache).logits  # [1, V]
+            token = argmax_index(out[0])
+            rows.append(out[0])
+            chosen.append(token)
+        assert torch.equal(logits, torch.stack(rows)) and tokens == chosen
+        assert torch.equal(cache.k[:, :, : start + 6], chain_k[:, :, : start + 6])
+        assert torch.equal(cache.v[:, :, : start + 6], chain_v[:, :, : start + 6])
+    cache.length = 60
+    with pytest.raises(ValueError, match="exceeds the KV cache capacity"):
+        model.greedy_chain(11, cache, 6)
+
+
 def test_q4_1_reads_gguf_blocks():
     """GGUF's Q4_1 block: d, m float16, then qs[16] with weight j in the low nibble of
     qs[j] and weight j + 16 in the high one."""

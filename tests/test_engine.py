@@ -438,3 +438,50 @@ def test_each_pass_records_its_kv_cache_and_the_histogram_adds_up(tiny_engine):
     roles = {(t.meta or {}).get("role"): t for t in kv_fig.data}
     assert list(roles["rolled_back"].y) == [s["kv"]["rolled_back"] for s in steps]
     assert list(roles["length"].y)[-1] == steps[-1]["kv"]["length"]
+
+
+# ----------------------------------------------------------------- greedy chains in one call
+def _steps_without_times(run: dict) -> list[dict]:
+    """A run's step events without what a clock decides (times, and the adaptive policy's timed speeds)."""
+    out = []
+    for event in run["events"]:
+        if event["type"] != "step":
+            continue
+        step = {k: v for k, v in event.items() if not k.endswith("_ms") and k not in ("t", "elapsed_s")}
+        draft = dict(step.get("draft") or {})
+        draft.pop("why", None)
+        out.append({**step, "draft": draft})
+    return out
+
+
+@pytest.mark.parametrize(
+    "drafter,kw",
+    [("q4", {"k": 4}), ("q4", {"k": 6, "adaptive": True}), ("int8", {"k": 3}), ("int8", {"k": 5, "max_new_tokens": 7})],
+)
+def test_greedy_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatch, drafter, kw):
+    """A model drafter's greedy chain runs its passes in one C call (Transformer.greedy_chain) where every
+    matrix is on our kernels: every step event (drafted tokens, their q, decisions, passes, the stop reason)
+    and the output equal the drafter's pass-by-pass loop's. q4 reads the target's keys and values (the pending
+    token alone is fed), int8 catches up on its own (two tokens after a fully accepted chain); adaptive depth
+    may stop a chain by confidence, level by level."""
+    from engine.kernels import cpu_kernels
+    from engine.model.transformer import Transformer
+
+    if not cpu_kernels.available():
+        pytest.skip(f"no CPU kernel: {cpu_kernels.why_unavailable()}")
+    settings = {"max_new_tokens": 24, "chat": False, **kw}
+    prompt = "a b c d a b c d a b c d e f"
+    calls = []
+    chain = Transformer.greedy_chain
+
+    def counted(self, token, cache, n):
+        calls.append(n)
+        return chain(self, token, cache, n)
+
+    monkeypatch.setattr(Transformer, "greedy_chain", counted)
+    fast = tiny_engine.run(prompt, drafter, **settings)
+    assert calls, "the chain never ran"
+    monkeypatch.setattr(Transformer, "greedy_chain_ready", lambda self, cache: False)
+    loop = tiny_engine.run(prompt, drafter, **settings)
+    assert fast["token_ids"] == loop["token_ids"] == tiny_engine.run(prompt, "none", **settings)["token_ids"]
+    assert _steps_without_times(fast) == _steps_without_times(loop)

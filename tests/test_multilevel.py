@@ -138,13 +138,19 @@ def test_q4_reads_the_committed_keys_and_values_from_the_target(served_engine, m
     more than the pending token (every pass it runs is one row wide), and its cache holds the target's keys and
     values for the committed positions it did not feed itself; greedy output is still the baseline's."""
     from engine.drafters.model import ModelDrafter
+    from engine.model.transformer import Transformer
 
     widths, seen = [], {}
     original_pass, original_accept = ModelDrafter._pass, ModelDrafter.accept
+    original_chain = Transformer.greedy_chain
 
     def recording_pass(self, tokens, *args, **kwargs):
         widths.append(int(tokens.shape[0]))
         return original_pass(self, tokens, *args, **kwargs)
+
+    def recording_chain(self, token, cache, n):  # n one-token passes in one call (greedy chains)
+        widths.extend([1] * n)
+        return original_chain(self, token, cache, n)
 
     def recording_accept(self, verified):
         original_accept(self, verified)
@@ -152,6 +158,7 @@ def test_q4_reads_the_committed_keys_and_values_from_the_target(served_engine, m
 
     monkeypatch.setattr(ModelDrafter, "_pass", recording_pass)
     monkeypatch.setattr(ModelDrafter, "accept", recording_accept)
+    monkeypatch.setattr(Transformer, "greedy_chain", recording_chain)
     prompt = "Why do cats purr? Answer in a short paragraph."
     run = served_engine.run(prompt, "q4", k=4, max_new_tokens=24)
     assert run["token_ids"] == served_engine.run(prompt, "none", max_new_tokens=24)["token_ids"]

@@ -121,6 +121,10 @@ class ModelDrafter(Drafter):
         if self.cache is None:
             raise RuntimeError(f"{type(self).__name__}.start must be called before propose")
         shape, params, gen = context.shape, context.params, context.gen
+        if params.greedy and shape.topk == 1 and self.static is None:
+            chain = self._greedy_chain(context)
+            if chain is not None:
+                return chain
         cache = self.cache
         root_logits, committed = self._catch_up(context.tokens)
         tree = DraftTree(stop="depth", model_passes=1)  # the catch-up pass, then one per level expanded
@@ -128,14 +132,16 @@ class ModelDrafter(Drafter):
         score: list[float] = []
         path_q: list[float] = []  # cumulative confidence along each node's path (q, or calibrated q)
         frontier: list[int] = [-1]
+        frontier_logits = {-1: root_logits}  # [V] each
         frontier_q = {-1: self._q(root_logits, params)}
         for depth in range(1, shape.k + 1):
             level: list[int] = []
             for parent in frontier:
                 q = frontier_q[parent]
                 tree.q_dists[parent] = q
-                if params.greedy:
-                    children = [argmax_index(q)] if shape.topk == 1 else torch.topk(q, shape.topk).indices.tolist()
+                if params.greedy:  # a chain's choice: its logits' argmax (greedy q is their softmax: the same)
+                    top = [argmax_index(frontier_logits[parent])] if shape.topk == 1 else None
+                    children = top or torch.topk(q, shape.topk).indices.tolist()
                 else:
                     children = sample_without_replacement(q, shape.topk, gen)
                 parent_score = 1.0 if parent == -1 else score[parent]
@@ -174,9 +180,13 @@ class ModelDrafter(Drafter):
                         mask[row, slot_of[anc]] = True
             out = self._expand(tree, frontier, pos, mask)
             tree.model_passes += 1
+            frontier_logits = {node: out[row] for row, node in enumerate(frontier)}
             frontier_q = {node: self._q(out[row], params) for row, node in enumerate(frontier)}
-        # Keep the budget's best nodes (ancestor-closed, since scores only shrink
-        # along a path and ties are broken by creation order: parents first).
+        return self._kept(tree, score, shape, committed, slot_of)
+
+    def _kept(self, tree: DraftTree, score: list[float], shape, committed: int, slot_of: dict) -> DraftTree:
+        """The budget's best nodes of a proposed tree (ancestor-closed, since scores only shrink along a path
+        and ties are broken by creation order: parents first), remembered for ``accept``."""
         keep = sorted(range(len(tree)), key=lambda i: (-score[i], i))[: shape.max_tokens]
         keep_set = set(keep)
         for node in list(keep):
@@ -185,6 +195,60 @@ class ModelDrafter(Drafter):
         kept = sorted(keep_set)
         self._last = (committed, kept, slot_of)
         return tree.subset(kept) if len(kept) < len(tree) else tree
+
+    def _greedy_chain(self, context: DraftContext) -> DraftTree | None:
+        """``propose`` for a greedy chain (topk 1) with the drafter's passes in one C call
+        (``Transformer.greedy_chain``; one call per level where a confidence threshold may stop the chain, so
+        that no pass runs that the loop would not run): the tree, q and cache the loop makes, bit for bit (the
+        same kernel calls in the same order, the same argmax of the same logits), without ~0.3 ms of Python
+        per draft pass. None where this drafter's passes are not all on our CPU kernels (the loop runs).
+
+        The chain's nodes sit at consecutive slots: node j (depth j + 1) at committed + j, whether the pending
+        token was fed alone (its keys and values before it shared from the target's cache) or the first
+        step's prompt was."""
+        model, cache, shape, params = self.model, self.cache, context.shape, context.params
+        if not model.greedy_chain_ready(cache):
+            return None
+        self._share_target_kv()
+        committed = len(context.tokens)
+        new = context.tokens[cache.length :]
+        if not new:
+            return None
+        tree = DraftTree(stop="depth", model_passes=0)
+        qs: list[torch.Tensor] = []  # q [V] of each level's parent (the softmax of its logits)
+        chosen: list[int] = []  # the token drafted from each of them (their logits' argmax)
+        if len(new) > 1:  # the first step's prompt (or unseen accepted tokens): one pass over them
+            root, _ = self._catch_up(context.tokens)
+            tree.model_passes = 1
+            qs.append(self._q(root, params))
+            chosen.append(argmax_index(root))
+        score: list[float] = []
+        path_q = 1.0
+        for depth in range(1, shape.k + 1):
+            if len(qs) < depth:  # feed the last drafted token (the pending one first) and what follows
+                n = 1 if shape.min_confidence > 0 else shape.k - depth + 1
+                logits, tokens = model.greedy_chain(new[0] if depth == 1 else tree.tokens[-1], cache, n)  # [n, V]
+                tree.model_passes += n
+                qs += list(self._q(logits, params))  # (row by row the bits of one row's softmax)
+                chosen += tokens
+            parent = len(tree) - 1  # -1: the root
+            q = qs[depth - 1]
+            tree.q_dists[parent] = q
+            token = chosen[depth - 1]
+            q_tok = float(q[token])
+            tree.tokens.append(token)
+            tree.parents.append(parent)
+            tree.depths.append(depth)
+            tree.q_token.append(q_tok)
+            score.append((score[-1] if score else 1.0) * q_tok)
+            path_q *= shape.confidence(q_tok)
+            if depth == shape.k:
+                break
+            if path_q < shape.min_confidence:
+                tree.stop = "confidence"
+                break
+        slot_of = {node: committed + node for node in range(cache.length - committed)}
+        return self._kept(tree, score, shape, committed, slot_of)
 
     def accept(self, verified: Verified) -> None:
         committed, kept, slot_of = self._last

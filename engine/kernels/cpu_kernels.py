@@ -84,11 +84,13 @@ __all__ = [
     "attend_few",
     "available",
     "describe",
+    "greedy_chain",
     "head_q4_rescored",
     "int8_per_channel",
     "rope_and_store",
     "swiglu",
     "run_packed",
+    "top_rows",
     "skinny_gemm_bf16",
     "skinny_gemm_int8w",
     "skinny_gemm_q4_1",
@@ -224,6 +226,11 @@ def _build(name: str) -> ctypes.CDLL:
     lib.swiglu_rows.argtypes = [ptr, ptr, size, size]
     lib.decode_layers.restype = None
     lib.decode_layers.argtypes = [ptr, size, ptr, size, real, ptr, ptr, ptr, ptr] + [size] * 6 + [ptr, real]
+    lib.top_rows.restype = None
+    lib.top_rows.argtypes = [ptr, size, size, size, ptr, ptr]
+    lib.greedy_chain.restype = None
+    lib.greedy_chain.argtypes = [size, size, ptr, flag, ptr, size, real, ptr, ptr, ptr, ptr] + [size] * 5
+    lib.greedy_chain.argtypes += [real, ptr, ptr, ptr, ptr, size, ptr, ptr]
     return lib
 
 
@@ -864,3 +871,83 @@ class LayerStack:
             mask.data_ptr() if mask is not None else None,
             dim**-0.5,
         )
+
+
+def top_rows(rows: list[torch.Tensor], top: int) -> list[list[int]]:
+    """Each row's `top` best indices (value descending, the lower index first among equals, NaN never one):
+    rows are float32 CPU vectors [n] of one length, each contiguous (they may live in different tensors).
+    One call for all of them (decode_kernels.c's top_rows): a pass's top entries for the events."""
+    if not rows:
+        return []
+    n = rows[0].shape[0]
+    if not 1 <= top <= 1024 or any(r.dtype != torch.float32 or r.dim() != 1 or r.shape[0] != n for r in rows):
+        raise ValueError("top_rows takes float32 vectors of one length and a top between 1 and 1024")
+    rows = [r if r.is_contiguous() else r.contiguous() for r in rows]
+    top = min(top, n)
+    pointers = (ctypes.c_void_p * len(rows))(*(r.data_ptr() for r in rows))
+    idx = np.empty((len(rows), top), dtype=np.int64)
+    count = np.empty(len(rows), dtype=np.int64)
+    _state["lib"].top_rows(pointers, len(rows), n, top, idx.ctypes.data, count.ctypes.data)
+    return [idx[r, : count[r]].tolist() for r in range(len(rows))]
+
+
+def greedy_chain(
+    token: int,
+    n: int,
+    embed: torch.Tensor,
+    stack: LayerStack,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: int,
+    heads: int,
+    head,
+    norm_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, list[int]]:
+    """n greedy one-token passes in one call (decode_kernels.c's greedy_chain): token at slot and position
+    start, then each pass's argmax at the next. embed [V, E] bf16 or float32; cos, sin [n, D] float32 (the
+    positions' rotary rows); k, v the whole cache as ``LayerStack.run`` takes it; head a packed matrix
+    (``PackedWeight``, ``PackedInt8Weight``, ``PackedQ4_1Weight``, unpadded) or a ``RescoredQ4Head``
+    (unpadded), its out the vocabulary; norm_weight [E] float32, the final norm. Returns (logits [n, V]
+    float32, the n tokens chosen): bit for bit what n one-token passes and their argmax give."""
+    rescored = isinstance(head, RescoredQ4Head)
+    desc = _mat_desc(head.q4 if rescored else head)
+    if desc is None or (rescored and head.out_padded != head.out):
+        raise ValueError("greedy_chain needs an unpadded head")
+    vocab = int(desc.out)
+    _, kv_heads, capacity, dim = k.shape
+    if start + n > capacity:
+        raise ValueError(f"a chain of {n} from slot {start} does not fit a cache of {capacity}")
+    if embed.dtype not in (torch.bfloat16, torch.float32) or not embed.is_contiguous():
+        raise ValueError("greedy_chain takes a contiguous bf16 or float32 embedding")
+    logits = torch.empty(n, vocab, dtype=torch.float32)
+    tokens = np.empty(n, dtype=np.int64)
+    _state["lib"].greedy_chain(
+        int(token),
+        n,
+        embed.data_ptr(),
+        embed.dtype == torch.float32,
+        stack.layers,
+        stack.count,
+        eps,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        start,
+        heads,
+        kv_heads,
+        capacity,
+        dim,
+        dim**-0.5,
+        ctypes.byref(desc),
+        norm_weight.data_ptr(),
+        head.w8.data_ptr() if rescored else None,
+        head.scale8.data_ptr() if rescored else None,
+        head.top if rescored else 0,
+        logits.data_ptr(),
+        tokens.ctypes.data,
+    )
+    return logits, tokens.tolist()

@@ -866,6 +866,60 @@ class Transformer:
             hidden = F.silu(gate) * up
         return x + layer.down(hidden)
 
+    def _chain_head(self):
+        """The lm_head as cpu_kernels.greedy_chain takes it (a packed matrix or a RescoredQ4Head, unpadded),
+        or None."""
+        head = self.lm_head.head if isinstance(self.lm_head, RescoredQ4Linear) else _kernel_matrix(self.lm_head)
+        if head is None or head.out_padded != head.out or head.in_padded != head.n_in:
+            return None
+        return head
+
+    def greedy_chain_ready(self, cache: KVCache) -> bool:
+        """Whether ``greedy_chain`` runs here: every matrix and the attention on our CPU kernels, float32
+        activations and cache, an unpadded head whose rows are the vocabulary."""
+        return (
+            self._attention_kernel
+            and self.act_dtype == torch.float32
+            and cache.k.dtype == torch.float32
+            and cache.k.is_contiguous()
+            and cache.v.is_contiguous()
+            and self.embed.dtype in (torch.bfloat16, torch.float32)
+            and self.embed.is_contiguous()
+            and self.norm.dtype == torch.float32
+            and self._layer_stack() is not None
+            and self._chain_head() is not None
+            and self._chain_head().out == self.embed.shape[0]
+        )
+
+    @torch.inference_mode()
+    def greedy_chain(self, token: int, cache: KVCache, n: int) -> tuple[torch.Tensor, list[int]]:
+        """n one-token passes in one C call (cpu_kernels.greedy_chain): `token` at slot and position
+        cache.length, then each pass's argmax (the first maximum) at the next. Returns (logits [n, V] float32,
+        the n tokens chosen) and advances cache.length by n: bit for bit what n ``run_pass`` calls of one
+        token at consecutive slots and positions give, each followed by ``argmax_index`` of its logits.
+        Where ``greedy_chain_ready`` says so only."""
+        start = cache.length
+        if start + n > cache.capacity:
+            raise ValueError(f"sequence of {start + n} tokens exceeds the KV cache capacity {cache.capacity}")
+        cos, sin = self._rope(torch.arange(start, start + n), start + n - 1)  # [n, D] each
+        logits, tokens = cpu_kernels.greedy_chain(
+            token,
+            n,
+            self.embed,
+            self._layer_stack(),
+            cos.contiguous(),
+            sin.contiguous(),
+            cache.k,
+            cache.v,
+            start,
+            self.cfg.num_heads,
+            self._chain_head(),
+            self.norm,
+            self.cfg.rms_norm_eps,
+        )
+        cache.length = start + n
+        return logits, tokens
+
     @property
     def lm_head_on_kernel(self) -> bool:
         """Whether the lm_head runs on our (row-invariant) CPU kernel."""
