@@ -257,6 +257,21 @@ def test_eagle_on_the_real_model_accepts_and_is_cheap(real_engine):
     assert draft_token_cost(steps(run), steps(baseline)) < 0.35
 
 
+def test_eagle_never_drafts_through_the_token_chain(served_engine, monkeypatch):
+    """EAGLE's passes feed fused features, not token embeddings: its greedy chains never go through
+    Transformer.greedy_chain (which knows only token passes; once they did, and its drafts were the head's
+    guesses from the wrong rows: 1.00 tokens per pass in the bench), even on our bf16 CPU kernels, where the
+    head's matrices are."""
+    from engine.model.transformer import Transformer
+
+    def refuse(self, token, cache, n):
+        raise AssertionError("EAGLE went through greedy_chain")
+
+    monkeypatch.setattr(Transformer, "greedy_chain", refuse)
+    run = served_engine.run("Explain what a hash table is.", "eagle", max_new_tokens=48, k=4)
+    assert run["metrics"]["tokens_per_pass"] > 1.1 and run["metrics"]["accepted"] > 0, run["metrics"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", [dict(k=2), dict(k=2, topk=2)], ids=["chain", "tree"])
 def test_eagle_sampling_is_exact_on_the_real_model(served_engine, shape):

@@ -132,6 +132,9 @@ class ModelDrafter(Drafter):
         score: list[float] = []
         path_q: list[float] = []  # cumulative confidence along each node's path (q, or calibrated q)
         frontier: list[int] = [-1]
+        # A greedy chain's choice: the argmax of the logits where they are the model's own over the vocabulary
+        # (greedy q is their softmax, so the same token but where rounding ties two probabilities), else of q
+        by_logits = self._token_passes()
         frontier_logits = {-1: root_logits}  # [V] each
         frontier_q = {-1: self._q(root_logits, params)}
         for depth in range(1, shape.k + 1):
@@ -139,9 +142,10 @@ class ModelDrafter(Drafter):
             for parent in frontier:
                 q = frontier_q[parent]
                 tree.q_dists[parent] = q
-                if params.greedy:  # a chain's choice: its logits' argmax (greedy q is their softmax: the same)
-                    top = [argmax_index(frontier_logits[parent])] if shape.topk == 1 else None
-                    children = top or torch.topk(q, shape.topk).indices.tolist()
+                if params.greedy and shape.topk == 1:  # token passes: the logits' argmax, as greedy_chain's
+                    children = [argmax_index(frontier_logits[parent] if by_logits else q)]
+                elif params.greedy:
+                    children = torch.topk(q, shape.topk).indices.tolist()
                 else:
                     children = sample_without_replacement(q, shape.topk, gen)
                 parent_score = 1.0 if parent == -1 else score[parent]
@@ -196,18 +200,27 @@ class ModelDrafter(Drafter):
         self._last = (committed, kept, slot_of)
         return tree.subset(kept) if len(kept) < len(tree) else tree
 
+    def _token_passes(self) -> bool:
+        """Whether this drafter's passes are plain token passes (a token's embedding in, the model's own
+        logits and q out): ModelDrafter's own _catch_up, _expand and _q. A subclass that feeds other rows
+        (EAGLE's fused features) or reads its logits otherwise (EAGLE's reduced vocabulary) never runs
+        greedy_chain, which knows only token passes."""
+        cls = type(self)
+        return all(getattr(cls, name) is getattr(ModelDrafter, name) for name in ("_catch_up", "_expand", "_q", "_pass"))
+
     def _greedy_chain(self, context: DraftContext) -> DraftTree | None:
         """``propose`` for a greedy chain (topk 1) with the drafter's passes in one C call
         (``Transformer.greedy_chain``; one call per level where a confidence threshold may stop the chain, so
         that no pass runs that the loop would not run): the tree, q and cache the loop makes, bit for bit (the
         same kernel calls in the same order, the same argmax of the same logits), without ~0.3 ms of Python
-        per draft pass. None where this drafter's passes are not all on our CPU kernels (the loop runs).
+        per draft pass. None where this drafter's passes are not plain token passes all on our CPU kernels
+        (the loop runs).
 
         The chain's nodes sit at consecutive slots: node j (depth j + 1) at committed + j, whether the pending
         token was fed alone (its keys and values before it shared from the target's cache) or the first
         step's prompt was."""
         model, cache, shape, params = self.model, self.cache, context.shape, context.params
-        if not model.greedy_chain_ready(cache):
+        if not (self._token_passes() and model.greedy_chain_ready(cache)):
             return None
         self._share_target_kv()
         committed = len(context.tokens)
