@@ -206,7 +206,9 @@ class ModelDrafter(Drafter):
         (EAGLE's fused features) or reads its logits otherwise (EAGLE's reduced vocabulary) never runs
         greedy_chain, which knows only token passes."""
         cls = type(self)
-        return all(getattr(cls, name) is getattr(ModelDrafter, name) for name in ("_catch_up", "_expand", "_q", "_pass"))
+        return all(
+            getattr(cls, name) is getattr(ModelDrafter, name) for name in ("_catch_up", "_expand", "_q", "_pass")
+        )
 
     def _greedy_chain(self, context: DraftContext) -> DraftTree | None:
         """``propose`` for a greedy chain (topk 1) with the drafter's passes in one C call
