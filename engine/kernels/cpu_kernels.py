@@ -850,27 +850,16 @@ class LayerStack:
     def run(self, x, cos, sin, k, v, start: int, heads: int, attend: int, mask, eps: float) -> None:
         """x [T, E] float32 contiguous, updated in place; cos, sin [T, D]; k, v the whole cache
         [L, Hkv, S, D] float32 contiguous; mask [T, attend] bool contiguous or None (causal)."""
-        tokens = x.shape[0]
+        mask_ptr = mask.data_ptr() if mask is not None else None
+        args = self.args(eps, cos, sin, k, v, start, heads)
+        _state["lib"].decode_layers(x.data_ptr(), x.shape[0], *args, attend, mask_ptr, k.shape[3] ** -0.5)
+
+    def args(self, eps: float, cos, sin, k, v, start: int, heads: int) -> tuple:
+        """The layers' part of a decode_layers or greedy_chain call, in the C functions' order: the layers and
+        their count, eps, the rotary rows, the cache (k, v [L, Hkv, S, D]) and its shape, from slot start."""
         _, kv_heads, capacity, dim = k.shape
-        _state["lib"].decode_layers(
-            x.data_ptr(),
-            tokens,
-            self.layers,
-            self.count,
-            eps,
-            cos.data_ptr(),
-            sin.data_ptr(),
-            k.data_ptr(),
-            v.data_ptr(),
-            start,
-            heads,
-            kv_heads,
-            capacity,
-            dim,
-            attend,
-            mask.data_ptr() if mask is not None else None,
-            dim**-0.5,
-        )
+        cache = (k.data_ptr(), v.data_ptr(), start, heads, kv_heads, capacity, dim)
+        return (self.layers, self.count, eps, cos.data_ptr(), sin.data_ptr(), *cache)
 
 
 def top_rows(rows: list[torch.Tensor], top: int) -> list[list[int]]:
@@ -917,7 +906,7 @@ def greedy_chain(
     if desc is None or (rescored and head.out_padded != head.out):
         raise ValueError("greedy_chain needs an unpadded head")
     vocab = int(desc.out)
-    _, kv_heads, capacity, dim = k.shape
+    capacity, dim = k.shape[2], k.shape[3]
     if start + n > capacity:
         raise ValueError(f"a chain of {n} from slot {start} does not fit a cache of {capacity}")
     if embed.dtype not in (torch.bfloat16, torch.float32) or not embed.is_contiguous():
@@ -929,18 +918,7 @@ def greedy_chain(
         n,
         embed.data_ptr(),
         embed.dtype == torch.float32,
-        stack.layers,
-        stack.count,
-        eps,
-        cos.data_ptr(),
-        sin.data_ptr(),
-        k.data_ptr(),
-        v.data_ptr(),
-        start,
-        heads,
-        kv_heads,
-        capacity,
-        dim,
+        *stack.args(eps, cos, sin, k, v, start, heads),
         dim**-0.5,
         ctypes.byref(desc),
         norm_weight.data_ptr(),
