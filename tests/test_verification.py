@@ -156,3 +156,24 @@ def test_the_packed_top_entries_unpack_to_the_rows_top_entries():
                     assert [i for i, _ in top] == [i for i, _ in packed[part][node]]
                     assert [v for _, v in top] == pytest.approx([v for _, v in packed[part][node]])
         assert (rows["residual"] is None) == (packed["residual"] is None)
+
+
+def test_top_entries_of_a_pass_list_each_rows_best_positive_entries():
+    """The events' top entries of a pass's rows (resolve_tops lists them in one call): each row's TOP_N best
+    positive entries, most likely first, the lower token id first among equal probabilities; rows of other
+    lengths or dtypes (a draft model with a padded vocabulary, float64) listed by torch.topk alike."""
+    from engine.trace import TOP_N
+    from engine.verification import top_entries_of
+
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.softmax(torch.randn(500, generator=gen) * 3, -1) for _ in range(3)]
+    tied = torch.zeros(500)
+    tied[[300, 7, 8]] = 1 / 3
+    for group in (rows + [tied], [rows[0], torch.softmax(torch.randn(520, generator=gen), -1)], [rows[1].double()]):
+        for row, top in zip(group, top_entries_of(group)):
+            values, ids = torch.topk(row, TOP_N)
+            if row is tied:
+                assert top == [(7, values[0].item()), (8, values[0].item()), (300, values[0].item())]
+            else:
+                assert top == [(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist())]
+    assert top_entries_of([]) == []
