@@ -785,6 +785,9 @@ def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
     cache.length = 60
     with pytest.raises(ValueError, match="exceeds the KV cache capacity"):
         model.greedy_chain(11, cache, 6)
+    cache.length = 30
+    with pytest.raises(ValueError, match="a token id below 512"):
+        model.greedy_chain(512, cache, 2)
 
 
 def test_q4_1_reads_gguf_blocks():

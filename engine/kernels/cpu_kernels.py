@@ -911,6 +911,11 @@ def greedy_chain(
         raise ValueError(f"a chain of {n} from slot {start} does not fit a cache of {capacity}")
     if embed.dtype not in (torch.bfloat16, torch.float32) or not embed.is_contiguous():
         raise ValueError("greedy_chain takes a contiguous bf16 or float32 embedding")
+    if embed.shape != (vocab, desc.n_in) or not 0 <= int(token) < vocab:
+        raise ValueError(
+            f"greedy_chain needs an embedding [{vocab}, {desc.n_in}] and a token id below {vocab}: "
+            f"got {tuple(embed.shape)} and {int(token)}"
+        )
     logits = torch.empty(n, vocab, dtype=torch.float32)
     tokens = np.empty(n, dtype=np.int64)
     _state["lib"].greedy_chain(

@@ -888,7 +888,7 @@ class Transformer:
             and self.norm.dtype == torch.float32
             and self._layer_stack() is not None
             and self._chain_head() is not None
-            and self._chain_head().out == self.embed.shape[0]
+            and (self._chain_head().out, self._chain_head().n_in) == tuple(self.embed.shape)
         )
 
     @torch.inference_mode()
