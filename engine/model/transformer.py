@@ -877,6 +877,7 @@ class Transformer:
     def greedy_chain_ready(self, cache: KVCache) -> bool:
         """Whether ``greedy_chain`` runs here: every matrix and the attention on our CPU kernels, float32
         activations and cache, an unpadded head whose rows are the vocabulary."""
+        head = self._chain_head()
         return (
             self._attention_kernel
             and self.act_dtype == torch.float32
@@ -887,8 +888,8 @@ class Transformer:
             and self.embed.is_contiguous()
             and self.norm.dtype == torch.float32
             and self._layer_stack() is not None
-            and self._chain_head() is not None
-            and (self._chain_head().out, self._chain_head().n_in) == tuple(self.embed.shape)
+            and head is not None
+            and (head.out, head.n_in) == tuple(self.embed.shape)
         )
 
     @torch.inference_mode()
