@@ -14,6 +14,10 @@ from pathlib import Path
 VARIABLES: dict[str, tuple[str, str]] = {
     "SPECLENS_CACHE": ("~/.cache/speclens", "model cache, compiled kernels, vLLM's model folder"),
     "SPECLENS_CPU_KERNEL": ("auto", "our C kernels: auto (best variant for this CPU), a variant name, or 0 (torch)"),
+    "SPECLENS_HUGE_PAGES": (
+        "1",
+        "1: our kernels' packed weights and KV caches on 2 MB transparent huge pages where Linux allows; 0: not",
+    ),
     "SPECLENS_PREFER_HUB": ("0", "1: load the default model from the Hub when it answers, else the GGUF package"),
     "SPECLENS_TRITON_INTERPRET": ("0", "1: run the Triton verifier in Triton's interpreter (CPU tests)"),
     "TRITON_INTERPRET": ("0", "Triton's own switch for the same; read as a synonym"),
@@ -48,6 +52,10 @@ def cache_root() -> Path:
 
 def cpu_kernel_setting() -> str:
     return (_get("SPECLENS_CPU_KERNEL") or "auto").lower()
+
+
+def huge_pages() -> bool:
+    return _get("SPECLENS_HUGE_PAGES") != "0"
 
 
 def prefer_hub() -> bool:

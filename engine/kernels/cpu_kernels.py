@@ -72,6 +72,7 @@ import torch
 
 from engine import config
 from engine.host import cpu_flags
+from engine.kernels import pages
 from engine.paths import cache_dir
 
 __all__ = [
@@ -245,7 +246,8 @@ class _Packed:
         self.out_padded, self.in_padded = -(-out // 16) * 16, -(-n_in // 2) * 2
         padded = torch.zeros(self.out_padded, self.in_padded, dtype=matrix.dtype)
         padded[:out, :n_in] = matrix
-        self.data = padded.view(self.out_padded // 16, 16, self.in_padded // 2, 2).permute(0, 2, 1, 3).contiguous()
+        lines = padded.view(self.out_padded // 16, 16, self.in_padded // 2, 2).permute(0, 2, 1, 3)
+        self.data = pages.copy_of(lines)  # streamed by every pass: on huge pages (pages.py)
         self.bias = None
         if bias is not None:
             self.bias = torch.zeros(self.out_padded, dtype=torch.bfloat16)
@@ -305,7 +307,8 @@ class PackedQ4_1Weight:
         qv = qp.reshape(blocks, 16, groups, 2, 4, 4).transpose(0, 2, 3, 4, 1, 5)
         nibbles = (qv[:, :, 0] | (qv[:, :, 1] << 4)).reshape(blocks, groups, 256)
         scales = [a.reshape(blocks, 16, groups).transpose(0, 2, 1).copy().view(np.uint8) for a in (dp, mp)]
-        self.data = torch.from_numpy(np.concatenate([*scales, nibbles], axis=2))  # [out/16, in/32, 320]
+        blocks_q4 = torch.from_numpy(np.concatenate([*scales, nibbles], axis=2))  # [out/16, in/32, 320]
+        self.data = pages.copy_of(blocks_q4)  # streamed by every pass: on huge pages (pages.py)
         self.bias = None
         if bias is not None:
             self.bias = torch.zeros(self.out_padded, dtype=torch.bfloat16)

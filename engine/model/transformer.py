@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import cpu_kernels
+from engine.kernels import cpu_kernels, pages
 
 __all__ = [
     "ModelConfig",
@@ -472,8 +472,11 @@ class KVCache:
 
     def __init__(self, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
         shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        if torch.device(device).type == "cpu":  # read by every pass: on huge pages (engine/kernels/pages.py)
+            self.k, self.v = pages.zeros(shape, dtype), pages.zeros(shape, dtype)
+        else:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
         self.length = 0
 

@@ -23,6 +23,7 @@ import torch
 from engine import config, paths
 from engine.decode import GenerationSettings, SpeculativeEngine
 from engine.host import cpu_flags, cpu_name
+from engine.kernels import pages
 from engine.metrics import draft_token_cost_of, ratio_of_medians
 from engine.model.static_pass import StaticPasses, capture_available
 
@@ -99,9 +100,10 @@ NAME_WIDTH = max(len(name) for name in SYSTEMS)
 
 def copy_bandwidth_gbs(size_mb: int = 256, repeats: int = 10) -> float:
     """Measured memory bandwidth in GB/s: bytes read + written by a large copy,
-    best of ``repeats`` (both buffers touched first, so page faults are not timed)."""
-    src = torch.ones(size_mb * 1024 * 1024 // 4, dtype=torch.float32)
-    dst = torch.zeros_like(src)
+    best of ``repeats`` (both buffers touched first, so page faults are not timed; on the pages our kernels'
+    weights live on, engine/kernels/pages.py)."""
+    src = pages.zeros((size_mb * 1024 * 1024 // 4,), torch.float32).fill_(1.0)
+    dst = pages.zeros(src.shape, torch.float32).fill_(0.0)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -112,8 +114,8 @@ def copy_bandwidth_gbs(size_mb: int = 256, repeats: int = 10) -> float:
 
 def read_bandwidth_gbs(size_mb: int = 256, repeats: int = 10) -> float:
     """Measured read-only bandwidth in GB/s (a sum over a large buffer): what a
-    matrix-vector product that streams weights can reach at best."""
-    src = torch.ones(size_mb * 1024 * 1024 // 4, dtype=torch.float32)
+    matrix-vector product that streams weights can reach at best (on our kernels' pages, as above)."""
+    src = pages.zeros((size_mb * 1024 * 1024 // 4,), torch.float32).fill_(1.0)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -152,6 +154,8 @@ def machine_info(engine: SpeculativeEngine) -> dict:
         # torch's own instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA can cap it: the AVX2 proxy)
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
         "torch_isa_caps": config.isa_caps(),
+        # the pages the kernels' weights and caches live on (2 MB where Linux allows: engine/kernels/pages.py)
+        "memory_pages": pages.describe() if device.type == "cpu" else None,
         "weight_bytes_per_pass": weight_bytes,
         "copy_bandwidth_gbs": round(bandwidth, 2),
         "read_bandwidth_gbs": read_bw,
@@ -786,7 +790,8 @@ def format_table(report: dict) -> str:
     lines = [
         f"machine: {m['cpu']}, {m['threads']} threads, {m['dtype']}, torch {m['torch']}, transformers {m['transformers']}",
         f"kernel: {m.get('cpu_kernel')}, weights {m.get('weights')}, torch ISA {m.get('torch_cpu_capability')}"
-        f" (caps {m.get('torch_isa_caps')}), flags {' '.join(m.get('cpu_flags') or [])}",
+        f" (caps {m.get('torch_isa_caps')}), flags {' '.join(m.get('cpu_flags') or [])}"
+        + (f", memory on {m['memory_pages']}" if m.get("memory_pages") else ""),
         f"roofline: {m['weight_bytes_per_pass'] / 1e6:.0f} MB of weights per pass / {m['copy_bandwidth_gbs']:.1f} GB/s copy bandwidth"
         f" = {m['roofline_passes_per_s']:.1f} passes/s"
         + (f" (read-only bandwidth {m['read_bandwidth_gbs']:.1f} GB/s)" if m.get("read_bandwidth_gbs") else ""),

@@ -1,0 +1,117 @@
+"""Memory for what our CPU kernels stream: packed weights and KV caches on 2 MB transparent huge pages.
+
+Why. A decoding pass reads every weight once, in long runs, and reads the cache's keys and values;
+each 4 KB page of them needs its own address translation. In a virtual machine (a Space's container,
+a cloud guest) a missed translation walks two page tables, the guest's and the host's, and the
+hardware prefetchers stop at every 4 KB boundary. Measured on a 2-core Zen 4 KVM guest (this project's
+development host), two threads summing a buffer in a loop: 84 MB (the q4 drafter's pass) in
+2.15-2.42 ms on 4 KB pages against 1.84-1.96 ms on 2 MB pages; 270 MB (the bf16 target's) 8.0-10.2
+against 4.5 ms. On the default model, same process, one against the other: the bf16 target's
+one-token pass 8.1-10.0 against 6.2-6.9 ms, a q4 draft pass 3.0-3.5 against 2.4-2.9 ms; the same
+bits (docs/kernels.md, "Huge pages").
+
+How. Linux backs an anonymous private mapping with 2 MB pages as they are first touched when its
+transparent huge pages are enabled "always", or "madvise" and the mapping is advised MADV_HUGEPAGE
+(the usual default; we advise). Tensors are carved out of 2 MB-aligned arenas of ``CHUNK`` bytes
+(``ALIGN``-byte aligned within), so a model's ~120 small matrices share pages instead of rounding
+each up to 2 MB; a tensor of ``OWN_MAPPING`` bytes or more (a vocabulary projection, a KV cache) gets
+a mapping of its own, unmapped when the tensor is gone. An arena lives while any tensor carved from
+it does (torch.frombuffer holds the mapping). Where the kernel says "never", or on another OS, the
+memory is ordinary: the same values and bits, without the speed (``describe`` says which).
+``SPECLENS_HUGE_PAGES=0`` (engine/config.py) turns the advice off, for the A/B of docs/bench.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from pathlib import Path
+
+import torch
+
+from engine import config
+
+__all__ = ["ALIGN", "CHUNK", "OWN_MAPPING", "copy_of", "describe", "zeros"]
+
+HUGE = 2 << 20  # bytes in a huge page (x86-64)
+CHUNK = 32 << 20  # bytes per shared arena
+OWN_MAPPING = 8 << 20  # tensors this large get a mapping of their own
+ALIGN = 64  # bytes: each tensor starts on a cache line
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+_lock = threading.Lock()
+# the current shared arena (uint8 tensor) and its bytes handed out, one per setting (advised or not)
+_arenas: dict[bool, dict] = {True: {"buf": None, "used": 0}, False: {"buf": None, "used": 0}}
+
+
+def _thp_mode() -> str | None:
+    """The kernel's transparent huge page mode ("always", "madvise", "never"), None where it has none."""
+    try:
+        text = THP_SETTING.read_text()
+    except OSError:
+        return None
+    chosen = [word[1:-1] for word in text.split() if word.startswith("[")]
+    return chosen[0] if chosen else None
+
+
+def _advised() -> bool:
+    """Whether new mappings are advised MADV_HUGEPAGE (the setting on, and the call exists here)."""
+    return config.huge_pages() and hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_ANONYMOUS")
+
+
+def describe() -> str:
+    """In words, for reports: whether the kernels' memory is on huge pages here."""
+    mode = _thp_mode()
+    if not config.huge_pages():
+        return "4 KB pages (SPECLENS_HUGE_PAGES=0)"
+    if mode is None:
+        return "ordinary pages (no transparent huge pages on this OS)"
+    if mode == "never" or (mode == "madvise" and not _advised()):
+        return f"4 KB pages (transparent huge pages: {mode})"
+    return f"2 MB transparent huge pages ({mode})"
+
+
+def _mapping(nbytes: int, advised: bool) -> torch.Tensor:
+    """A fresh zero-filled uint8 tensor of at least nbytes starting on a 2 MB boundary (its pages advised)."""
+    size = -(-nbytes // HUGE) * HUGE + HUGE  # room to move the start to a 2 MB boundary
+    if advised:
+        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mm.madvise(mmap.MADV_HUGEPAGE)  # before any page is touched
+        buf = torch.frombuffer(mm, dtype=torch.uint8)  # holds mm
+    else:
+        buf = torch.zeros(size, dtype=torch.uint8)
+    start = (-buf.data_ptr()) % HUGE
+    return buf[start : start + size - HUGE]
+
+
+def _carve(nbytes: int) -> torch.Tensor:
+    """nbytes of zeroed memory, ALIGN-aligned: from the shared arena, or a mapping of its own if large."""
+    advised = _advised()
+    if nbytes >= OWN_MAPPING:
+        return _mapping(nbytes, advised)[:nbytes]
+    need = -(-nbytes // ALIGN) * ALIGN
+    with _lock:
+        arena = _arenas[advised]
+        buf, used = arena["buf"], arena["used"]
+        if buf is None or used + need > buf.numel():
+            buf, used = _mapping(CHUNK, advised), 0
+        arena["buf"], arena["used"] = buf, used + need
+    return buf[used : used + nbytes]
+
+
+def zeros(shape, dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled CPU tensor (contiguous) whose memory is on huge pages where this host allows."""
+    shape = tuple(int(s) for s in shape)
+    count = 1
+    for s in shape:
+        count *= s
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = _carve(max(1, count * itemsize))
+    return raw[: count * itemsize].view(dtype).view(shape)
+
+
+def copy_of(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy of t on huge pages where this host allows (the same values, bit for bit)."""
+    out = zeros(t.shape, t.dtype)
+    out.copy_(t)
+    return out

@@ -1,0 +1,93 @@
+"""engine/kernels/pages.py: the memory our kernels stream (packed weights, KV caches) on 2 MB huge pages
+where Linux allows, with the same values bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import config
+from engine.kernels import cpu_kernels, pages
+from engine.model.transformer import KVCache, ModelConfig
+
+
+def _vma_of(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping holding `address` (empty where there is no smaps)."""
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return {}
+    fields, inside = {}, False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and ":" not in head:  # a mapping's first line: "start-end perms ..."
+            start, end = (int(a, 16) for a in head.split("-"))
+            inside = start <= address < end
+            continue
+        if inside and ":" in head:
+            fields[head.rstrip(":")] = line.split(":", 1)[1].strip()
+    return fields
+
+
+def _thp_usable() -> bool:
+    return pages._thp_mode() in ("always", "madvise") and pages._advised()
+
+
+def test_zeros_and_copies_are_plain_tensors_of_the_same_values():
+    z = pages.zeros((3, 5, 7), torch.float32)
+    assert z.shape == (3, 5, 7) and z.dtype == torch.float32 and z.is_contiguous()
+    assert int(z.abs().sum()) == 0
+    for dtype in (torch.bfloat16, torch.float32, torch.int8, torch.uint8, torch.float16):
+        t = torch.randn(17, 33).to(dtype)
+        c = pages.copy_of(t)
+        assert c.dtype == dtype and c.shape == t.shape and c.is_contiguous()
+        assert torch.equal(c.view(torch.uint8), t.contiguous().view(torch.uint8))  # bit for bit
+        assert c.data_ptr() % pages.ALIGN == 0
+    strided = torch.arange(24, dtype=torch.float32).view(4, 6).t()  # not contiguous: copied in order
+    assert torch.equal(pages.copy_of(strided), strided.contiguous())
+    assert pages.zeros((0, 4), torch.float32).shape == (0, 4)
+
+
+def test_small_tensors_share_an_arena_and_large_ones_start_on_a_huge_page():
+    a, b = pages.zeros((1000,), torch.float32), pages.zeros((1000,), torch.float32)
+    assert 0 < abs(b.data_ptr() - a.data_ptr()) < pages.CHUNK  # carved from one arena, apart
+    a.fill_(1.0)
+    assert int(b.sum()) == 0  # no overlap
+    big = pages.zeros((pages.OWN_MAPPING // 4,), torch.float32)
+    assert big.data_ptr() % pages.HUGE == 0
+
+
+def test_kernel_memory_is_advised_for_huge_pages_where_linux_has_them(monkeypatch):
+    """The packed weights and a CPU KV cache live in mappings advised MADV_HUGEPAGE (smaps: THPeligible), and
+    SPECLENS_HUGE_PAGES=0 leaves them on ordinary memory; the product is the same bit for bit."""
+    if not _thp_usable():
+        pytest.skip(f"no transparent huge pages to advise here ({pages.describe()})")
+    w = torch.randn(64, 96)
+    packed = cpu_kernels.PackedWeight(w)
+    assert _vma_of(packed.data.data_ptr()).get("THPeligible") == "1"
+    cfg = ModelConfig(
+        vocab_size=32,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        attention_bias=False,
+    )
+    cache = KVCache(cfg, 4096, torch.float32)
+    assert _vma_of(cache.k.data_ptr()).get("THPeligible") == "1"
+    assert "2 MB" in pages.describe()
+    monkeypatch.setenv("SPECLENS_HUGE_PAGES", "0")
+    assert not config.huge_pages() and "SPECLENS_HUGE_PAGES=0" in pages.describe()
+    plain = cpu_kernels.PackedWeight(w)
+    if pages._thp_mode() == "madvise":  # ("always" makes every large mapping eligible)
+        assert _vma_of(plain.data.data_ptr()).get("THPeligible") != "1"
+    assert torch.equal(plain.data, packed.data)
+    if cpu_kernels.available():
+        x = torch.randn(3, 96)
+        assert torch.equal(cpu_kernels.run_packed(x, plain), cpu_kernels.run_packed(x, packed))
