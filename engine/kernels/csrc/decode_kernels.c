@@ -121,6 +121,11 @@ static inline vf vf_exp_neg(vf x) {
 #ifndef T_TILE_bf16
 #define T_TILE_bf16 T_TILE
 #endif
+#ifndef TAIL_NB_bf16
+#define TAIL_NB_bf16 1 /* blocks per tile of the rows left over by the row tiles (see DEFINE_DRIVER) */
+#endif
+#define TAIL_NB_i8 1
+#define TAIL_NB_q4 1
 #define ACC_VECS_i8 ACC_VECS
 #define W_PARTS_i8 1
 #define wload_part_i8(line, part) wload_i8(line)
@@ -315,13 +320,24 @@ typedef struct {
 #define GEMM_TASKS_PER_THREAD 2
 
 /* Every tile of output blocks [ob, ob + nb) (nb == NBT, or a shorter tail: 1-block
- * tiles) for every row of x, and the threaded driver over all output blocks. */
+ * tiles) for rows [0, t_end) of x (rows: all the call's rows, for the prefetch's share), and
+ * the threaded driver over all output blocks.
+ *
+ * Rows left over (rows % TT, when TAIL_NB_KIND > 1): a tile of TT rows keeps 2 TT chains of
+ * multiply-adds going per block, and a tile of fewer rows over one block too few to fill the
+ * FMA pipes (avx2 bf16: one row, 4 chains, half the pipes' rate; 7 rows cost nearly what 8
+ * did). So those rows run over TAIL_NB blocks at once (bf16 avx2: 2 blocks x 1 row, 8 chains),
+ * after the full row tiles of each of those blocks. The sums' order is the tiles' (every output
+ * over the input pairs in order): row invariance holds. The prefetch's share stays whole: the
+ * tail tile (the last of the ceil(rows / TT) row tiles) requests its lines of the next TAIL_NB
+ * blocks, whose other lines the full tiles of the blocks before them request. */
 #define DEFINE_DRIVER(KIND, NBT, TT) DEFINE_DRIVER_(KIND, NBT, TT)
 #define DEFINE_DRIVER_(KIND, NBT, TT)                                                                           \
     static void tiles_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b, \
-                             void *y, int y_f32, int64_t in, int64_t out, int64_t rows, int64_t ob, int64_t nb) { \
-        for (int64_t t0 = 0; t0 < rows; t0 += TT) {                                                             \
-            int64_t nt = rows - t0 < TT ? rows - t0 : TT;                                                       \
+                             void *y, int y_f32, int64_t in, int64_t out, int64_t rows, int64_t ob, int64_t nb,   \
+                             int64_t t_end) {                                                                   \
+        for (int64_t t0 = 0; t0 < t_end; t0 += TT) {                                                            \
+            int64_t nt = t_end - t0 < TT ? t_end - t0 : TT;                                                     \
             if (nb == NBT) {                                                                                    \
                 switch (nt) {                                                                                   \
                 case 1: TILE(KIND, NBT, 1)(TILE_ARGS, ob, t0, rows); break;                                     \
@@ -341,6 +357,27 @@ typedef struct {
             }                                                                                                   \
         }                                                                                                       \
     }                                                                                                           \
+    /* blocks [ob, ob + TAIL_NB) (nb of them: fewer at the end), rows [rows - tail, rows) */                    \
+    static void tail_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b, \
+                            void *y, int y_f32, int64_t in, int64_t out, int64_t rows, int64_t ob, int64_t nb,    \
+                            int64_t tail) {                                                                     \
+        const int64_t t0 = rows - tail;                                                                         \
+        if (nb < TAIL_NB_##KIND) {                                                                              \
+            for (int64_t g = 0; g < nb; g++) {                                                                  \
+                switch (tail) {                                                                                 \
+                case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob + g, t0, rows); break;                                   \
+                case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob + g, t0, rows); break;                                   \
+                default: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0, rows); break;                                  \
+                }                                                                                               \
+            }                                                                                                   \
+            return;                                                                                             \
+        }                                                                                                       \
+        switch (tail) {                                                                                         \
+        case 1: TILE(KIND, TAIL_NB_##KIND, 1)(TILE_ARGS, ob, t0, rows); break;                                  \
+        case 2: TILE(KIND, TAIL_NB_##KIND, 2)(TILE_ARGS, ob, t0, rows); break;                                  \
+        default: TILE(KIND, TAIL_NB_##KIND, 3)(TILE_ARGS, ob, t0, rows); break;                                 \
+        }                                                                                                       \
+    }                                                                                                           \
     static void blocks_##KIND(void *job, int64_t begin, int64_t end) {                                          \
         const gemm_job *j = job;                                                                                \
         const void *x = j->x, *wp = j->wp;                                                                      \
@@ -353,9 +390,19 @@ typedef struct {
          * faster, most for int8 (7.5-10 ms -> 5.1-5.6 ms per sweep, one thread). The                           \
          * tile shape never changes a sum's order, only which sums run together. */                             \
         const int64_t nb = rows == 1 ? 1 : NBT;                                                                 \
+        const int64_t tail = TAIL_NB_##KIND > 1 && rows > TT ? rows % TT : 0;                                   \
+        if (tail) {                                                                                             \
+            for (int64_t ob = begin; ob < end; ob += TAIL_NB_##KIND) {                                          \
+                const int64_t group = end - ob < TAIL_NB_##KIND ? end - ob : TAIL_NB_##KIND;                    \
+                for (int64_t g = 0; g < group; g += nb)                                                         \
+                    tiles_##KIND(TILE_ARGS, rows, ob + g, group - g < nb ? group - g : nb, rows - tail);        \
+                tail_##KIND(TILE_ARGS, rows, ob, group, tail);                                                  \
+            }                                                                                                   \
+            return;                                                                                             \
+        }                                                                                                       \
         int64_t ob = begin;                                                                                     \
-        for (; ob + nb <= end; ob += nb) tiles_##KIND(TILE_ARGS, rows, ob, nb);                                 \
-        if (ob < end) tiles_##KIND(TILE_ARGS, rows, ob, end - ob);                                              \
+        for (; ob + nb <= end; ob += nb) tiles_##KIND(TILE_ARGS, rows, ob, nb, rows);                           \
+        if (ob < end) tiles_##KIND(TILE_ARGS, rows, ob, end - ob, rows);                                        \
     }                                                                                                           \
     static void run_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b,\
                            void *y, int y_f32, int64_t rows, int64_t in, int64_t out) {                         \
@@ -371,6 +418,9 @@ DEFINE_TILES(i8, 1)
 DEFINE_TILES(q4, 1)
 #if NB_TILE_bf16 > 1 /* the 1-block tiles double as the tails */
 DEFINE_TILES(bf16, NB_TILE_bf16)
+#endif
+#if TAIL_NB_bf16 > 1 && TAIL_NB_bf16 != NB_TILE_bf16 /* the leftover rows' tiles (DEFINE_DRIVER) */
+DEFINE_TILES(bf16, TAIL_NB_bf16)
 #endif
 #if NB_TILE_i8 > 1
 DEFINE_TILES(i8, NB_TILE_i8)

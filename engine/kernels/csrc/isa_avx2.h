@@ -182,6 +182,12 @@ typedef __m256 acc_f32;
 #ifndef T_TILE_bf16
 #define T_TILE_bf16 2
 #endif
+/* An odd row left over (a verification of K = 6 drafts: 7 rows) runs as 2 blocks x 1 row: 8
+ * chains, as a 1x2 tile has, where 1 block x 1 row kept only 4 and ran at half the FMA rate
+ * (decode_kernels.c, DEFINE_DRIVER). */
+#ifndef TAIL_NB_bf16
+#define TAIL_NB_bf16 2
+#endif
 typedef const float *xv_bf16; /* the row's input pair, broadcast inside dot_part_bf16 (registers are scarce) */
 static inline xv_bf16 xload_bf16(const float *row, int64_t p) { return row + 2 * p; }
 typedef struct {
