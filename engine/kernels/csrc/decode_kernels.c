@@ -194,6 +194,12 @@ typedef acc_f32 acc_q4;
 #ifndef PREFETCH_NEXT
 #define PREFETCH_NEXT 1
 #endif
+#ifndef PREFETCH_LOCALITY
+#define PREFETCH_LOCALITY 2
+#endif
+#ifndef PREFETCH_GROUPS
+#define PREFETCH_GROUPS 1
+#endif
 
 /* The per-tile loops: accumulate x rows [t0, t0 + NT) against output blocks [ob, ob + NB). */
 #define PAIR_LOOP(KIND, NB, NT)                                                                                 \
@@ -208,7 +214,7 @@ typedef acc_f32 acc_q4;
         const int64_t p_end = p0 + chunk < pairs ? p0 + chunk : pairs;                                          \
         if (fetch_every && p0 + fetch_at < p_end)                                                               \
             _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                               \
-                __builtin_prefetch(w + ((ob + NB + g) * pairs + p0 + fetch_at) * 2 * LANES, 0, 2);              \
+                __builtin_prefetch(w + ((ob + PREFETCH_GROUPS * NB + g) * pairs + p0 + fetch_at) * 2 * LANES, 0, PREFETCH_LOCALITY);              \
         for (int64_t p = p0; p < p_end; p++) {                                                                  \
             xv_##KIND xv[NT];                                                                                   \
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_##KIND(xr[j], p);               \
@@ -300,9 +306,10 @@ typedef acc_f32 acc_q4;
     }
 
 #define TILE_ARGS x, sx, wp, scale, b, y, y_f32, in, out
-/* The tiles of NBT blocks x 1-4 rows (rows per tile, TT, at most 4). */
+/* The tiles of NBT blocks x 1-8 rows (rows per tile, TT, at most 8: avx512bf16 bf16 takes 8). */
 #define DEFINE_TILES(KIND, NBT)                                                                                 \
-    DEFINE_TILE(KIND, NBT, 1) DEFINE_TILE(KIND, NBT, 2) DEFINE_TILE(KIND, NBT, 3) DEFINE_TILE(KIND, NBT, 4)
+    DEFINE_TILE(KIND, NBT, 1) DEFINE_TILE(KIND, NBT, 2) DEFINE_TILE(KIND, NBT, 3) DEFINE_TILE(KIND, NBT, 4)   \
+    DEFINE_TILE(KIND, NBT, 5) DEFINE_TILE(KIND, NBT, 6) DEFINE_TILE(KIND, NBT, 7) DEFINE_TILE(KIND, NBT, 8)
 
 /* A product's operands, for the tasks of task_pool.h; each task is a range of output blocks. */
 typedef struct {
@@ -343,7 +350,11 @@ typedef struct {
                 case 1: TILE(KIND, NBT, 1)(TILE_ARGS, ob, t0, rows); break;                                     \
                 case 2: TILE(KIND, NBT, 2)(TILE_ARGS, ob, t0, rows); break;                                     \
                 case 3: TILE(KIND, NBT, 3)(TILE_ARGS, ob, t0, rows); break;                                     \
-                default: TILE(KIND, NBT, 4)(TILE_ARGS, ob, t0, rows); break;                                    \
+                case 4: TILE(KIND, NBT, 4)(TILE_ARGS, ob, t0, rows); break;                                     \
+                case 5: TILE(KIND, NBT, 5)(TILE_ARGS, ob, t0, rows); break;                                     \
+                case 6: TILE(KIND, NBT, 6)(TILE_ARGS, ob, t0, rows); break;                                     \
+                case 7: TILE(KIND, NBT, 7)(TILE_ARGS, ob, t0, rows); break;                                     \
+                default: TILE(KIND, NBT, 8)(TILE_ARGS, ob, t0, rows); break;                                    \
                 }                                                                                               \
             } else {                                                                                            \
                 for (int64_t g = 0; g < nb; g++) {                                                              \
@@ -351,7 +362,11 @@ typedef struct {
                     case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob + g, t0, rows); break;                               \
                     case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob + g, t0, rows); break;                               \
                     case 3: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0, rows); break;                               \
-                    default: TILE(KIND, 1, 4)(TILE_ARGS, ob + g, t0, rows); break;                              \
+                    case 4: TILE(KIND, 1, 4)(TILE_ARGS, ob + g, t0, rows); break;                               \
+                    case 5: TILE(KIND, 1, 5)(TILE_ARGS, ob + g, t0, rows); break;                               \
+                    case 6: TILE(KIND, 1, 6)(TILE_ARGS, ob + g, t0, rows); break;                               \
+                    case 7: TILE(KIND, 1, 7)(TILE_ARGS, ob + g, t0, rows); break;                               \
+                    default: TILE(KIND, 1, 8)(TILE_ARGS, ob + g, t0, rows); break;                              \
                     }                                                                                           \
                 }                                                                                               \
             }                                                                                                   \
@@ -410,8 +425,8 @@ typedef struct {
         pool_for(out / LANES, GEMM_TASKS_PER_THREAD, blocks_##KIND, &job);                                      \
     }
 
-#if T_TILE_bf16 < 1 || T_TILE_bf16 > 4 || T_TILE_i8 < 1 || T_TILE_i8 > 4 || T_TILE_q4 < 1 || T_TILE_q4 > 4
-#error "rows per tile must be 1-4: the tile functions go up to 4"
+#if T_TILE_bf16 < 1 || T_TILE_bf16 > 8 || T_TILE_i8 < 1 || T_TILE_i8 > 8 || T_TILE_q4 < 1 || T_TILE_q4 > 8
+#error "rows per tile must be 1-8: the tile functions go up to 8"
 #endif
 DEFINE_TILES(bf16, 1)
 DEFINE_TILES(i8, 1)
