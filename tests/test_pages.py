@@ -49,6 +49,8 @@ def test_zeros_and_copies_are_plain_tensors_of_the_same_values():
 
 
 def test_small_tensors_share_an_arena_and_large_ones_start_on_a_huge_page():
+    if not _thp_usable():
+        pytest.skip(f"no transparent huge pages to advise here ({pages.describe()}): plain torch.zeros")
     a, b = pages.zeros((1000,), torch.float32), pages.zeros((1000,), torch.float32)
     assert 0 < abs(b.data_ptr() - a.data_ptr()) < pages.CHUNK  # carved from one arena, apart
     a.fill_(1.0)
@@ -87,7 +89,39 @@ def test_kernel_memory_is_advised_for_huge_pages_where_linux_has_them(monkeypatc
     plain = cpu_kernels.PackedWeight(w)
     if pages._thp_mode() == "madvise":  # ("always" makes every large mapping eligible)
         assert _vma_of(plain.data.data_ptr()).get("THPeligible") != "1"
+    assert pages.zeros((4, 4), torch.float32).untyped_storage().nbytes() == 64  # plain torch.zeros: no arena
     assert torch.equal(plain.data, packed.data)
     if cpu_kernels.available():
         x = torch.randn(3, 96)
         assert torch.equal(cpu_kernels.run_packed(x, plain), cpu_kernels.run_packed(x, packed))
+
+
+def test_without_huge_pages_the_memory_is_plain_and_says_so(monkeypatch):
+    """THP "never" (or no THP at all): plain torch.zeros and a description that says 4 KB pages; a kernel
+    that refuses the advice (built without huge pages) still gives usable, zeroed memory."""
+    import mmap as real_mmap
+    import types
+
+    monkeypatch.setattr(pages, "_thp_mode", lambda: "never")
+    assert not pages._advised() and "never" in pages.describe()
+    t = pages.copy_of(torch.arange(10.0))
+    assert torch.equal(t, torch.arange(10.0))
+    monkeypatch.setattr(pages, "_thp_mode", lambda: None)
+    assert "no transparent huge pages" in pages.describe()
+
+    class Refusing(real_mmap.mmap):
+        def madvise(self, *args):
+            raise OSError(22, "Invalid argument")
+
+    fake = types.SimpleNamespace(
+        mmap=Refusing,
+        MADV_HUGEPAGE=getattr(real_mmap, "MADV_HUGEPAGE", 14),
+        MAP_PRIVATE=real_mmap.MAP_PRIVATE,
+        MAP_ANONYMOUS=getattr(real_mmap, "MAP_ANONYMOUS", 0x20),
+    )
+    monkeypatch.setattr(pages, "mmap", fake)
+    monkeypatch.setattr(pages, "_thp_mode", lambda: "madvise")
+    big = pages.zeros((pages.OWN_MAPPING // 4,), torch.float32)
+    assert int(big.abs().sum()) == 0 and big.data_ptr() % pages.HUGE == 0
+    big.fill_(2.0)
+    assert float(big[-1]) == 2.0

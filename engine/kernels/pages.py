@@ -16,9 +16,10 @@ transparent huge pages are enabled "always", or "madvise" and the mapping is adv
 (``ALIGN``-byte aligned within), so a model's ~120 small matrices share pages instead of rounding
 each up to 2 MB; a tensor of ``OWN_MAPPING`` bytes or more (a vocabulary projection, a KV cache) gets
 a mapping of its own, unmapped when the tensor is gone. An arena lives while any tensor carved from
-it does (torch.frombuffer holds the mapping). Where the kernel says "never", or on another OS, the
-memory is ordinary: the same values and bits, without the speed (``describe`` says which).
-``SPECLENS_HUGE_PAGES=0`` (engine/config.py) turns the advice off, for the A/B of docs/bench.
+it does (torch.frombuffer holds the mapping). Where the kernel says "never", or on another OS, or with
+``SPECLENS_HUGE_PAGES=0`` (engine/config.py; the A/B of docs/bench), tensors are plain torch.zeros: the
+same values and bits, without the speed (``describe`` says which). A kernel built without huge pages
+refuses the advice; the mapping is then used as it is.
 """
 
 from __future__ import annotations
@@ -40,8 +41,7 @@ ALIGN = 64  # bytes: each tensor starts on a cache line
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 _lock = threading.Lock()
-# the current shared arena (uint8 tensor) and its bytes handed out, one per setting (advised or not)
-_arenas: dict[bool, dict] = {True: {"buf": None, "used": 0}, False: {"buf": None, "used": 0}}
+_arena: dict = {"buf": None, "used": 0}  # the current shared arena (uint8 tensor) and its bytes handed out
 
 
 def _thp_mode() -> str | None:
@@ -55,8 +55,14 @@ def _thp_mode() -> str | None:
 
 
 def _advised() -> bool:
-    """Whether new mappings are advised MADV_HUGEPAGE (the setting on, and the call exists here)."""
-    return config.huge_pages() and hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_ANONYMOUS")
+    """Whether the kernels' memory goes to mappings advised MADV_HUGEPAGE: the setting on, the call there, and
+    Linux backing advised mappings with huge pages ("always" or "madvise"). Else plain torch tensors."""
+    return (
+        config.huge_pages()
+        and hasattr(mmap, "MADV_HUGEPAGE")
+        and hasattr(mmap, "MAP_ANONYMOUS")
+        and _thp_mode() in ("always", "madvise")
+    )
 
 
 def describe() -> str:
@@ -66,42 +72,43 @@ def describe() -> str:
         return "4 KB pages (SPECLENS_HUGE_PAGES=0)"
     if mode is None:
         return "ordinary pages (no transparent huge pages on this OS)"
-    if mode == "never" or (mode == "madvise" and not _advised()):
+    if not _advised():
         return f"4 KB pages (transparent huge pages: {mode})"
     return f"2 MB transparent huge pages ({mode})"
 
 
-def _mapping(nbytes: int, advised: bool) -> torch.Tensor:
-    """A fresh zero-filled uint8 tensor of at least nbytes starting on a 2 MB boundary (its pages advised)."""
+def _mapping(nbytes: int) -> torch.Tensor:
+    """A fresh zero-filled uint8 tensor of at least nbytes starting on a 2 MB boundary, its pages advised."""
     size = -(-nbytes // HUGE) * HUGE + HUGE  # room to move the start to a 2 MB boundary
-    if advised:
-        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
         mm.madvise(mmap.MADV_HUGEPAGE)  # before any page is touched
-        buf = torch.frombuffer(mm, dtype=torch.uint8)  # holds mm
-    else:
-        buf = torch.zeros(size, dtype=torch.uint8)
+    except OSError:  # a kernel built without huge pages refuses the advice: ordinary pages, the same memory
+        pass
+    buf = torch.frombuffer(mm, dtype=torch.uint8)  # holds mm
     start = (-buf.data_ptr()) % HUGE
     return buf[start : start + size - HUGE]
 
 
 def _carve(nbytes: int) -> torch.Tensor:
-    """nbytes of zeroed memory, ALIGN-aligned: from the shared arena, or a mapping of its own if large."""
-    advised = _advised()
+    """nbytes of zeroed, advised memory, ALIGN-aligned: from the shared arena, or a mapping of its own if large."""
     if nbytes >= OWN_MAPPING:
-        return _mapping(nbytes, advised)[:nbytes]
+        return _mapping(nbytes)[:nbytes]
     need = -(-nbytes // ALIGN) * ALIGN
     with _lock:
-        arena = _arenas[advised]
-        buf, used = arena["buf"], arena["used"]
+        buf, used = _arena["buf"], _arena["used"]
         if buf is None or used + need > buf.numel():
-            buf, used = _mapping(CHUNK, advised), 0
-        arena["buf"], arena["used"] = buf, used + need
+            buf, used = _mapping(CHUNK), 0
+        _arena["buf"], _arena["used"] = buf, used + need
     return buf[used : used + nbytes]
 
 
 def zeros(shape, dtype: torch.dtype) -> torch.Tensor:
-    """A zero-filled CPU tensor (contiguous) whose memory is on huge pages where this host allows."""
+    """A zero-filled CPU tensor (contiguous) whose memory is on huge pages where this host allows (else
+    torch.zeros, ordinary memory)."""
     shape = tuple(int(s) for s in shape)
+    if not _advised():
+        return torch.zeros(shape, dtype=dtype)
     count = 1
     for s in shape:
         count *= s
