@@ -125,3 +125,27 @@ def test_without_huge_pages_the_memory_is_plain_and_says_so(monkeypatch):
     assert int(big.abs().sum()) == 0 and big.data_ptr() % pages.HUGE == 0
     big.fill_(2.0)
     assert float(big[-1]) == 2.0
+
+
+def test_a_kv_cache_has_a_mapping_of_its_own():
+    """A KV cache lives for one run: never carved from an arena that weights keep alive."""
+    if not _thp_usable():
+        pytest.skip(f"no transparent huge pages to advise here ({pages.describe()})")
+    small = pages.zeros((256,), torch.float32, own_mapping=True)
+    assert small.data_ptr() % pages.HUGE == 0  # a fresh mapping starts on a 2 MB boundary
+    cfg = ModelConfig(
+        vocab_size=32,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        attention_bias=False,
+    )
+    cache = KVCache(cfg, 8, torch.float32)  # 512 bytes each
+    assert cache.k.data_ptr() % pages.HUGE == 0 and cache.v.data_ptr() % pages.HUGE == 0

@@ -14,8 +14,8 @@ How. Linux backs an anonymous private mapping with 2 MB pages as they are first 
 transparent huge pages are enabled "always", or "madvise" and the mapping is advised MADV_HUGEPAGE
 (the usual default; we advise). Tensors are carved out of 2 MB-aligned arenas of ``CHUNK`` bytes
 (``ALIGN``-byte aligned within), so a model's ~120 small matrices share pages instead of rounding
-each up to 2 MB; a tensor of ``OWN_MAPPING`` bytes or more (a vocabulary projection, a KV cache) gets
-a mapping of its own, unmapped when the tensor is gone. An arena lives while any tensor carved from
+each up to 2 MB; a tensor of ``OWN_MAPPING`` bytes or more (a vocabulary projection) and every KV cache
+(it lives for one run) get a mapping of their own, unmapped when the tensor is gone. An arena lives while any tensor carved from
 it does (torch.frombuffer holds the mapping). Where the kernel says "never", or on another OS, or with
 ``SPECLENS_HUGE_PAGES=0`` (engine/config.py; the A/B of docs/bench), tensors are plain torch.zeros: the
 same values and bits, without the speed (``describe`` says which). A kernel built without huge pages
@@ -90,9 +90,10 @@ def _mapping(nbytes: int) -> torch.Tensor:
     return buf[start : start + size - HUGE]
 
 
-def _carve(nbytes: int) -> torch.Tensor:
-    """nbytes of zeroed, advised memory, ALIGN-aligned: from the shared arena, or a mapping of its own if large."""
-    if nbytes >= OWN_MAPPING:
+def _carve(nbytes: int, own: bool) -> torch.Tensor:
+    """nbytes of zeroed, advised memory, ALIGN-aligned: from the shared arena, or a mapping of its own if large
+    or asked for."""
+    if own or nbytes >= OWN_MAPPING:
         return _mapping(nbytes)[:nbytes]
     need = -(-nbytes // ALIGN) * ALIGN
     with _lock:
@@ -103,9 +104,10 @@ def _carve(nbytes: int) -> torch.Tensor:
     return buf[used : used + nbytes]
 
 
-def zeros(shape, dtype: torch.dtype) -> torch.Tensor:
+def zeros(shape, dtype: torch.dtype, own_mapping: bool = False) -> torch.Tensor:
     """A zero-filled CPU tensor (contiguous) whose memory is on huge pages where this host allows (else
-    torch.zeros, ordinary memory)."""
+    torch.zeros, ordinary memory). own_mapping: never from a shared arena, so its memory goes back when the
+    tensor does (a KV cache lives for one run; an arena lives as long as the weights carved from it)."""
     shape = tuple(int(s) for s in shape)
     if not _advised():
         return torch.zeros(shape, dtype=dtype)
@@ -113,7 +115,7 @@ def zeros(shape, dtype: torch.dtype) -> torch.Tensor:
     for s in shape:
         count *= s
     itemsize = torch.empty((), dtype=dtype).element_size()
-    raw = _carve(max(1, count * itemsize))
+    raw = _carve(max(1, count * itemsize), own_mapping)
     return raw[: count * itemsize].view(dtype).view(shape)
 
 

@@ -473,7 +473,7 @@ class KVCache:
     def __init__(self, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
         shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
         if torch.device(device).type == "cpu":  # read by every pass: on huge pages (engine/kernels/pages.py)
-            self.k, self.v = pages.zeros(shape, dtype), pages.zeros(shape, dtype)
+            self.k, self.v = pages.zeros(shape, dtype, own_mapping=True), pages.zeros(shape, dtype, own_mapping=True)
         else:
             self.k = torch.zeros(shape, dtype=dtype, device=device)
             self.v = torch.zeros(shape, dtype=dtype, device=device)
