@@ -29,6 +29,24 @@ def _vma_of(address: int) -> dict[str, str]:
     return fields
 
 
+def _cfg(layers: int, heads: int, kv_heads: int) -> ModelConfig:
+    """A small model's shapes, for caches only (head_dim 16)."""
+    return ModelConfig(
+        vocab_size=32,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        attention_bias=False,
+    )
+
+
 def _thp_usable() -> bool:
     return pages._thp_mode() in ("always", "madvise") and pages._advised()
 
@@ -67,21 +85,7 @@ def test_kernel_memory_is_advised_for_huge_pages_where_linux_has_them(monkeypatc
     w = torch.randn(64, 96)
     packed = cpu_kernels.PackedWeight(w)
     assert _vma_of(packed.data.data_ptr()).get("THPeligible") == "1"
-    cfg = ModelConfig(
-        vocab_size=32,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        attention_bias=False,
-    )
-    cache = KVCache(cfg, 4096, torch.float32)
+    cache = KVCache(_cfg(layers=2, heads=4, kv_heads=2), 4096, torch.float32)
     assert _vma_of(cache.k.data_ptr()).get("THPeligible") == "1"
     assert "2 MB" in pages.describe()
     monkeypatch.setenv("SPECLENS_HUGE_PAGES", "0")
@@ -133,19 +137,5 @@ def test_a_kv_cache_has_a_mapping_of_its_own():
         pytest.skip(f"no transparent huge pages to advise here ({pages.describe()})")
     small = pages.zeros((256,), torch.float32, own_mapping=True)
     assert small.data_ptr() % pages.HUGE == 0  # a fresh mapping starts on a 2 MB boundary
-    cfg = ModelConfig(
-        vocab_size=32,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        attention_bias=False,
-    )
-    cache = KVCache(cfg, 8, torch.float32)  # 512 bytes each
+    cache = KVCache(_cfg(layers=1, heads=2, kv_heads=1), 8, torch.float32)  # 512 bytes each
     assert cache.k.data_ptr() % pages.HUGE == 0 and cache.v.data_ptr() % pages.HUGE == 0
