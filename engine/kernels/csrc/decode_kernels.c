@@ -194,10 +194,10 @@ typedef acc_f32 acc_q4;
 #ifndef PREFETCH_NEXT
 #define PREFETCH_NEXT 1
 #endif
-#ifndef PREFETCH_LOCALITY
+#ifndef PREFETCH_LOCALITY /* __builtin_prefetch's: 2 = prefetcht1 (L2); 3, 1 and 0 measured slower (docs/kernels.md) */
 #define PREFETCH_LOCALITY 2
 #endif
-#ifndef PREFETCH_GROUPS
+#ifndef PREFETCH_GROUPS /* how many tile groups ahead; 2 measured slower */
 #define PREFETCH_GROUPS 1
 #endif
 
@@ -214,7 +214,8 @@ typedef acc_f32 acc_q4;
         const int64_t p_end = p0 + chunk < pairs ? p0 + chunk : pairs;                                          \
         if (fetch_every && p0 + fetch_at < p_end)                                                               \
             _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                               \
-                __builtin_prefetch(w + ((ob + PREFETCH_GROUPS * NB + g) * pairs + p0 + fetch_at) * 2 * LANES, 0, PREFETCH_LOCALITY);              \
+                __builtin_prefetch(w + ((ob + PREFETCH_GROUPS * NB + g) * pairs + p0 + fetch_at) * 2 * LANES, 0,   \
+                                   PREFETCH_LOCALITY);                                                          \
         for (int64_t p = p0; p < p_end; p++) {                                                                  \
             xv_##KIND xv[NT];                                                                                   \
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) xv[j] = xload_##KIND(xr[j], p);               \
