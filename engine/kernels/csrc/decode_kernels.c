@@ -194,7 +194,7 @@ typedef acc_f32 acc_q4;
 #ifndef PREFETCH_NEXT
 #define PREFETCH_NEXT 1
 #endif
-#ifndef PREFETCH_LOCALITY /* __builtin_prefetch's: 2 = prefetcht1 (L2); 3, 1 and 0 measured slower (docs/kernels.md) */
+#ifndef PREFETCH_LOCALITY /* __builtin_prefetch's: 2 = prefetcht1 (L2); 1 the same within noise, 3 and 0 slower (docs/kernels.md) */
 #define PREFETCH_LOCALITY 2
 #endif
 #ifndef PREFETCH_GROUPS /* how many tile groups ahead; 2 measured slower */
