@@ -24,6 +24,10 @@
   outputs and one widest pass's activations (an estimate: the allocator's rounding is not counted);
 * the load peak: the checkpoint's tensors and our converted copy coexist briefly.
 
+Not counted: on the CPU, engine/kernels/pages.py puts the kernels' packed weights and every KV cache on 2 MB
+pages, so each cache tensor may round up by under 2 MB and the last weights arena holds up to 32 MB not
+yet handed out (only the pages touched are resident).
+
 The memory available comes from accelerate's ``get_max_memory`` (free GPU memory
 per device; available system memory via psutil), capped on Linux by the
 process's cgroup limit. ``check_memory`` raises ``MemoryPlanError`` (a
