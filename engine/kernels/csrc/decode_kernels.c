@@ -383,15 +383,23 @@ typedef struct {
                 switch (tail) {                                                                                 \
                 case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob + g, t0, rows); break;                                   \
                 case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob + g, t0, rows); break;                                   \
-                default: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0, rows); break;                                  \
+                case 3: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0, rows); break;                                   \
+                case 4: TILE(KIND, 1, 4)(TILE_ARGS, ob + g, t0, rows); break;                                   \
+                case 5: TILE(KIND, 1, 5)(TILE_ARGS, ob + g, t0, rows); break;                                   \
+                case 6: TILE(KIND, 1, 6)(TILE_ARGS, ob + g, t0, rows); break;                                   \
+                default: TILE(KIND, 1, 7)(TILE_ARGS, ob + g, t0, rows); break;                                  \
                 }                                                                                               \
             }                                                                                                   \
             return;                                                                                             \
         }                                                                                                       \
-        switch (tail) {                                                                                         \
+        switch (tail) { /* (tail < TT <= 8) */                                                                  \
         case 1: TILE(KIND, TAIL_NB_##KIND, 1)(TILE_ARGS, ob, t0, rows); break;                                  \
         case 2: TILE(KIND, TAIL_NB_##KIND, 2)(TILE_ARGS, ob, t0, rows); break;                                  \
-        default: TILE(KIND, TAIL_NB_##KIND, 3)(TILE_ARGS, ob, t0, rows); break;                                 \
+        case 3: TILE(KIND, TAIL_NB_##KIND, 3)(TILE_ARGS, ob, t0, rows); break;                                  \
+        case 4: TILE(KIND, TAIL_NB_##KIND, 4)(TILE_ARGS, ob, t0, rows); break;                                  \
+        case 5: TILE(KIND, TAIL_NB_##KIND, 5)(TILE_ARGS, ob, t0, rows); break;                                  \
+        case 6: TILE(KIND, TAIL_NB_##KIND, 6)(TILE_ARGS, ob, t0, rows); break;                                  \
+        default: TILE(KIND, TAIL_NB_##KIND, 7)(TILE_ARGS, ob, t0, rows); break;                                 \
         }                                                                                                       \
     }                                                                                                           \
     static void blocks_##KIND(void *job, int64_t begin, int64_t end) {                                          \
