@@ -341,6 +341,21 @@ typedef struct {
  * blocks, whose other lines the full tiles of the blocks before them request. */
 #define DEFINE_DRIVER(KIND, NBT, TT) DEFINE_DRIVER_(KIND, NBT, TT)
 #define DEFINE_DRIVER_(KIND, NBT, TT)                                                                           \
+    /* one block, rows [t0, t0 + nt) (nt <= 8) */                                                               \
+    static void block_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b, \
+                             void *y, int y_f32, int64_t in, int64_t out, int64_t ob, int64_t t0, int64_t rows,   \
+                             int64_t nt) {                                                                      \
+        switch (nt) {                                                                                           \
+        case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob, t0, rows); break;                                               \
+        case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob, t0, rows); break;                                               \
+        case 3: TILE(KIND, 1, 3)(TILE_ARGS, ob, t0, rows); break;                                               \
+        case 4: TILE(KIND, 1, 4)(TILE_ARGS, ob, t0, rows); break;                                               \
+        case 5: TILE(KIND, 1, 5)(TILE_ARGS, ob, t0, rows); break;                                               \
+        case 6: TILE(KIND, 1, 6)(TILE_ARGS, ob, t0, rows); break;                                               \
+        case 7: TILE(KIND, 1, 7)(TILE_ARGS, ob, t0, rows); break;                                               \
+        default: TILE(KIND, 1, 8)(TILE_ARGS, ob, t0, rows); break;                                              \
+        }                                                                                                       \
+    }                                                                                                           \
     static void tiles_##KIND(const void *x, const float *sx, const void *wp, const float *scale, const uint16_t *b, \
                              void *y, int y_f32, int64_t in, int64_t out, int64_t rows, int64_t ob, int64_t nb,   \
                              int64_t t_end) {                                                                   \
@@ -358,18 +373,7 @@ typedef struct {
                 default: TILE(KIND, NBT, 8)(TILE_ARGS, ob, t0, rows); break;                                    \
                 }                                                                                               \
             } else {                                                                                            \
-                for (int64_t g = 0; g < nb; g++) {                                                              \
-                    switch (nt) {                                                                               \
-                    case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob + g, t0, rows); break;                               \
-                    case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob + g, t0, rows); break;                               \
-                    case 3: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0, rows); break;                               \
-                    case 4: TILE(KIND, 1, 4)(TILE_ARGS, ob + g, t0, rows); break;                               \
-                    case 5: TILE(KIND, 1, 5)(TILE_ARGS, ob + g, t0, rows); break;                               \
-                    case 6: TILE(KIND, 1, 6)(TILE_ARGS, ob + g, t0, rows); break;                               \
-                    case 7: TILE(KIND, 1, 7)(TILE_ARGS, ob + g, t0, rows); break;                               \
-                    default: TILE(KIND, 1, 8)(TILE_ARGS, ob + g, t0, rows); break;                              \
-                    }                                                                                           \
-                }                                                                                               \
+                for (int64_t g = 0; g < nb; g++) block_##KIND(TILE_ARGS, ob + g, t0, rows, nt);                 \
             }                                                                                                   \
         }                                                                                                       \
     }                                                                                                           \
@@ -379,17 +383,7 @@ typedef struct {
                             int64_t tail) {                                                                     \
         const int64_t t0 = rows - tail;                                                                         \
         if (nb < TAIL_NB_##KIND) {                                                                              \
-            for (int64_t g = 0; g < nb; g++) {                                                                  \
-                switch (tail) {                                                                                 \
-                case 1: TILE(KIND, 1, 1)(TILE_ARGS, ob + g, t0, rows); break;                                   \
-                case 2: TILE(KIND, 1, 2)(TILE_ARGS, ob + g, t0, rows); break;                                   \
-                case 3: TILE(KIND, 1, 3)(TILE_ARGS, ob + g, t0, rows); break;                                   \
-                case 4: TILE(KIND, 1, 4)(TILE_ARGS, ob + g, t0, rows); break;                                   \
-                case 5: TILE(KIND, 1, 5)(TILE_ARGS, ob + g, t0, rows); break;                                   \
-                case 6: TILE(KIND, 1, 6)(TILE_ARGS, ob + g, t0, rows); break;                                   \
-                default: TILE(KIND, 1, 7)(TILE_ARGS, ob + g, t0, rows); break;                                  \
-                }                                                                                               \
-            }                                                                                                   \
+            for (int64_t g = 0; g < nb; g++) block_##KIND(TILE_ARGS, ob + g, t0, rows, tail);                  \
             return;                                                                                             \
         }                                                                                                       \
         switch (tail) { /* (tail < TT <= 8) */                                                                  \
