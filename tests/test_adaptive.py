@@ -498,6 +498,33 @@ def test_confidence_is_calibrated_by_the_runs_own_acceptance_per_tenth_of_q():
     assert TreeShape(4).confidence(0.25) == 0.25  # without calibration: q itself
 
 
+def test_sure_levels_never_outrun_the_confidence_stop():
+    """A greedy chain's one C call runs the levels the loop is sure to reach (TreeShape.sure_levels): for any
+    drafted confidences, never a level the loop's stop would skip, and all K where nothing can stop it."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(400):
+        cal = tuple(float(x) for x in torch.rand(10, generator=gen) * 0.6 + 0.4)
+        shape = TreeShape(8, min_confidence=float(torch.rand((), generator=gen)) * 0.6, calibration=cal)
+        qs = torch.rand(8, generator=gen).tolist()
+        for depth in range(1, 9):
+            path = 1.0
+            for q in qs[: depth - 1]:
+                path *= shape.confidence(q)
+            # the loop: the pass for level d + 1 runs while the path through level d stays at the threshold or above
+            reached, p = 1, path
+            for q in qs[depth - 1 : 7]:
+                p *= shape.confidence(q)
+                if p < shape.min_confidence:
+                    break
+                reached += 1
+            assert 1 <= shape.sure_levels(depth, path) <= min(reached, 8 - depth + 1)
+    assert TreeShape(6).sure_levels(2, 0.01) == 5  # no threshold: every level left
+    assert TreeShape(6, min_confidence=0.3).sure_levels(1, 1.0) == 1  # raw q can be anything above 0
+    assert TreeShape(6, min_confidence=0.3, calibration=(0.9,) * 10).sure_levels(1, 1.0) == 6  # 0.9^5 >= 0.3
+    assert TreeShape(6, min_confidence=0.5, calibration=(0.9,) * 10).sure_levels(1, 1.0) == 6  # 0.9^5 = 0.59
+    assert TreeShape(6, min_confidence=0.6, calibration=(0.9,) * 10).sure_levels(1, 1.0) == 5
+
+
 def test_verified_outcomes_are_the_accepted_path_and_the_rejected_children_after_it():
     chain = DraftTree(tokens=[5, 6, 7], parents=[-1, 0, 1], depths=[1, 2, 3], q_token=[0.9, 0.5, 0.2])
     assert verified_outcomes(chain, [0, 1]) == [(0.9, True), (0.5, True), (0.2, False)]

@@ -454,6 +454,58 @@ def _steps_without_times(run: dict) -> list[dict]:
     return out
 
 
+def test_a_chain_that_a_confidence_stop_ends_runs_only_the_loops_passes(tiny_engine, monkeypatch):
+    """With a confidence threshold, each greedy_chain call runs the levels the loop is sure to reach
+    (TreeShape.sure_levels): the same tree and q as the pass-by-pass loop, and never a pass the loop would
+    not run, whether the stop comes early, late or never and whether one call or several carry the chain."""
+    from engine.kernels import cpu_kernels
+    from engine.model.transformer import Transformer
+
+    if not cpu_kernels.available():
+        pytest.skip(f"no CPU kernel: {cpu_kernels.why_unavailable()}")
+    target = tiny_engine.target.model
+    prompt = [5, 9, 3, 7, 11, 2, 8, 4, 5, 9, 3, 7]
+    cache = target.new_cache(64)
+    target.prefill(prompt, cache)
+    context = prompt + [11]  # the pending token
+    calls = []
+    chain = Transformer.greedy_chain
+
+    def counted(self, token, kv, n):
+        calls.append(n)
+        return chain(self, token, kv, n)
+
+    def propose(shape, fast: bool) -> tuple:
+        drafter = tiny_engine.drafters.build("q4")
+        drafter.start(prompt, 64, target_cache=cache)
+        with monkeypatch.context() as m:
+            m.setattr(Transformer, "greedy_chain", counted)
+            if not fast:
+                m.setattr(Transformer, "greedy_chain_ready", lambda self, kv: False)
+            tree = drafter.propose(DraftContext(context, shape, SamplingParams(0.0)))
+        drafter.close()
+        q = [tree.q_dists[parent] for parent in [-1] + list(range(len(tree) - 1))]
+        return tree.tokens, tree.q_token, tree.stop, tree.model_passes, q
+
+    # the chain's confidences, raw: which tenth of q each level's token falls in
+    tokens, q_token, *_ = propose(TreeShape(6), fast=False)
+    bins = [min(9, int(q * 10)) for q in q_token]
+    seen = {"stop": 0, "several": 0, "split": 0}
+    for low in (0.95, 0.8, 0.6, 0.3):  # the tenths the chain lands in; every other tenth 1.0 or 0.7
+        for rest in (1.0, 0.7):
+            cal = tuple(low if b in bins else rest for b in range(10))
+            shape = TreeShape(6, min_confidence=0.5, calibration=cal)
+            calls.clear()
+            fast = propose(shape, fast=True)
+            loop = propose(shape, fast=False)
+            assert fast[:3] == loop[:3] and fast[3] == loop[3] == sum(calls), (cal, calls)
+            assert all(torch.equal(a, b) for a, b in zip(fast[4], loop[4]))
+            seen["stop"] += fast[2] == "confidence"
+            seen["several"] += max(calls) > 1
+            seen["split"] += len(calls) > 1
+    assert all(seen.values()), seen
+
+
 @pytest.mark.parametrize(
     "drafter,kw",
     [("q4", {"k": 4}), ("q4", {"k": 6, "adaptive": True}), ("int8", {"k": 3}), ("int8", {"k": 5, "max_new_tokens": 7})],
@@ -463,7 +515,8 @@ def test_greedy_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatc
     matrix is on our kernels: every step event (drafted tokens, their q, decisions, passes, the stop reason)
     and the output equal the drafter's pass-by-pass loop's. q4 reads the target's keys and values (the pending
     token alone is fed), int8 catches up on its own (two tokens after a fully accepted chain); adaptive depth
-    may stop a chain by confidence, level by level."""
+    may stop a chain by confidence, and each call runs the levels the loop is sure to reach (several while the
+    calibrated confidences cannot fall below the threshold: every level left at the first step)."""
     from engine.kernels import cpu_kernels
     from engine.model.transformer import Transformer
 
@@ -471,6 +524,10 @@ def test_greedy_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatc
         pytest.skip(f"no CPU kernel: {cpu_kernels.why_unavailable()}")
     settings = {"max_new_tokens": 24, "chat": False, **kw}
     prompt = "a b c d a b c d a b c d e f"
+    if kw.get(
+        "adaptive"
+    ):  # K by the outcomes alone (transformers' schedule): the measured times differ between the two runs
+        monkeypatch.setattr(tiny_engine.costs, "weighed_pass_ms", lambda *args, **kwargs: None)
     calls = []
     chain = Transformer.greedy_chain
 
@@ -481,6 +538,8 @@ def test_greedy_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatc
     monkeypatch.setattr(Transformer, "greedy_chain", counted)
     fast = tiny_engine.run(prompt, drafter, **settings)
     assert calls, "the chain never ran"
+    if kw.get("adaptive"):
+        assert max(calls) > 1  # the first step: nothing verified yet, every tenth of q trusted fully
     monkeypatch.setattr(Transformer, "greedy_chain_ready", lambda self, cache: False)
     loop = tiny_engine.run(prompt, drafter, **settings)
     assert fast["token_ids"] == loop["token_ids"] == tiny_engine.run(prompt, "none", **settings)["token_ids"]

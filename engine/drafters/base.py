@@ -53,6 +53,22 @@ class TreeShape:
         bins = len(self.calibration)
         return self.calibration[min(bins - 1, int(q_token * bins))]
 
+    def sure_levels(self, depth: int, path_confidence: float) -> int:
+        """How many levels from `depth` on (at most to K) a chain is sure to draft, path_confidence being
+        the product of its confidences before `depth`: this level, and each deeper one whose parent's
+        path cannot fall below min_confidence whatever is drafted. Every confidence is at least the
+        smallest calibrated rate (0 for a raw q), and a product of floats never grows when a factor
+        shrinks, so the bound, multiplied level by level as the chain multiplies, is exact. K - depth + 1
+        without a threshold."""
+        floor = min(self.calibration) if self.calibration else 0.0
+        levels, bound = 1, path_confidence
+        while depth + levels <= self.k:
+            bound *= floor
+            if bound < self.min_confidence:
+                break
+            levels += 1
+        return levels
+
     def __post_init__(self):
         for name in ("k", "topk"):
             value = getattr(self, name)

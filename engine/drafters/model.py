@@ -212,8 +212,9 @@ class ModelDrafter(Drafter):
 
     def _greedy_chain(self, context: DraftContext) -> DraftTree | None:
         """``propose`` for a greedy chain (topk 1) with the drafter's passes in one C call
-        (``Transformer.greedy_chain``; one call per level where a confidence threshold may stop the chain, so
-        that no pass runs that the loop would not run): the tree, q and cache the loop makes, bit for bit (the
+        (``Transformer.greedy_chain``; where a confidence threshold may stop the chain, each call runs the
+        levels the loop is sure to reach, ``TreeShape.sure_levels``, so that no pass runs that the loop would
+        not run): the tree, q and cache the loop makes, bit for bit (the
         same kernel calls in the same order, the same argmax of the same logits), without ~0.3 ms of Python
         per draft pass. None where this drafter's passes are not plain token passes all on our CPU kernels
         (the loop runs).
@@ -241,7 +242,7 @@ class ModelDrafter(Drafter):
         path_q = 1.0
         for depth in range(1, shape.k + 1):
             if len(qs) < depth:  # feed the last drafted token (the pending one first) and what follows
-                n = 1 if shape.min_confidence > 0 else shape.k - depth + 1
+                n = shape.sure_levels(depth, path_q)  # passes the loop is sure to run (all K without a threshold)
                 logits, tokens = model.greedy_chain(new[0] if depth == 1 else tree.tokens[-1], cache, n)  # [n, V]
                 tree.model_passes += n
                 qs += list(self._q(logits, params))  # (row by row the bits of one row's softmax)
