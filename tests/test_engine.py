@@ -488,7 +488,7 @@ def test_a_chain_that_a_confidence_stop_ends_runs_only_the_loops_passes(tiny_eng
         return tree.tokens, tree.q_token, tree.stop, tree.model_passes, q
 
     # the chain's confidences, raw: which tenth of q each level's token falls in
-    tokens, q_token, *_ = propose(TreeShape(6), fast=False)
+    _, q_token, *_ = propose(TreeShape(6), fast=False)
     bins = [min(9, int(q * 10)) for q in q_token]
     seen = {"stop": 0, "several": 0, "split": 0}
     for low in (0.95, 0.8, 0.6, 0.3):  # the tenths the chain lands in; every other tenth 1.0 or 0.7
@@ -524,9 +524,8 @@ def test_greedy_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatc
         pytest.skip(f"no CPU kernel: {cpu_kernels.why_unavailable()}")
     settings = {"max_new_tokens": 24, "chat": False, **kw}
     prompt = "a b c d a b c d a b c d e f"
-    if kw.get(
-        "adaptive"
-    ):  # K by the outcomes alone (transformers' schedule): the measured times differ between the two runs
+    if kw.get("adaptive"):
+        # K by the outcomes alone (transformers' schedule): the measured times differ between the two runs
         monkeypatch.setattr(tiny_engine.costs, "weighed_pass_ms", lambda *args, **kwargs: None)
     calls = []
     chain = Transformer.greedy_chain
