@@ -63,6 +63,15 @@ def _opening(pp: _Pass) -> str:
     head = f"**Pass {pp.number} of {pp.total}.**"
     if pp.drafted == 0 and pp.baseline:
         return f"{head} No drafter: the target runs once and adds one token{_timing(pp)}."
+    why = (pp.step.get("draft") or {}).get("why")
+    if pp.drafted == 0 and isinstance(why, dict) and why.get("k") == 0:
+        plain = why.get("plain")
+        expected = f" ({plain:.3f} tokens/ms expected)" if isinstance(plain, (int, float)) else ""
+        return (
+            f"{head} Adaptive drafting chose a plain pass (K = 0): {why.get('because', '?')}{expected}, so the "
+            f"target adds one token on its own{_timing(pp)}; now and then a pass drafts again, to measure whether "
+            "drafting pays by now."
+        )
     if pp.drafted == 0:
         return (
             f"{head} The drafter had nothing to propose this time "

@@ -374,11 +374,14 @@ class SpeculativeEngine:
         policy learn from the outcome, for the next pass). The numbered stages are those of
         docs/architecture.md ("One drafted token"); 5, the event, is built by the caller from the result.
         verify_node: None for the exact rule, or a replacement for ``acceptance.verify_children``."""
-        # 1. Drafter: this pass's K (adaptive drafting picks it), then the draft tree.
-        shape = state.adaptive.shape_for_step(state.shape) if state.adaptive else state.shape
+        # 1. Drafter: this pass's K (adaptive drafting picks it; 0: a plain pass, nothing drafted), then the tree.
+        plain = state.adaptive is not None and not state.adaptive.drafts
+        shape = state.adaptive.shape_for_step(state.shape) if state.adaptive and not plain else state.shape
         why = state.adaptive.why() if state.adaptive else None
         t0 = time.perf_counter()
-        tree = state.drafter.propose(DraftContext(state.context, shape, state.params, state.gen))
+        tree = (
+            DraftTree() if plain else state.drafter.propose(DraftContext(state.context, shape, state.params, state.gen))
+        )
         draft_ms = (time.perf_counter() - t0) * 1000.0
         t1 = time.perf_counter()
         cache = state.cache
@@ -416,7 +419,11 @@ class SpeculativeEngine:
         kv = {"written": 1 + n, "kept": len(rows), "rolled_back": n - len(verdict.path), "length": cache.length}
         note_walk(state, tree, len(verdict.path))
         features = hidden[rows] if hidden is not None else None  # the committed rows' features, this pass's
-        state.drafter.accept(Verified(tree, verdict.path, features, base))
+        verified = Verified(tree, verdict.path, features, base)
+        if plain:
+            state.drafter.skipped(verified)
+        else:
+            state.drafter.accept(verified)
         verify_ms = (time.perf_counter() - t1) * 1000.0
         resolve_tops(verdict)  # (the screen's top entries, listed outside the pass's time)
         if state.adaptive is not None:
@@ -424,7 +431,7 @@ class SpeculativeEngine:
             outcomes = verified_outcomes(tree, verdict.path)
             depth = max(tree.depths, default=0)
             state.adaptive.update(len(verdict.path), depth, outcomes, round(draft_ms, 3), round(verify_ms, 3), n)
-        k = shape.k if state.drafter.drafts else 0
+        k = shape.k if state.drafter.drafts and not plain else 0
         return StepResult(tree, verdict, draft_ms, verify_ms, k, kv, why)
 
     def run(self, prompt, drafter: str = "none", settings: GenerationSettings | None = None, **kw) -> dict:

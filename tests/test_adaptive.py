@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from engine.decode import GenerationSettings
-from engine.drafters.adaptive import STOP_REASONS, AdaptiveDepth, verified_outcomes
+from engine.drafters.adaptive import PROBE_EVERY, STOP_REASONS, AdaptiveDepth, verified_outcomes
 from engine.drafters.base import DraftTree, TreeShape
 from engine.tools.exactness import TEST_LEVEL, chi_square_test, pair_distribution, verify_children_ignoring_q
 from engine.tools.samples import next_token_distribution, sample_next_tokens
@@ -30,6 +30,33 @@ PROMPT = "Write a haiku about autumn leaves."
 # A prompt whose last words repeat: the n-gram lookup drafts " two two …", which the flat tiny target
 # below (it favours repeating its last token) accepts often but not always, so K both grows and shrinks.
 REPEAT_PROMPT = "one two two two two two two two two"
+
+
+@pytest.fixture(autouse=True)
+def no_plain_passes(request, monkeypatch):
+    """Plain passes (K = 0) are chosen from this host's timings, and on tiny random models drafting seldom
+    pays for its Python: every test here but those about plain passes (they ask for `plain_passes`, and set
+    the pass costs they need) keeps drafting, so that none depends on the host's speed."""
+    if "plain_passes" not in request.fixturenames:
+        monkeypatch.setattr(AdaptiveDepth, "plain_speed", lambda self: 0.0)
+
+
+@pytest.fixture
+def plain_passes(monkeypatch):
+    """The tiny engines' measured pass costs with every pass wider than one token made 100 times dearer:
+    drafting can never pay, so the cost-aware policy makes plain passes, and probes. Call it with an
+    engine's costs (``SpeculativeEngine.costs``)."""
+
+    def dearer(costs):
+        real = costs.weighed_pass_ms
+
+        def weighed(*args, **kwargs):
+            ms = real(*args, **kwargs)
+            return None if ms is None else [ms[0]] + [100.0 * ms[0]] * (len(ms) - 1)
+
+        monkeypatch.setattr(costs, "weighed_pass_ms", weighed)
+
+    return dearer
 
 
 def drafts(run_or_events) -> list[dict]:
@@ -174,6 +201,53 @@ def test_k_stays_between_one_and_the_maximum():
         policy.update(0, policy.k)
     assert policy.k == 1
     assert AdaptiveDepth(k_max=3, k_start=10).k == 3 and AdaptiveDepth(k_max=3, k_start=0).k == 1
+
+
+def test_drafts_that_cannot_pay_make_plain_passes_and_a_probe_every_few(plain_passes):
+    """With measured pass costs, K = 0 (a plain pass, nothing drafted) when the one-token pass is expected to
+    give more tokens per ms than any depth; after PROBE_EVERY plain passes in a row one pass drafts again at
+    the best K, and its record decides anew. Without pass costs (transformers' schedule) K never drops to 0."""
+    policy = AdaptiveDepth(k_max=4, pass_ms=[5.0] + [50.0] * 4)  # any draft's pass costs 10 plain ones
+    policy.update(accepted_len=1, drafted_depth=4, draft_ms=1.0, verify_ms=50.0, drafted=4)
+    assert policy.k == 0 and not policy.drafts and "plain" in policy.why()["because"]
+    why = policy.why()
+    assert why["plain"] == pytest.approx(1 / 5.0) and why["plain"] > max(why["speeds"])
+    for i in range(1, PROBE_EVERY):
+        policy.update(accepted_len=0, drafted_depth=0, draft_ms=0.0, verify_ms=5.5, drafted=0)
+        assert policy.k == 0, i
+    assert policy.plain_overhead_ms == pytest.approx(0.5) and policy.plain_speed() == pytest.approx(1 / 5.5)
+    policy.update(accepted_len=0, drafted_depth=0, draft_ms=0.0, verify_ms=5.5, drafted=0)
+    assert policy.k >= 1 and "probe" in policy.why()["because"]  # the probe
+    policy.update(accepted_len=4, drafted_depth=policy.k, draft_ms=4.0, verify_ms=50.0, drafted=policy.k)
+    assert policy.k == 0  # still dearer than plain passes: back to them
+    cheap = AdaptiveDepth(k_max=4, pass_ms=[5.0, 5.2, 5.4, 5.6, 5.8])  # passes that cost what one does
+    cheap.update(accepted_len=4, drafted_depth=4, draft_ms=1.0, verify_ms=5.8, drafted=4)
+    assert cheap.k == 4
+    heuristic = AdaptiveDepth(k_max=3)
+    for _ in range(10):
+        heuristic.update(0, heuristic.k)
+    assert heuristic.k == 1
+
+
+@pytest.mark.parametrize("drafter", ["q4", "eagle", "q4+ngram", "ngram"])
+def test_plain_passes_keep_the_output_and_the_drafter_resumes(tiny_with_eagle, plain_passes, drafter):
+    """A run whose drafts cannot pay: plain passes (nothing drafted, K = 0, stop "none", why.k = 0) with a
+    probe every PROBE_EVERY, the greedy output still the baseline's, the drafter picking up where the plain
+    passes left it (EAGLE takes their target features), and every K replayed from the trace alone."""
+    engine = tiny_with_eagle
+    plain_passes(engine.costs)
+    for prompt in (PROMPT, REPEAT_PROMPT):
+        base = engine.run(prompt, "none", max_new_tokens=40, chat=False)
+        run = engine.run(prompt, drafter, max_new_tokens=40, chat=False, k=4, adaptive=True)
+        assert run["token_ids"] == base["token_ids"], (prompt, drafts(run))
+        assert_k_follows_the_policy(run["events"], engine)
+        steps = step_events(run["events"])
+        plain = [s for s in steps if s["draft"]["k"] == 0]
+        assert plain and all(s["drafted"] == 0 and s["draft"]["stop"] == "none" for s in plain)
+        assert all(s["draft"]["why"]["k"] == 0 and "plain" in s["draft"]["why"] for s in plain)
+        probes = [s for s in steps if "probe" in s["draft"]["why"]["because"]]
+        assert probes or len(steps) <= PROBE_EVERY + 1, drafts(run)
+        assert all(s["drafted"] for s in probes if drafter != "ngram")  # a model drafter drafts on a probe
 
 
 def test_a_pass_that_drafted_nothing_leaves_k_alone():

@@ -372,7 +372,7 @@ STOP_STYLE = {
     ),
     "no-match": (PALETTE["not_reached"], "square", "stopped: n-gram lookup found no (longer) match"),
     "short-match": (PALETTE["drafted"], "diamond", "stopped: n-gram match too short to vouch for more"),
-    "none": (SERIES["baseline"], "circle-open", "nothing drafted"),
+    "none": (SERIES["baseline"], "circle-open", "nothing drafted (a plain pass)"),
 }
 
 
@@ -400,6 +400,7 @@ def _why_text(why: dict | None) -> str:
         text += (
             f" (α = {why.get('alpha', 0):.2f}; expected tokens/ms by K: "
             + ", ".join(f"{k}: {v:.3f}" for k, v in enumerate(speeds, start=1))
+            + (f"; a plain pass: {why['plain']:.3f}" if isinstance(why.get("plain"), (int, float)) else "")
             + ")"
         )
     return text

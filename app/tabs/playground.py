@@ -127,7 +127,8 @@ DRAFTER_CHOICES = [
 ]
 ADAPTIVE_INFO = (
     "Each pass drafts the depth between 1 and the slider's K that pays most on this machine (measured pass "
-    "costs and recent acceptance), and a model drafter stops guessing deeper when unsure; the text's "
+    "costs and recent acceptance), or nothing where no depth is expected to pay (a plain pass; every 8th "
+    "drafts again to measure), and a model drafter stops guessing deeper when unsure; the text's "
     "distribution stays the target's."
 )
 DRAFTER_INFO = (

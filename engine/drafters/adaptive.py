@@ -22,9 +22,15 @@ Two decisions, both made before the target pass that verifies the draft:
   measured pass costs: chat 1.17x instead of 0.98x the baseline for a fixed K = 15, code edits
   2.24x instead of 2.08x, summaries 1.54x instead of 1.46x; measured runs: docs/bench). Without pass costs (a policy
   built by hand) K follows transformers' "heuristic" schedule: after a pass accepted to its last
-  depth K += 2, after any rejection K -= 1. K stays in [1, settings.k]: settings.k is the maximum,
+  depth K += 2, after any rejection K -= 1. K stays in [1, settings.k] while it drafts: settings.k is the maximum,
   so the target pass width and the cache sizes computed from the run's TreeShape at the start still
   bound every pass.
+  Where no depth is expected to beat a plain pass (1 token over the one-token pass and the overhead plain
+  passes measure), K = 0: the pass drafts nothing and the drafter is not asked (``Drafter.skipped``; a
+  model drafter catches up on the committed tokens at its next draft, EAGLE keeps the plain passes'
+  features). After PROBE_EVERY plain passes in a row one pass drafts at the best K of the last estimate,
+  a probe, so that a text that starts to copy, or a machine that frees up, is noticed. (EAGLE on chat
+  prompts: 0.79-0.97x the baseline in the bench while it drafted every pass.)
 * **Depth within a pass** (``TreeShape.min_confidence``, applied in ``ModelDrafter.propose``): a model
   drafter stops expanding deeper when the best node it would expand next has a cumulative confidence
   (the product along its path) below the threshold, EAGLE-2's and llama.cpp's ``--draft-p-min`` rule:
@@ -41,7 +47,8 @@ Two decisions, both made before the target pass that verifies the draft:
   chains from 3.8 to 3.1 tokens per pass on chat, 0.90x the speed of not adapting on summarize).
   The rates come from verifications already done.
 
-Why the output is still exactly the target's distribution: every decision reads only the drafter's
+Why the output is still exactly the target's distribution: a plain pass is the baseline's step (the target's
+one-token pass, its token drawn from p). Every decision reads only the drafter's
 side (its q of tokens already drafted), the outcomes of passes already verified and timings; none
 looks at the target's p for the draft being built. So the tree handed to verification is, as before, a
 function of the drafter's draws and the past, each sibling list is still a complete draw from q (the
@@ -69,6 +76,10 @@ SHRINK = 1  # K -= SHRINK after any other pass that drafted something
 # within 2 % of each other; for the int8 drafter (alpha ~0.96, K = 2 and 3 within 3 % of each other
 # in expected speed) 0.7 let one rejection pull K down for a few passes: 0.96x the fixed K = 3.
 RECENCY = 0.9
+# A cost-aware run whose drafts are expected to cost more than they save makes plain passes (K = 0: nothing
+# drafted, the target's one-token pass), and after PROBE_EVERY of them in a row one pass drafts again at the
+# best K, so that acceptance and drafting costs are measured again (a text that starts copying its prompt).
+PROBE_EVERY = 8
 ALPHA_MAX = 0.999  # a run that never failed still has a finite expected depth
 CALIBRATION_BINS = 10  # acceptance is measured per tenth of q
 CALIBRATION_PRIOR = 2.0  # the run's overall acceptance counts as this many drafts in each tenth of q
@@ -91,8 +102,9 @@ def check_min_confidence(value) -> float:
 
 
 class AdaptiveDepth:
-    """The current K of one run, bounded to [1, k_max]: with measured pass costs the depth with the
-    most expected tokens per ms (module docstring), else grown and shrunk by the heuristic schedule.
+    """The current K of one run, in [1, k_max], or 0 for a plain pass: with measured pass costs the depth
+    with the most expected tokens per ms, 0 where a plain pass beats them all (and a probe after PROBE_EVERY
+    of them; module docstring), else grown and shrunk by the heuristic schedule, never below 1.
 
     >>> policy = AdaptiveDepth(k_max=6, min_confidence=0.3)
     >>> policy.shape_for_step(TreeShape(6)).k          # starts at the maximum
@@ -143,6 +155,10 @@ class AdaptiveDepth:
         # cache bookkeeping, events): the same whatever k, so it favours fewer, deeper passes.
         self.step_overhead_ms = 0.0
         self.overheads_seen = 0
+        # The same for plain passes (K = 0), measured on them; until one ran, the drafting passes' overhead.
+        self.plain_overhead_ms = 0.0
+        self.plain_seen = 0
+        self.plain_in_a_row = 0
         self.drafts_seen = 0  # passes that drafted something
         self._because = "the run starts at its maximum K"  # why self.k is what it is (``why``)
         self._speeds: list[float] | None = None  # expected tokens per ms of K = 1..k_max at the last update
@@ -186,6 +202,17 @@ class AdaptiveDepth:
         tokens = sum(a**i for i in range(k + 1))
         return tokens / (self.draft_ms(k) + self.pass_ms[self._width(k) - 1] + self.step_overhead_ms)
 
+    def plain_speed(self) -> float:
+        """Expected tokens per ms of a plain pass (K = 0): one token over the one-token pass and its overhead
+        (needs pass_ms)."""
+        overhead = self.plain_overhead_ms if self.plain_seen else self.step_overhead_ms
+        return 1.0 / (self.pass_ms[0] + overhead)
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the next pass drafts (K >= 1); K = 0 is a plain pass, chosen by the cost-aware policy only."""
+        return self.k > 0
+
     @property
     def calibration(self) -> tuple[float, ...]:
         """Per tenth of q: (accepted + prior * overall) / (tried + prior), the measured acceptance
@@ -225,6 +252,9 @@ class AdaptiveDepth:
             b = min(CALIBRATION_BINS - 1, int(q * CALIBRATION_BINS))
             self.tried[b] += 1
             self.accepted[b] += bool(accepted)
+        if not self.drafts:  # a plain pass: its overhead, and a probe after PROBE_EVERY of them
+            self._plain_update(verify_ms)
+            return
         if drafted_depth <= 0:
             self._because = "the last pass drafted nothing, which says nothing about K: unchanged"
             return
@@ -261,6 +291,23 @@ class AdaptiveDepth:
         self._speeds = [self.expected_speed(k) for k in range(1, self.k_max + 1)]
         self.k = 1 + max(range(self.k_max), key=self._speeds.__getitem__)
         self._because = "the most expected tokens per ms of drafting and verifying, with this host's pass costs"
+        if self.plain_speed() > self._speeds[self.k - 1]:
+            self.k, self.plain_in_a_row = 0, 0
+            self._because = "drafting is expected to cost more than it saves: a plain pass (K = 0)"
+
+    def _plain_update(self, verify_ms: float | None) -> None:
+        """After a plain pass: its overhead (verify_ms minus the one-token pass cost), then K stays 0 until
+        PROBE_EVERY plain passes in a row, after which one pass drafts at the best K of the last estimate."""
+        if verify_ms is not None:
+            extra = max(0.0, float(verify_ms) - self.pass_ms[0])
+            self.plain_overhead_ms = _recent(self.plain_overhead_ms, extra, self.plain_seen > 0)
+            self.plain_seen += 1
+        self.plain_in_a_row += 1
+        if self.plain_in_a_row < PROBE_EVERY:
+            self._because = "drafting is expected to cost more than it saves: a plain pass (K = 0)"
+            return
+        self.k = 1 + max(range(self.k_max), key=self._speeds.__getitem__)
+        self._because = f"a probe after {PROBE_EVERY} plain passes: one draft at the best K, to measure again"
 
     def why(self) -> dict:
         """Why the next pass drafts self.k levels, as the step event records it: {"k", "because"} and, for the
@@ -272,6 +319,7 @@ class AdaptiveDepth:
             record["alpha"] = round(self.alpha, 3)
             speeds = self._speeds or [self.expected_speed(k) for k in range(1, self.k_max + 1)]
             record["speeds"] = [round(v, 4) for v in speeds]
+            record["plain"] = round(self.plain_speed(), 4)
         return record
 
 

@@ -231,6 +231,11 @@ class Drafter:
     def accept(self, verified: Verified) -> None:
         """The target kept ``verified.path`` of the last proposal (roll back, learn)."""
 
+    def skipped(self, verified: Verified) -> None:
+        """A plain pass ran without asking this drafter (adaptive drafting chose K = 0): the target committed
+        the pending token; ``verified`` carries that pass's features. By default nothing: the next ``propose``
+        catches up on the committed tokens the drafter has not seen."""
+
     def rewind(self, length: int) -> None:
         """Forget everything after the first `length` committed tokens."""
 

@@ -261,6 +261,11 @@ class EagleDrafter(ModelDrafter):
         if verified.features is not None:
             self._take_features(verified.features, verified.first_position)
 
+    def skipped(self, verified: Verified) -> None:
+        # A plain pass: nothing speculative to drop, the pending token's target features to keep.
+        if verified.features is not None:
+            self._take_features(verified.features, verified.first_position)
+
     def close(self) -> None:
         super().close()
         self.features = None
