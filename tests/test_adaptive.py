@@ -209,7 +209,7 @@ def test_drafts_that_cannot_pay_make_plain_passes_and_a_probe_every_few(plain_pa
     the best K, and its record decides anew. Without pass costs (transformers' schedule) K never drops to 0."""
     policy = AdaptiveDepth(k_max=4, pass_ms=[5.0] + [50.0] * 4)  # any draft's pass costs 10 plain ones
     policy.update(accepted_len=1, drafted_depth=4, draft_ms=1.0, verify_ms=50.0, drafted=4)
-    assert policy.k == 0 and not policy.drafts and "plain" in policy.why()["because"]
+    assert policy.k == 0 and not policy.drafts and "cost more than it saves" in policy.why()["because"]
     why = policy.why()
     assert why["plain"] == pytest.approx(1 / 5.0) and why["plain"] > max(why["speeds"])
     for i in range(1, PROBE_EVERY):
@@ -248,6 +248,12 @@ def test_plain_passes_keep_the_output_and_the_drafter_resumes(tiny_with_eagle, p
         probes = [s for s in steps if "probe" in s["draft"]["why"]["because"]]
         assert probes or len(steps) <= PROBE_EVERY + 1, drafts(run)
         assert all(s["drafted"] for s in probes if drafter != "ngram")  # a model drafter drafts on a probe
+    from app.narration import narrate_step
+    from visuals.run_charts import _why_text
+
+    first_plain = steps.index(plain[0])
+    assert "chose a plain pass (K = 0)" in narrate_step(run["events"], first_plain)
+    assert "a plain pass:" in _why_text(plain[0]["draft"]["why"])
 
 
 def test_a_pass_that_drafted_nothing_leaves_k_alone():

@@ -293,7 +293,7 @@ class AdaptiveDepth:
         self._because = "the most expected tokens per ms of drafting and verifying, with this host's pass costs"
         if self.plain_speed() > self._speeds[self.k - 1]:
             self.k, self.plain_in_a_row = 0, 0
-            self._because = "drafting is expected to cost more than it saves: a plain pass (K = 0)"
+            self._because = "drafting is expected to cost more than it saves"
 
     def _plain_update(self, verify_ms: float | None) -> None:
         """After a plain pass: its overhead (verify_ms minus the one-token pass cost), then K stays 0 until
@@ -304,7 +304,7 @@ class AdaptiveDepth:
             self.plain_seen += 1
         self.plain_in_a_row += 1
         if self.plain_in_a_row < PROBE_EVERY:
-            self._because = "drafting is expected to cost more than it saves: a plain pass (K = 0)"
+            self._because = "drafting is expected to cost more than it saves"
             return
         self.k = 1 + max(range(self.k_max), key=self._speeds.__getitem__)
         self._because = f"a probe after {PROBE_EVERY} plain passes: one draft at the best K, to measure again"
