@@ -291,11 +291,15 @@ class AdaptiveDepth:
             self.overheads_seen += 1
         # Every candidate's expected speed, computed once: the choice reads it now, the step event (why) next pass.
         self._speeds = [self.expected_speed(k) for k in range(1, self.k_max + 1)]
-        self.k = 1 + max(range(self.k_max), key=self._speeds.__getitem__)
+        self.k = self._best_k()
         self._because = "the most expected tokens per ms of drafting and verifying, with this host's pass costs"
         if self.plain_speed() > self._speeds[self.k - 1]:
             self.k, self.plain_in_a_row = 0, 0
             self._because = "drafting is expected to cost more than it saves"
+
+    def _best_k(self) -> int:
+        """The depth in [1, k_max] with the most expected tokens per ms at the last update (the first among equals)."""
+        return 1 + max(range(self.k_max), key=self._speeds.__getitem__)
 
     def _plain_update(self, verify_ms: float | None) -> None:
         """After a plain pass: its overhead (verify_ms minus the one-token pass cost), then K stays 0 until
@@ -308,7 +312,7 @@ class AdaptiveDepth:
         if self.plain_in_a_row < PROBE_EVERY:
             self._because = "drafting is expected to cost more than it saves"
             return
-        self.k = 1 + max(range(self.k_max), key=self._speeds.__getitem__)
+        self.k = self._best_k()
         self._because = f"a probe after {PROBE_EVERY} plain passes: one draft at the best K, to measure again"
 
     def why(self) -> dict:
