@@ -387,6 +387,54 @@ def test_passes_on_other_threads_and_at_once_give_the_main_threads_bits(variant)
             assert torch.equal(got, want), key
 
 
+TEAM_SNIPPET = """
+import sys, torch
+sys.path.insert(0, "tests")
+from conftest import tiny_hf_model
+from engine.kernels import cpu_kernels
+from engine.model.transformer import ModelConfig, Transformer, quantize_q4_1
+torch.set_num_threads(int(sys.argv[3]))  # the kernels' team is torch's libgomp's
+torch.manual_seed(0)
+hf = tiny_hf_model("llama", 512, 0)
+out = []
+with cpu_kernels.using(sys.argv[2]):
+    for weights in ("bf16", "q4_1"):
+        model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
+        if weights == "q4_1":
+            quantize_q4_1(model)
+        cache = model.new_cache(160)
+        out.append(model.prefill(list(range(3, 90)), cache))
+        for step in range(6):
+            new = torch.tensor([5 + step, 9, 11, 2, 7, 13, 4][: 1 + step])
+            out.append(model.run_pass(new, torch.arange(cache.length, cache.length + len(new)), cache).logits)
+        if model.greedy_chain_ready(cache):
+            out.append(model.greedy_chain(5, cache, 4)[0])
+torch.save(out, sys.argv[1])
+"""
+
+
+def test_teams_of_any_size_give_the_same_bits(variant, tmp_path):
+    """csrc/task_pool.h hands a product's grains out by owned ranges and stealing: a team of 1 thread, and one of
+    4 (more threads than a 2-core host has: helpers descheduled mid-pass, their grains taken by others), give
+    every pass -- a prefill, one- to six-token passes, a greedy chain, bf16 and Q4_1 -- the bits of a team of 2."""
+    results = {}
+    for n in (2, 1, 4):
+        path = tmp_path / f"{n}.pt"
+        done = subprocess.run(
+            [sys.executable, "-c", TEAM_SNIPPET, str(path), variant, str(n)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        results[n] = torch.load(path)
+    for n in (1, 4):
+        assert len(results[n]) == len(results[2]) >= 14
+        for got, want in zip(results[n], results[2]):
+            assert torch.equal(got, want), n
+
+
 def test_feature_layers_are_the_layers_outputs_bit_for_bit(variant):
     """forward's feature_layers (what an EAGLE-3-style head reads): the layer stack, split after
     the wanted layers, gives the per-layer path's rows bit for bit; the last layer's rows, the

@@ -49,8 +49,8 @@
  * x to bf16, the widening variants keep it float32 -- but each is row-invariant.)
  *
  * Threads: a pass runs in one OpenMP region (task_pool.h: why not one per product,
- * measured), and the 16-output blocks of each product are cut into contiguous ranges,
- * a few per thread, claimed by the team's threads. The team is libgomp's, torch's
+ * measured), and the 16-output blocks of each product are cut into one contiguous range
+ * per thread, a thread that is done taking what a late one has not begun (stealing). The team is libgomp's, torch's
  * already-loaded runtime (linked by its soname), so torch.set_num_threads applies.
  */
 #include <omp.h>
@@ -323,9 +323,14 @@ typedef struct {
     int y_f32;
     int64_t rows, in, out;
 } gemm_job;
-/* Ranges per thread: a late helper's range is taken by the caller, and a handful of ranges keeps each a long
- * contiguous stream of weights. */
-#define GEMM_TASKS_PER_THREAD 2
+/* Ranges per thread: one, the longest contiguous stream of weights each thread can have (a late helper's
+ * range is still taken by the caller). Each further range costs its claim, its completion and a new stream
+ * for the prefetchers: 2 per thread made a q4 draft pass 1.02-1.075x slower than 1, a one-token bf16 pass
+ * 1.00-1.03x, a 7-token one 1.02-1.03x (2 Zen 4 cores, builds alternating in one process), and a 2x slower
+ * pass under a competing busy process 1.04-1.12x and 0.94-1.11x; 4 per thread 1.09x / 1.06x / 1.10x. */
+#ifndef GEMM_TASKS_PER_THREAD
+#define GEMM_TASKS_PER_THREAD 1
+#endif
 
 /* Every tile of output blocks [ob, ob + nb) (nb == NBT, or a shorter tail: 1-block
  * tiles) for rows [0, t_end) of x (rows: all the call's rows, for the prefetch's share), and

@@ -16,25 +16,31 @@
  * How. team_run(body) opens one region; thread 0 (the caller) runs body, and the
  * other threads serve pool_for jobs until body returns, spinning on one atomic word
  * between jobs (ours, not libgomp's throttled wait; they yield the CPU now and
- * then). pool_for(n, per_thread, fn) cuts [0, n) into a few contiguous ranges per
- * thread -- task t covers [n t / tasks, n (t + 1) / tasks) -- and the caller and the
- * helpers claim tasks from that word, so a helper that is descheduled (a busy
- * machine) holds nothing up: the caller takes its tasks. Outside team_run, pool_for
- * opens a region for its one job (a product called on its own). Two Python threads
- * run their passes in two teams, as before.
+ * then). pool_for(n, per_thread, fn) cuts [0, n) into grains -- per_thread per
+ * thread, grain g covering [n g / grains, n (g + 1) / grains) -- and gives each
+ * thread a contiguous range of them, which it runs from the front: one long stream
+ * of weights per thread and product. A thread whose range is done takes grains from
+ * the back of the others' (stealing), so a helper that is late or descheduled (a
+ * busy machine) holds up no more than the grain it is running. Outside team_run,
+ * pool_for opens a region for its one job (a product called on its own). Two Python
+ * threads run their passes in two teams, as before.
  *
- * Results never depend on which thread runs a task or on how [0, n) is cut: every
- * task writes only its own outputs (row and block invariance, decode_kernels.c).
+ * Results never depend on which thread runs a grain or on how [0, n) is cut: every
+ * grain writes only its own outputs (row and block invariance, decode_kernels.c).
  *
- * The claim word: job id (32 bits) | task count (16) | next unclaimed task (16). A
- * helper reads the job's function and context after loading the word, and runs a
- * task only if its compare-and-swap of that same word succeeds. A job's fields are
- * rewritten only after all its tasks have finished, so a successful claim always
- * pairs a task with its own job's function.
+ * The words. claim: job id (32 bits) << 32, the announcement helpers spin on. Each
+ * thread's range, on a cache line of its own: job id (low 24 bits) | front (20) |
+ * back (20), grains [front, back) left; its owner advances front, thieves lower back,
+ * each by a compare-and-swap of the whole word. A helper reads the job's function
+ * and context after loading claim and runs a grain only if its compare-and-swap of
+ * a range word carrying that job's id succeeds. A job's fields and ranges are
+ * rewritten only after all its grains have finished (every range then empty), so a
+ * successful claim always pairs a grain with its own job's function.
  */
 #include <omp.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -44,47 +50,70 @@
 #define POOL_PAUSE() ((void)0)
 #endif
 
-#define POOL_MAX_TASKS 4096 /* < 2^16: the claim word's task fields */
+#define POOL_MAX_TASKS 4096 /* grains of one job, < 2^20: the range words' fields */
 
 typedef void (*pool_range_fn)(void *ctx, int64_t begin, int64_t end);
 
 typedef struct {
-    uint64_t claim;     /* atomic: job id << 32 | tasks << 16 | next */
-    int64_t finished;   /* atomic: tasks of the current job done */
+    uint64_t word; /* atomic: job id (24 bits) << 40 | front << 20 | back */
+    char pad[56];  /* one cache line per range: an owner's claims touch no other thread's line */
+} pool_range;
+
+typedef struct {
+    uint64_t claim;     /* atomic: job id << 32 */
     pool_range_fn fn;   /* the current job (relaxed atomics) */
     void *ctx;
-    int64_t n;
+    int64_t n, grains;
     int32_t helpers;    /* threads of the team besides the caller */
     int32_t done;       /* atomic: body returned, the helpers leave */
+    pool_range *ranges; /* [helpers + 1], thread t's grains */
+    char pad[8];
+    int64_t finished;   /* atomic: grains of the current job done (its own cache line) */
+    char pad2[56];
 } pool_team;
+
+#define POOL_ID_BITS 0xffffffull
+static inline uint64_t pool_range_word(uint32_t id, int64_t front, int64_t back) {
+    return (id & POOL_ID_BITS) << 40 | (uint64_t)front << 20 | (uint64_t)back;
+}
 
 static __thread pool_team *current_team; /* set on thread 0 while its body runs */
 
-/* Claim and run tasks of job `id` until none is left (or the job is no longer current). */
-static void pool_take(pool_team *tm, uint32_t id) {
-    uint64_t word = __atomic_load_n(&tm->claim, __ATOMIC_ACQUIRE);
+/* Thread `self`: run grains of job `id`, its own range's from the front, then the others' from the back,
+ * until none is left (or the job is no longer current); then count them done. */
+static void pool_take(pool_team *tm, uint32_t id, int self) {
+    if ((uint32_t)(__atomic_load_n(&tm->claim, __ATOMIC_ACQUIRE) >> 32) != id) return;
     pool_range_fn fn = __atomic_load_n(&tm->fn, __ATOMIC_RELAXED);
     void *ctx = __atomic_load_n(&tm->ctx, __ATOMIC_RELAXED);
-    const int64_t n = __atomic_load_n(&tm->n, __ATOMIC_RELAXED);
-    for (;;) {
-        const uint32_t tasks = (uint32_t)(word >> 16) & 0xffff, next = (uint32_t)word & 0xffff;
-        if ((uint32_t)(word >> 32) != id || next >= tasks) return;
-        if (__atomic_compare_exchange_n(&tm->claim, &word, word + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            fn(ctx, n * next / tasks, n * (next + 1) / tasks);
-            __atomic_add_fetch(&tm->finished, 1, __ATOMIC_RELEASE);
-            word = __atomic_load_n(&tm->claim, __ATOMIC_ACQUIRE);
+    const int64_t n = __atomic_load_n(&tm->n, __ATOMIC_RELAXED), grains = __atomic_load_n(&tm->grains, __ATOMIC_RELAXED);
+    const int threads = tm->helpers + 1;
+    int64_t ran = 0;
+    for (int v = 0; v < threads; v++) {
+        pool_range *r = tm->ranges + (self + v) % threads;
+        uint64_t word = __atomic_load_n(&r->word, __ATOMIC_ACQUIRE);
+        for (;;) {
+            const int64_t front = (int64_t)(word >> 20 & 0xfffff), back = (int64_t)(word & 0xfffff);
+            if ((word >> 40) != (id & POOL_ID_BITS) || front >= back) break;
+            const int64_t g = v == 0 ? front : back - 1;
+            const uint64_t next = v == 0 ? word + (1ull << 20) : word - 1;
+            if (__atomic_compare_exchange_n(&r->word, &word, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                fn(ctx, n * g / grains, n * (g + 1) / grains);
+                ran++;
+                word = __atomic_load_n(&r->word, __ATOMIC_ACQUIRE);
+            }
         }
     }
+    if (ran) __atomic_add_fetch(&tm->finished, ran, __ATOMIC_RELEASE);
 }
 
-/* A helper: serve every job of the team until its body has returned. */
-static void pool_serve(pool_team *tm) {
+/* Helper `self`: serve every job of the team until its body has returned. */
+static void pool_serve(pool_team *tm, int self) {
     uint32_t seen = 0;
     for (int64_t i = 1;; i++) {
         const uint32_t id = (uint32_t)(__atomic_load_n(&tm->claim, __ATOMIC_ACQUIRE) >> 32);
         if (id != seen) {
             seen = id;
-            pool_take(tm, id);
+            pool_take(tm, id, self);
             i = 0;
         } else if (__atomic_load_n(&tm->done, __ATOMIC_ACQUIRE)) {
             return;
@@ -97,9 +126,10 @@ static void pool_serve(pool_team *tm) {
 
 /* fn over [0, n) on team tm (NULL: alone). */
 static void pool_team_for(pool_team *tm, int64_t n, int64_t per_thread, pool_range_fn fn, void *ctx) {
-    int64_t tasks = tm ? per_thread * (tm->helpers + 1) : 1;
-    tasks = tasks < 1 ? 1 : tasks > n ? n : tasks > POOL_MAX_TASKS ? POOL_MAX_TASKS : tasks;
-    if (tasks == 1) {
+    const int64_t threads = tm ? tm->helpers + 1 : 1;
+    int64_t grains = per_thread * threads;
+    grains = grains < 1 ? 1 : grains > n ? n : grains > POOL_MAX_TASKS ? POOL_MAX_TASKS : grains;
+    if (!tm || grains == 1) {
         fn(ctx, 0, n);
         return;
     }
@@ -107,13 +137,17 @@ static void pool_team_for(pool_team *tm, int64_t n, int64_t per_thread, pool_ran
     __atomic_store_n(&tm->fn, fn, __ATOMIC_RELAXED);
     __atomic_store_n(&tm->ctx, ctx, __ATOMIC_RELAXED);
     __atomic_store_n(&tm->n, n, __ATOMIC_RELAXED);
+    __atomic_store_n(&tm->grains, grains, __ATOMIC_RELAXED);
     __atomic_store_n(&tm->finished, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&tm->claim, (uint64_t)id << 32 | (uint64_t)tasks << 16, __ATOMIC_RELEASE);
-    pool_take(tm, id);
-    /* Tasks a helper claimed may still run: wait for them (their writes are then visible). */
-    for (int64_t i = 1; __atomic_load_n(&tm->finished, __ATOMIC_ACQUIRE) < tasks; i++) {
+    for (int64_t t = 0; t < threads; t++)
+        __atomic_store_n(&tm->ranges[t].word, pool_range_word(id, grains * t / threads, grains * (t + 1) / threads),
+                         __ATOMIC_RELAXED);
+    __atomic_store_n(&tm->claim, (uint64_t)id << 32, __ATOMIC_RELEASE);
+    pool_take(tm, id, 0);
+    /* Grains a helper claimed may still run: wait for them (their writes are then visible). */
+    for (int64_t i = 1; __atomic_load_n(&tm->finished, __ATOMIC_ACQUIRE) < grains; i++) {
         POOL_PAUSE();
-        if ((i & 1023) == 0) sched_yield(); /* a descheduled helper holds a task: let it run */
+        if ((i & 1023) == 0) sched_yield(); /* a descheduled helper holds a grain: let it run */
     }
 }
 
@@ -123,8 +157,12 @@ static void team_run(void (*body)(void *), void *ctx) {
         body(ctx); /* already in a team (its jobs go to it), or one thread asked for */
         return;
     }
-    pool_team tm;
+    pool_team tm __attribute__((aligned(64)));
     memset(&tm, 0, sizeof(tm));
+    pool_range *ranges = aligned_alloc(64, sizeof(pool_range) * (size_t)omp_get_max_threads());
+    if (!ranges) abort();
+    memset(ranges, 0, sizeof(pool_range) * (size_t)omp_get_max_threads());
+    tm.ranges = ranges;
 #pragma omp parallel
     {
         if (omp_get_thread_num() == 0) {
@@ -134,9 +172,10 @@ static void team_run(void (*body)(void *), void *ctx) {
             current_team = NULL;
             __atomic_store_n(&tm.done, 1, __ATOMIC_RELEASE);
         } else {
-            pool_serve(&tm);
+            pool_serve(&tm, omp_get_thread_num());
         }
     }
+    free(ranges);
 }
 
 typedef struct {
