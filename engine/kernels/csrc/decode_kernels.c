@@ -613,12 +613,15 @@ static void quantise_rows_q4(const void *x, int x_f32, const float *norm_w, floa
                 const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
                 const vf vinv = vf_set1(1.0f / s), vlim = vf_set1(127.0f), vneg = vf_set1(-127.0f);
                 int8_t *dst = xq + t * in + g * Q4_GROUP + half * Q4_HALF;
-                for (int i = 0; i < Q4_HALF; i += VL)
-                    vf_store_i8(dst + i, vf_min(vf_max(vf_mul(vf_load(src + i), vinv), vneg), vlim)); /* nearest even */
-                int32_t total = 0;
-                for (int i = 0; i < Q4_HALF; i++) total += dst[i];
+                vf vtotal = vf_zero(); /* the stored integers summed as floats: exact (|total| <= 127 * 16) */
+                for (int i = 0; i < Q4_HALF; i += VL) {
+                    const vf r = vf_round(vf_min(vf_max(vf_mul(vf_load(src + i), vinv), vneg), vlim)); /* nearest even */
+                    vf_store_i8(dst + i, r);
+                    vtotal = vf_add(vtotal, r);
+                }
+                const float total = vf_reduce_add(vtotal);
                 record[Q4_RECORD * g + half] = s;
-                xsum += s * (float)total;
+                xsum += s * total;
             }
             record[Q4_RECORD * g + 2] = xsum;
         }
