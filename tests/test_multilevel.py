@@ -187,3 +187,75 @@ def test_q4_of_a_target_without_a_gguf_quantises_it_and_keeps_greedy_parity(tiny
     assert run["token_ids"] == tiny_engine.run(prompt, "none", max_new_tokens=12, chat=False)["token_ids"]
     model = tiny_engine.drafter("q4").model
     assert all(isinstance(layer.gate_up, Q4Linear) for layer in model.layers)
+
+
+@pytest.mark.real_model
+def test_dry_stretches_chain_in_one_call_with_the_same_drafts(served_engine, monkeypatch):
+    """Open chat, where n-gram rarely proposes: after DRY_ROUNDS rounds without a proposal, q4+ngram drafts the
+    rest of a chain in one greedy_chain call (not a Python pass per token). Its drafts are the plain q4
+    drafter's, token for token, its passes never more, and the output is the baseline's."""
+    from engine.drafters.multilevel import DRY_ROUNDS
+    from engine.model.transformer import Transformer
+
+    calls = []
+    original_chain = Transformer.greedy_chain
+
+    def recording_chain(self, token, cache, n):
+        calls.append(n)
+        return original_chain(self, token, cache, n)
+
+    monkeypatch.setattr(Transformer, "greedy_chain", recording_chain)
+    prompt = "Explain in simple words how a refrigerator keeps food cold."
+    base = served_engine.run(prompt, "none", max_new_tokens=48)
+    plain = served_engine.run(prompt, "q4", k=5, max_new_tokens=48)
+    calls.clear()
+    multi = served_engine.run(prompt, "q4+ngram", k=5, max_new_tokens=48)
+    assert DRY_ROUNDS >= 1 and calls and max(calls) >= 2, calls
+    assert plain["token_ids"] == base["token_ids"] == multi["token_ids"]
+    steps = lambda run: [e for e in run["events"] if e["type"] == "step"]  # noqa: E731
+    assert [[n["token_id"] for n in s["nodes"]] for s in steps(plain)] == [
+        [n["token_id"] for n in s["nodes"]] for s in steps(multi)
+    ]
+    assert [[n["q"] for n in s["nodes"]] for s in steps(plain)] == [[n["q"] for n in s["nodes"]] for s in steps(multi)]
+    passes = lambda run: sum(s["draft"]["model_passes"] for s in steps(run))  # noqa: E731
+    assert passes(multi) <= passes(plain)
+
+
+@pytest.mark.parametrize("wet_inside", [False, True])
+def test_dry_rounds_count_up_and_a_proposal_inside_a_chain_ends_the_stretch(tiny_model, monkeypatch, wet_inside):
+    """The dry-stretch bookkeeping, with the copying drafter's answers fixed: DRY_ROUNDS rounds without a
+    proposal run one pass each, the next round chains the rest in one call, the drafts are the plain model
+    drafter's greedy chain; a proposal the copying drafter would have made at a position the chain passed
+    sets the count back to 0, none adds the chain's rounds to it."""
+    from engine.drafters.model import ModelDrafter, q4_weights
+    from engine.drafters.multilevel import DRY_ROUNDS
+    from engine.kernels import cpu_kernels
+    from engine.model.transformer import Transformer
+
+    if not cpu_kernels.available():
+        pytest.skip(f"greedy_chain needs our CPU kernels: {cpu_kernels.why_unavailable()}")
+    tiny_model = q4_weights(tiny_model)  # its layers in Q4_1: all on our kernels, as the q4 drafter's
+    assert tiny_model.greedy_chain_ready(tiny_model.new_cache(8))
+    context, k = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], DRY_ROUNDS + 3
+    greedy = SamplingParams(temperature=0.0)
+    plain = ModelDrafter(tiny_model, "tiny")
+    plain.start(context, 64)
+    expected = plain.propose(DraftContext(context, TreeShape(k=k), greedy, torch.Generator())).tokens
+    calls = []
+    original_chain = Transformer.greedy_chain
+
+    def recording_chain(self, token, cache, n):
+        calls.append(n)
+        return original_chain(self, token, cache, n)
+
+    monkeypatch.setattr(Transformer, "greedy_chain", recording_chain)
+    drafter = MultiLevelDrafter(tiny_model, "tiny+ngram", NgramDrafter(2, 1))
+    # no proposal in the rounds; where wet_inside, one at the positions inside the chain (checked afterwards)
+    monkeypatch.setattr(
+        drafter, "_proposal", lambda tokens, room: [0] if wet_inside and len(tokens) > len(context) + DRY_ROUNDS else []
+    )
+    drafter.start(context, 64)
+    tree = drafter.propose(DraftContext(context, TreeShape(k=k), greedy, torch.Generator()))
+    assert tree.tokens == expected
+    assert tree.model_passes == k and calls == [k - DRY_ROUNDS]  # DRY_ROUNDS Python passes, then one chain
+    assert drafter._dry == (0 if wet_inside else k)
