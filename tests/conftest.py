@@ -151,6 +151,22 @@ def pace_target_passes(monkeypatch, floor_s: float = PASS_FLOOR_S, stamps: list[
 
 
 @pytest.fixture
+def greedy_chain_calls(monkeypatch) -> list[int]:
+    """Every Transformer.greedy_chain call in the test appends its number of passes (n), then runs."""
+    from engine.model.transformer import Transformer
+
+    calls: list[int] = []
+    original = Transformer.greedy_chain
+
+    def recording(self, token, cache, n):
+        calls.append(n)
+        return original(self, token, cache, n)
+
+    monkeypatch.setattr(Transformer, "greedy_chain", recording)
+    return calls
+
+
+@pytest.fixture
 def target_pass_times(monkeypatch) -> list[float]:
     """Every target pass run in this process appends its end time; passes last at least PASS_FLOOR_S."""
     stamps: list[float] = []

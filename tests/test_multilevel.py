@@ -190,21 +190,13 @@ def test_q4_of_a_target_without_a_gguf_quantises_it_and_keeps_greedy_parity(tiny
 
 
 @pytest.mark.real_model
-def test_dry_stretches_chain_in_one_call_with_the_same_drafts(served_engine, monkeypatch):
+def test_dry_stretches_chain_in_one_call_with_the_same_drafts(served_engine, greedy_chain_calls):
     """Open chat, where n-gram rarely proposes: after DRY_ROUNDS rounds without a proposal, q4+ngram drafts the
     rest of a chain in one greedy_chain call (not a Python pass per token). Its drafts are the plain q4
     drafter's, token for token, its passes never more, and the output is the baseline's."""
     from engine.drafters.multilevel import DRY_ROUNDS
-    from engine.model.transformer import Transformer
 
-    calls = []
-    original_chain = Transformer.greedy_chain
-
-    def recording_chain(self, token, cache, n):
-        calls.append(n)
-        return original_chain(self, token, cache, n)
-
-    monkeypatch.setattr(Transformer, "greedy_chain", recording_chain)
+    calls = greedy_chain_calls
     prompt = "Explain in simple words how a refrigerator keeps food cold."
     base = served_engine.run(prompt, "none", max_new_tokens=48)
     plain = served_engine.run(prompt, "q4", k=5, max_new_tokens=48)
@@ -222,7 +214,9 @@ def test_dry_stretches_chain_in_one_call_with_the_same_drafts(served_engine, mon
 
 
 @pytest.mark.parametrize("wet_inside", [False, True])
-def test_dry_rounds_count_up_and_a_proposal_inside_a_chain_ends_the_stretch(tiny_model, monkeypatch, wet_inside):
+def test_dry_rounds_count_up_and_a_proposal_inside_a_chain_ends_the_stretch(
+    tiny_model, monkeypatch, greedy_chain_calls, wet_inside
+):
     """The dry-stretch bookkeeping, with the copying drafter's answers fixed: DRY_ROUNDS rounds without a
     proposal run one pass each, the next round chains the rest in one call, the drafts are the plain model
     drafter's greedy chain; a proposal the copying drafter would have made at a position the chain passed
@@ -230,7 +224,6 @@ def test_dry_rounds_count_up_and_a_proposal_inside_a_chain_ends_the_stretch(tiny
     from engine.drafters.model import ModelDrafter, q4_weights
     from engine.drafters.multilevel import DRY_ROUNDS
     from engine.kernels import cpu_kernels
-    from engine.model.transformer import Transformer
 
     if not cpu_kernels.available():
         pytest.skip(f"greedy_chain needs our CPU kernels: {cpu_kernels.why_unavailable()}")
@@ -241,14 +234,8 @@ def test_dry_rounds_count_up_and_a_proposal_inside_a_chain_ends_the_stretch(tiny
     plain = ModelDrafter(tiny_model, "tiny")
     plain.start(context, 64)
     expected = plain.propose(DraftContext(context, TreeShape(k=k), greedy, torch.Generator())).tokens
-    calls = []
-    original_chain = Transformer.greedy_chain
-
-    def recording_chain(self, token, cache, n):
-        calls.append(n)
-        return original_chain(self, token, cache, n)
-
-    monkeypatch.setattr(Transformer, "greedy_chain", recording_chain)
+    calls = greedy_chain_calls
+    calls.clear()  # (the plain drafter's chain above)
     drafter = MultiLevelDrafter(tiny_model, "tiny+ngram", NgramDrafter(2, 1))
     # no proposal in the rounds; where wet_inside, one at the positions inside the chain (checked afterwards)
     monkeypatch.setattr(
