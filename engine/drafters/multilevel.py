@@ -90,12 +90,10 @@ class MultiLevelDrafter(ModelDrafter):
         # first proposal, so a rejected proposal never costs a pass the plain drafter would not run.
         unseen = context.tokens[self.cache.length :]
         committed = len(context.tokens)
-        proposal = self._proposal(context.tokens, shape.k - 1) if shape.k > 1 else []
-        if self._chain_the_rest(tree, drafted, context, unseen, proposal, shape.k):
-            self._last = (committed, list(range(len(tree))), {i: committed + i for i in range(len(tree) - 1)})
-            return tree
-        q_cur, rows = self._rows(tree, unseen + proposal, len(unseen) - 1, params)  # [V], [m, V]
-        while True:
+        fed, first, room = unseen, len(unseen) - 1, shape.k  # the round's tokens the model has not seen
+        proposal = self._proposal(context.tokens, room - 1) if room > 1 else []
+        while not self._chain_the_rest(tree, drafted, context, fed, proposal, room):
+            q_cur, rows = self._rows(tree, fed + proposal, first, params)  # [V], [m, V]
             kept, q_cur = self._walk(tree, drafted, proposal, q_cur, rows, params, gen)
             tree.copied += kept
             self.cache.length -= len(proposal) - kept  # the model's slots of rejected proposals
@@ -106,10 +104,8 @@ class MultiLevelDrafter(ModelDrafter):
             if room == 0:
                 break
             # next round: the token just drawn (the model has not seen it) and up to room - 1 proposals
+            fed, first = [token], 0
             proposal = self._proposal(context.tokens + drafted, room - 1) if room > 1 else []
-            if self._chain_the_rest(tree, drafted, context, [token], proposal, room):
-                break
-            q_cur, rows = self._rows(tree, [token] + proposal, 0, params)
         # every drafted token but the last was fed, in order: node i sits at slot committed + i
         self._last = (committed, list(range(len(tree))), {i: committed + i for i in range(len(tree) - 1)})
         return tree
