@@ -502,8 +502,6 @@ class VllmBackend:
         return self._run(prompt, path, body, info, max_new, temp, topp, topk, seed_v, use_chat, pay)
 
     def _run(self, prompt, path, body, info, max_new, temp, topp, topk, seed, chat, payload):
-        from engine.events import start_event
-
         spec = info["speculative"]
         k = int(info["k"] or 0) if spec else 0
         run = self._run_record(info, k, max_new, temp, topp, topk, seed, chat, payload)
@@ -517,7 +515,7 @@ class VllmBackend:
                 # payload "off" (the benchmark): nothing but the stream while it runs.
                 if not start_sent and got.prompt_ids is not None and payload != "off":
                     start_sent = True
-                    yield start_event(run, text, got.prompt_ids, self._text_of)
+                    yield self._start(run, text, got.prompt_ids)
         except VllmStopped as exc:
             if not start_sent:  # nothing of the run arrived: the error alone says it
                 raise
@@ -529,7 +527,7 @@ class VllmBackend:
         if got.prompt_ids is None:
             raise VllmError("vLLM's stream carried no prompt token ids (is return_token_ids supported? vLLM >= 0.10)")
         if not start_sent:
-            yield start_event(run, text, got.prompt_ids, self._text_of)
+            yield self._start(run, text, got.prompt_ids)
         got.check(payload)
         tokens, logprobs, method = got.token_ids, got.logprobs, info.get("method")
         accepted, drafted = self._spec_counts(spec, got.spec_metrics)
@@ -539,6 +537,20 @@ class VllmBackend:
         if payload != "off":
             yield from steps
         yield _finish(got, plan, choices, steps, k, wall_s, started)
+
+    def _start(self, run: dict, text, prompt_ids: list[int]) -> dict:
+        """The start event. Its prompt tail's texts come from the server (/detokenize) while the stream is open:
+        when the server stops answering then, the run has begun all the same, so the start event says the texts
+        are absent (``prompt_tail`` None) and the stream's next read tells whether the server stopped mid-run."""
+        from engine.events import start_event
+
+        try:
+            return start_event(run, text, prompt_ids, self._text_of)
+        except VllmError as exc:
+            event = start_event(run, text, prompt_ids, str)
+            event["prompt_tail"] = None
+            event["absent"] = [*run["absent"], f"the prompt tail's texts ({exc})"]
+            return event
 
     def _run_record(self, info, k, max_new, temp, topp, topk, seed, chat, payload) -> dict:
         """The start event's run: the server, its speculation (K from `info`) and the request's settings."""
