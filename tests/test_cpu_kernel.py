@@ -838,6 +838,76 @@ def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
         model.greedy_chain(512, cache, 2)
 
 
+def _inverse_cdf(q: torch.Tensor, u: float) -> int:
+    """The draw a sampled chain makes from q [V] at u: the first index whose float64 running sum reaches u times
+    the total, among entries with q > 0 (engine.sampling's rule, written out)."""
+    cdf = torch.cumsum(q, 0, dtype=torch.float64)
+    value = u * cdf[-1].item()
+    hits = ((cdf >= value) & (q > 0)).nonzero()
+    return int(hits[0]) if len(hits) else int((q > 0).nonzero()[-1])
+
+
+@pytest.mark.parametrize("weights", ["bf16", "q4"])
+def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights):
+    """sampled_chain (a sampled drafter's n passes in one C call, temperature alone): its logits are, bit for
+    bit, n one-token run_pass calls' fed the chain's own tokens, and so is the cache; each q row is
+    softmax(logits / T) to float32 rounding and sums to 1; each token is the inverse CDF of its q row at its
+    uniform (u = 0 and u just below 1 among them); and drawn again and again from one slot, the tokens follow
+    q (chi-square), where the softmax at another temperature is rejected (the test can fail)."""
+    from conftest import tiny_hf_model
+    from scipy.stats import chisquare
+
+    from engine.drafters.model import q4_weights
+    from engine.model.transformer import ModelConfig, Transformer
+
+    hf = tiny_hf_model("llama", 512, 0)
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
+    if weights == "q4":
+        model = q4_weights(model)
+    cache = model.new_cache(64)
+    assert model.greedy_chain_ready(cache)
+    model.prefill(list(range(3, 30)), cache)
+    start, temperature = cache.length, 1.3
+    u = torch.tensor([0.0, 0.37, 1.0 - 2.0**-53, 0.9, 0.05, 0.61], dtype=torch.float64)
+    logits, q, tokens = model.sampled_chain(11, cache, 6, temperature, u)
+    chain_k, chain_v = cache.k.clone(), cache.v.clone()
+    assert cache.length == start + 6 and logits.shape == q.shape == (6, 512)
+    cache.length = start
+    token = 11
+    for i in range(6):
+        row = model.run_pass(torch.tensor([token]), torch.tensor([start + i]), cache).logits[0]  # [V]
+        assert torch.equal(row, logits[i])
+        torch.testing.assert_close(q[i], torch.softmax(row / temperature, -1), rtol=1e-5, atol=1e-7)
+        assert abs(float(q[i].sum()) - 1.0) < 1e-5
+        assert tokens[i] == _inverse_cdf(q[i], float(u[i]))
+        token = tokens[i]
+    assert torch.equal(cache.k[:, :, : start + 6], chain_k[:, :, : start + 6])
+    assert torch.equal(cache.v[:, :, : start + 6], chain_v[:, :, : start + 6])
+    # Many draws from one slot (the first pass again and again): they follow q.
+    gen = torch.Generator().manual_seed(7)
+    draws = torch.zeros(512)
+    for _ in range(3000):
+        cache.length = start
+        _, q0, (t,) = model.sampled_chain(11, cache, 1, temperature, torch.rand(1, generator=gen, dtype=torch.float64))
+        draws[t] += 1
+
+    def p_value(probs: torch.Tensor) -> float:
+        expected = probs.double() * draws.sum()
+        big = expected >= 5  # tokens expected 5 times or more each, the rest pooled
+        observed = torch.cat([draws[big], draws[~big].sum().view(1)]).double()
+        expected = torch.cat([expected[big], expected[~big].sum().view(1)])
+        return float(
+            chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue
+        )
+
+    assert p_value(q0[0]) > 1e-3
+    assert p_value(torch.softmax(logits[0] / (temperature * 1.5), -1)) < 1e-6  # the control
+    with pytest.raises(ValueError, match="temperature > 0"):
+        model.sampled_chain(11, cache, 2, 0.0, u[:2])
+    with pytest.raises(ValueError, match="float64 uniforms"):
+        model.sampled_chain(11, cache, 2, 1.0, u[:3])
+
+
 def test_q4_1_reads_gguf_blocks():
     """GGUF's Q4_1 block: d, m float16, then qs[16] with weight j in the low nibble of
     qs[j] and weight j + 16 in the high one."""

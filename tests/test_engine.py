@@ -543,3 +543,58 @@ def test_greedy_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatc
     loop = tiny_engine.run(prompt, drafter, **settings)
     assert fast["token_ids"] == loop["token_ids"] == tiny_engine.run(prompt, "none", **settings)["token_ids"]
     assert _steps_without_times(fast) == _steps_without_times(loop)
+
+
+def _rounded_q(steps: list[dict]) -> list[dict]:
+    """Step events with every q rounded to 5 decimals (a sampled chain's q is its C softmax, the loop's torch's:
+    the same to float32 rounding, which the events' 6 decimals may show)."""
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: (round(v, 5) if k in ("q", "q_eff", "accept_prob") and isinstance(v, float) else strip(v))
+                    for k, v in value.items()}  # fmt: skip
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    out = strip(steps)
+    for step in out:  # the top entries' q values: [id, text, q]
+        for dist in step.get("dists") or []:
+            if dist.get("q_top"):
+                dist["q_top"] = [[i, t, round(q, 5)] for i, t, q in dist["q_top"]]
+    return out
+
+
+@pytest.mark.parametrize("kw", [{"k": 4}, {"k": 6, "adaptive": True}, {"k": 5, "verify": "block"}])
+def test_sampled_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatch, kw):
+    """A q4 chain sampled with a temperature alone runs its passes in one C call (Transformer.sampled_chain),
+    each token drawn in C from q = softmax(logits / T) at a uniform from the run's generator, one per pass, as
+    the loop draws them: with the same seed every step event (drafted tokens, decisions, passes, stops) equals
+    the drafter's pass-by-pass loop's and its q to float32 rounding, and so does the output; with top-p set
+    the loop runs (the chain knows only a temperature)."""
+    from engine.kernels import cpu_kernels
+    from engine.model.transformer import Transformer
+
+    if not cpu_kernels.available():
+        pytest.skip(f"no CPU kernel: {cpu_kernels.why_unavailable()}")
+    settings = {"max_new_tokens": 24, "chat": False, "temperature": 0.9, "seed": 3, **kw}
+    prompt = "a b c d a b c d a b c d e f"
+    if kw.get("adaptive"):
+        monkeypatch.setattr(tiny_engine.costs, "weighed_pass_ms", lambda *args, **kwargs: None)
+    calls = []
+    chain = Transformer.sampled_chain
+
+    def counted(self, token, cache, n, temperature, uniforms):
+        calls.append(n)
+        return chain(self, token, cache, n, temperature, uniforms)
+
+    monkeypatch.setattr(Transformer, "sampled_chain", counted)
+    fast = tiny_engine.run(prompt, "q4", **settings)
+    assert calls, "the chain never ran"
+    calls.clear()
+    tiny_engine.run(prompt, "q4", **{**settings, "top_p": 0.9})
+    assert not calls  # top-p: the loop
+    monkeypatch.setattr(Transformer, "greedy_chain_ready", lambda self, cache: False)
+    loop = tiny_engine.run(prompt, "q4", **settings)
+    assert fast["token_ids"] == loop["token_ids"]
+    assert _rounded_q(_steps_without_times(fast)) == _rounded_q(_steps_without_times(loop))

@@ -121,8 +121,8 @@ class ModelDrafter(Drafter):
         if self.cache is None:
             raise RuntimeError(f"{type(self).__name__}.start must be called before propose")
         shape, params, gen = context.shape, context.params, context.gen
-        if params.greedy and shape.topk == 1 and self.static is None:
-            chain = self._greedy_chain(context)
+        if shape.topk == 1 and self.static is None and (params.greedy or _temperature_only(params)):
+            chain = self._chain(context)
             if chain is not None:
                 return chain
         cache = self.cache
@@ -210,14 +210,21 @@ class ModelDrafter(Drafter):
             getattr(cls, name) is getattr(ModelDrafter, name) for name in ("_catch_up", "_expand", "_q", "_pass")
         )
 
-    def _greedy_chain(self, context: DraftContext) -> DraftTree | None:
-        """``propose`` for a greedy chain (topk 1) with the drafter's passes in one C call
-        (``Transformer.greedy_chain``; where a confidence threshold may stop the chain, each call runs the
-        levels the loop is sure to reach, ``TreeShape.sure_levels``, so that no pass runs that the loop would
-        not run): the tree, q and cache the loop makes, bit for bit (the
-        same kernel calls in the same order, the same argmax of the same logits), without ~0.3 ms of Python
-        per draft pass. None where this drafter's passes are not plain token passes all on our CPU kernels
-        (the loop runs).
+    def _chain(self, context: DraftContext) -> DraftTree | None:
+        """``propose`` for a chain (topk 1) with the drafter's passes in one C call (where a confidence
+        threshold may stop the chain, each call runs the levels the loop is sure to reach,
+        ``TreeShape.sure_levels``, so that no pass runs that the loop would not run), without ~0.3-0.4 ms of
+        Python per draft pass:
+
+        - greedy (``Transformer.greedy_chain``): the tree, q and cache the loop makes, bit for bit (the same
+          kernel calls in the same order, the same argmax of the same logits);
+        - sampled with a temperature alone (no top-k, no top-p: ``Transformer.sampled_chain``): the same
+          passes, each token drawn in C from q = softmax(logits / T) at a uniform from the run's generator
+          (drawn here, one per pass), and that q, returned by the call, is the tree's: the loop's
+          distribution (its q is the same softmax, computed by torch, to float32 rounding), drawn the same
+          way (the inverse CDF on float64 running sums), not the loop's draws seed for seed.
+
+        None where this drafter's passes are not plain token passes all on our CPU kernels (the loop runs).
 
         The chain's nodes sit at consecutive slots: node j (depth j + 1) at committed + j, whether the pending
         token was fed alone (its keys and values before it shared from the target's cache) or the first
@@ -232,20 +239,29 @@ class ModelDrafter(Drafter):
             return None
         tree = DraftTree(stop="depth", model_passes=0)
         qs: list[torch.Tensor] = []  # q [V] of each level's parent (the softmax of its logits)
-        chosen: list[int] = []  # the token drafted from each of them (their logits' argmax)
+        chosen: list[int] = []  # the token drafted from each of them (their logits' argmax, or a draw from q)
         if len(new) > 1:  # the first step's prompt (or unseen accepted tokens): one pass over them
             root, _ = self._catch_up(context.tokens)
             tree.model_passes = 1
             qs.append(self._q(root, params))
-            chosen.append(argmax_index(root))
+            if params.greedy:
+                chosen.append(argmax_index(root))
+            else:  # (the loop's draw: a softmax always has mass)
+                chosen.append(sample_without_replacement(qs[0], 1, context.gen)[0])
         score: list[float] = []
         path_q = 1.0
         for depth in range(1, shape.k + 1):
             if len(qs) < depth:  # feed the last drafted token (the pending one first) and what follows
                 n = shape.sure_levels(depth, path_q)  # passes the loop is sure to run (all K without a threshold)
-                logits, tokens = model.greedy_chain(new[0] if depth == 1 else tree.tokens[-1], cache, n)  # [n, V]
+                first = new[0] if depth == 1 else tree.tokens[-1]
+                if params.greedy:
+                    logits, tokens = model.greedy_chain(first, cache, n)  # [n, V]
+                    qs += list(self._q(logits, params))  # (row by row the bits of one row's softmax)
+                else:
+                    u = torch.rand(n, generator=context.gen, dtype=torch.float64)  # [n], one per draw
+                    _, q_rows, tokens = model.sampled_chain(first, cache, n, params.temperature, u)  # [n, V]
+                    qs += list(q_rows)
                 tree.model_passes += n
-                qs += list(self._q(logits, params))  # (row by row the bits of one row's softmax)
                 chosen += tokens
             parent = len(tree) - 1  # -1: the root
             q = qs[depth - 1]
@@ -284,6 +300,11 @@ class ModelDrafter(Drafter):
             self.static = None
         self.cache = None
         self.target_cache = None
+
+
+def _temperature_only(params: SamplingParams) -> bool:
+    """Sampling with a temperature and no other filter (top-k off, top-p 1): what a sampled chain in C draws."""
+    return not params.greedy and params.top_k == 0 and params.top_p == 1.0
 
 
 def int8_weights(target: Transformer) -> Transformer:

@@ -58,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -91,6 +92,7 @@ __all__ = [
     "rope_and_store",
     "swiglu",
     "run_packed",
+    "sampled_chain",
     "top_rows",
     "skinny_gemm_bf16",
     "skinny_gemm_int8w",
@@ -232,6 +234,8 @@ def _build(name: str) -> ctypes.CDLL:
     lib.greedy_chain.restype = None
     lib.greedy_chain.argtypes = [size, size, ptr, flag, ptr, size, real, ptr, ptr, ptr, ptr] + [size] * 5
     lib.greedy_chain.argtypes += [real, ptr, ptr, ptr, ptr, size, ptr, ptr]
+    lib.sampled_chain.restype = None
+    lib.sampled_chain.argtypes = [*lib.greedy_chain.argtypes, real, ptr, ptr]
     return lib
 
 
@@ -883,6 +887,40 @@ def top_rows(rows: list[torch.Tensor], top: int) -> list[list[int]]:
     return [idx[r, : count[r]].tolist() for r in range(len(rows))]
 
 
+def _chain_args(token, n, embed, stack, cos, sin, k, v, start, heads, head, norm_weight, eps) -> tuple[list, int]:
+    """A chain call's arguments up to its outputs (decode_kernels.c's greedy_chain and sampled_chain), checked;
+    and the vocabulary V."""
+    rescored = isinstance(head, RescoredQ4Head)
+    desc = _mat_desc(head.q4 if rescored else head)
+    if desc is None or (rescored and head.out_padded != head.out):
+        raise ValueError("a draft chain needs an unpadded head")
+    vocab = int(desc.out)
+    capacity, dim = k.shape[2], k.shape[3]
+    if start + n > capacity:
+        raise ValueError(f"a chain of {n} from slot {start} does not fit a cache of {capacity}")
+    if embed.dtype not in (torch.bfloat16, torch.float32) or not embed.is_contiguous():
+        raise ValueError("a draft chain takes a contiguous bf16 or float32 embedding")
+    if embed.shape != (vocab, desc.n_in) or not 0 <= int(token) < vocab:
+        raise ValueError(
+            f"a draft chain needs an embedding [{vocab}, {desc.n_in}] and a token id below {vocab}: "
+            f"got {tuple(embed.shape)} and {int(token)}"
+        )
+    args = [
+        int(token),
+        n,
+        embed.data_ptr(),
+        embed.dtype == torch.float32,
+        *stack.args(eps, cos, sin, k, v, start, heads),
+        dim**-0.5,
+        ctypes.byref(desc),
+        norm_weight.data_ptr(),
+        head.w8.data_ptr() if rescored else None,
+        head.scale8.data_ptr() if rescored else None,
+        head.top if rescored else 0,
+    ]
+    return args, vocab
+
+
 def greedy_chain(
     token: int,
     n: int,
@@ -904,36 +942,43 @@ def greedy_chain(
     (``PackedWeight``, ``PackedInt8Weight``, ``PackedQ4_1Weight``, unpadded) or a ``RescoredQ4Head``
     (unpadded), its out the vocabulary; norm_weight [E] float32, the final norm. Returns (logits [n, V]
     float32, the n tokens chosen): bit for bit what n one-token passes and their argmax give."""
-    rescored = isinstance(head, RescoredQ4Head)
-    desc = _mat_desc(head.q4 if rescored else head)
-    if desc is None or (rescored and head.out_padded != head.out):
-        raise ValueError("greedy_chain needs an unpadded head")
-    vocab = int(desc.out)
-    capacity, dim = k.shape[2], k.shape[3]
-    if start + n > capacity:
-        raise ValueError(f"a chain of {n} from slot {start} does not fit a cache of {capacity}")
-    if embed.dtype not in (torch.bfloat16, torch.float32) or not embed.is_contiguous():
-        raise ValueError("greedy_chain takes a contiguous bf16 or float32 embedding")
-    if embed.shape != (vocab, desc.n_in) or not 0 <= int(token) < vocab:
-        raise ValueError(
-            f"greedy_chain needs an embedding [{vocab}, {desc.n_in}] and a token id below {vocab}: "
-            f"got {tuple(embed.shape)} and {int(token)}"
-        )
+    args, vocab = _chain_args(token, n, embed, stack, cos, sin, k, v, start, heads, head, norm_weight, eps)
     logits = torch.empty(n, vocab, dtype=torch.float32)
     tokens = np.empty(n, dtype=np.int64)
-    _state["lib"].greedy_chain(
-        int(token),
-        n,
-        embed.data_ptr(),
-        embed.dtype == torch.float32,
-        *stack.args(eps, cos, sin, k, v, start, heads),
-        dim**-0.5,
-        ctypes.byref(desc),
-        norm_weight.data_ptr(),
-        head.w8.data_ptr() if rescored else None,
-        head.scale8.data_ptr() if rescored else None,
-        head.top if rescored else 0,
-        logits.data_ptr(),
-        tokens.ctypes.data,
-    )
+    _state["lib"].greedy_chain(*args, logits.data_ptr(), tokens.ctypes.data)
     return logits, tokens.tolist()
+
+
+def sampled_chain(
+    token: int,
+    n: int,
+    embed: torch.Tensor,
+    stack: LayerStack,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: int,
+    heads: int,
+    head,
+    norm_weight: torch.Tensor,
+    eps: float,
+    temperature: float,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """``greedy_chain``'s passes with each pass's token drawn from q = softmax(logits / temperature) at one
+    uniform of ``uniforms`` ([n] float64 in [0, 1)) by the inverse CDF (decode_kernels.c's sampled_chain).
+    Returns (logits [n, V] float32, bit for bit the one-token passes'; q [n, V] float32, the distributions
+    the tokens were drawn from; the n tokens)."""
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"a sampled chain needs a finite temperature > 0, got {temperature}")
+    if uniforms.dtype != torch.float64 or uniforms.shape != (n,) or not uniforms.is_contiguous():
+        raise ValueError(f"a sampled chain takes [{n}] contiguous float64 uniforms")
+    args, vocab = _chain_args(token, n, embed, stack, cos, sin, k, v, start, heads, head, norm_weight, eps)
+    logits = torch.empty(n, vocab, dtype=torch.float32)
+    q = torch.empty(n, vocab, dtype=torch.float32)
+    tokens = np.empty(n, dtype=np.int64)
+    _state["lib"].sampled_chain(
+        *args, logits.data_ptr(), tokens.ctypes.data, float(temperature), uniforms.data_ptr(), q.data_ptr()
+    )
+    return logits, q, tokens.tolist()

@@ -902,11 +902,23 @@ class Transformer:
         the n tokens chosen) and advances cache.length by n: bit for bit what n ``run_pass`` calls of one
         token at consecutive slots and positions give, each followed by ``argmax_index`` of its logits.
         Where ``greedy_chain_ready`` says so only."""
+        return self._chain(cpu_kernels.greedy_chain, token, cache, n)
+
+    def sampled_chain(
+        self, token: int, cache: KVCache, n: int, temperature: float, uniforms: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """``greedy_chain`` with each pass's token drawn from q = softmax(logits / temperature) by the inverse
+        CDF at uniforms[i] ([n] float64, from the run's generator; cpu_kernels.sampled_chain). Returns (logits
+        [n, V], bit for bit the one-token passes'; q [n, V] float32, what each token was drawn from; the n
+        tokens) and advances cache.length by n. Where ``greedy_chain_ready`` says so only."""
+        return self._chain(cpu_kernels.sampled_chain, token, cache, n, temperature, uniforms)
+
+    def _chain(self, kernel, token: int, cache: KVCache, n: int, *extra):
         start = cache.length
         if start + n > cache.capacity:
             raise ValueError(f"sequence of {start + n} tokens exceeds the KV cache capacity {cache.capacity}")
         cos, sin = self._rope(torch.arange(start, start + n), start + n - 1)  # [n, D] each
-        logits, tokens = cpu_kernels.greedy_chain(
+        out = kernel(
             token,
             n,
             self.embed,
@@ -920,9 +932,10 @@ class Transformer:
             self._chain_head(),
             self.norm,
             self.cfg.rms_norm_eps,
+            *extra,
         )
         cache.length = start + n
-        return logits, tokens
+        return out
 
     @property
     def lm_head_on_kernel(self) -> bool:
