@@ -847,7 +847,7 @@ def _inverse_cdf(q: torch.Tensor, u: float) -> int:
     return int(hits[0]) if len(hits) else int((q > 0).nonzero()[-1])
 
 
-@pytest.mark.parametrize("weights", ["bf16", "q4"])
+@pytest.mark.parametrize("weights", ["bf16", "int8", "q4"])
 def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights):
     """sampled_chain (a sampled drafter's n passes in one C call, temperature alone): its logits are, bit for
     bit, n one-token run_pass calls' fed the chain's own tokens, and so is the cache; each q row is
@@ -862,6 +862,8 @@ def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights):
 
     hf = tiny_hf_model("llama", 512, 0)
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
+    if weights == "int8":
+        model = Transformer(model.cfg, dict(hf.state_dict()), torch.float32, int8=True)
     if weights == "q4":
         model = q4_weights(model)
     cache = model.new_cache(64)

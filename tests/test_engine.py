@@ -565,9 +565,12 @@ def _rounded_q(steps: list[dict]) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("kw", [{"k": 4}, {"k": 6, "adaptive": True}, {"k": 5, "verify": "block"}])
-def test_sampled_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatch, kw):
-    """A q4 chain sampled with a temperature alone runs its passes in one C call (Transformer.sampled_chain),
+@pytest.mark.parametrize(
+    "drafter,kw",
+    [("q4", {"k": 4}), ("q4", {"k": 6, "adaptive": True}), ("q4", {"k": 5, "verify": "block"}), ("int8", {"k": 3})],
+)
+def test_sampled_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatch, drafter, kw):
+    """A q4 or int8 chain sampled with a temperature alone runs its passes in one C call (Transformer.sampled_chain),
     each token drawn in C from q = softmax(logits / T) at a uniform from the run's generator, one per pass, as
     the loop draws them: with the same seed every step event (drafted tokens, decisions, passes, stops) equals
     the drafter's pass-by-pass loop's and its q to float32 rounding, and so does the output; with top-p set
@@ -589,12 +592,12 @@ def test_sampled_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypat
         return chain(self, token, cache, n, temperature, uniforms)
 
     monkeypatch.setattr(Transformer, "sampled_chain", counted)
-    fast = tiny_engine.run(prompt, "q4", **settings)
+    fast = tiny_engine.run(prompt, drafter, **settings)
     assert calls, "the chain never ran"
     calls.clear()
-    tiny_engine.run(prompt, "q4", **{**settings, "top_p": 0.9})
+    tiny_engine.run(prompt, drafter, **{**settings, "top_p": 0.9})
     assert not calls  # top-p: the loop
     monkeypatch.setattr(Transformer, "greedy_chain_ready", lambda self, cache: False)
-    loop = tiny_engine.run(prompt, "q4", **settings)
+    loop = tiny_engine.run(prompt, drafter, **settings)
     assert fast["token_ids"] == loop["token_ids"]
     assert _rounded_q(_steps_without_times(fast)) == _rounded_q(_steps_without_times(loop))
