@@ -167,6 +167,22 @@ def greedy_chain_calls(monkeypatch) -> list[int]:
 
 
 @pytest.fixture
+def sampled_chain_calls(monkeypatch) -> list[int]:
+    """Every Transformer.sampled_chain call in the test appends its number of passes (n), then runs."""
+    from engine.model.transformer import Transformer
+
+    calls: list[int] = []
+    original = Transformer.sampled_chain
+
+    def recording(self, token, cache, n, temperature, uniforms):
+        calls.append(n)
+        return original(self, token, cache, n, temperature, uniforms)
+
+    monkeypatch.setattr(Transformer, "sampled_chain", recording)
+    return calls
+
+
+@pytest.fixture
 def target_pass_times(monkeypatch) -> list[float]:
     """Every target pass run in this process appends its end time; passes last at least PASS_FLOOR_S."""
     stamps: list[float] = []

@@ -569,7 +569,7 @@ def _rounded_q(steps: list[dict]) -> list[dict]:
     "drafter,kw",
     [("q4", {"k": 4}), ("q4", {"k": 6, "adaptive": True}), ("q4", {"k": 5, "verify": "block"}), ("int8", {"k": 3})],
 )
-def test_sampled_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatch, drafter, kw):
+def test_sampled_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatch, sampled_chain_calls, drafter, kw):
     """A q4 or int8 chain sampled with a temperature alone runs its passes in one C call (Transformer.sampled_chain),
     each token drawn in C from q = softmax(logits / T) at a uniform from the run's generator, one per pass, as
     the loop draws them: with the same seed every step event (drafted tokens, decisions, passes, stops) equals
@@ -584,14 +584,7 @@ def test_sampled_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypat
     prompt = "a b c d a b c d a b c d e f"
     if kw.get("adaptive"):
         monkeypatch.setattr(tiny_engine.costs, "weighed_pass_ms", lambda *args, **kwargs: None)
-    calls = []
-    chain = Transformer.sampled_chain
-
-    def counted(self, token, cache, n, temperature, uniforms):
-        calls.append(n)
-        return chain(self, token, cache, n, temperature, uniforms)
-
-    monkeypatch.setattr(Transformer, "sampled_chain", counted)
+    calls = sampled_chain_calls
     fast = tiny_engine.run(prompt, drafter, **settings)
     assert calls, "the chain never ran"
     calls.clear()

@@ -213,6 +213,32 @@ def test_dry_stretches_chain_in_one_call_with_the_same_drafts(served_engine, gre
     assert passes(multi) <= passes(plain)
 
 
+def test_sampled_dry_stretches_chain_in_one_call_with_the_plain_drafters_draws(served_engine, sampled_chain_calls):
+    """The same at T = 0.7: a dry stretch draws the rest of the chain in one sampled_chain call. A round without
+    a proposal draws one uniform per token, as the call does, so with the same seed q4+ngram's steps are the
+    plain q4 drafter's (drafted tokens, decisions; q to float32 rounding: the rounds' torch softmax against the
+    call's) for as long as n-gram proposes nothing, with no more passes (a proposal's walk draws uniforms of its
+    own: from there the two runs' draws part)."""
+    prompt = "Explain in simple words how a refrigerator keeps food cold."
+    settings = {"k": 5, "max_new_tokens": 48, "temperature": 0.7, "seed": 2}
+    plain = served_engine.run(prompt, "q4", **settings)
+    sampled_chain_calls.clear()
+    multi = served_engine.run(prompt, "q4+ngram", **settings)
+    assert sampled_chain_calls and max(sampled_chain_calls) >= 2, sampled_chain_calls
+    steps = lambda run: [e for e in run["events"] if e["type"] == "step"]  # noqa: E731
+    dry = []
+    for a, b in zip(steps(plain), steps(multi)):
+        if b["draft"].get("copied"):
+            break
+        dry.append((a, b))
+    assert len(dry) >= 3, "the prompt's first steps are dry"
+    for a, b in dry:
+        assert [(n["token_id"], n["decision"], round(n["q"], 5)) for n in a["nodes"]] == [
+            (n["token_id"], n["decision"], round(n["q"], 5)) for n in b["nodes"]
+        ]
+        assert b["draft"]["model_passes"] <= a["draft"]["model_passes"]
+
+
 @pytest.mark.parametrize("wet_inside", [False, True])
 def test_dry_rounds_count_up_and_a_proposal_inside_a_chain_ends_the_stretch(
     tiny_model, monkeypatch, greedy_chain_calls, wet_inside

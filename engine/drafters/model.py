@@ -121,7 +121,7 @@ class ModelDrafter(Drafter):
         if self.cache is None:
             raise RuntimeError(f"{type(self).__name__}.start must be called before propose")
         shape, params, gen = context.shape, context.params, context.gen
-        if shape.topk == 1 and self.static is None and (params.greedy or _temperature_only(params)):
+        if shape.topk == 1 and self.static is None and (params.greedy or temperature_only(params)):
             chain = self._chain(context)
             if chain is not None:
                 return chain
@@ -302,7 +302,7 @@ class ModelDrafter(Drafter):
         self.target_cache = None
 
 
-def _temperature_only(params: SamplingParams) -> bool:
+def temperature_only(params: SamplingParams) -> bool:
     """Sampling with a temperature and no other filter (top-k off, top-p 1): what a sampled chain in C draws."""
     return not params.greedy and params.top_k == 0 and params.top_p == 1.0
 

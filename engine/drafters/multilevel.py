@@ -29,11 +29,15 @@ bit for bit those a plain chain of the same model computes, and greedy drafts ar
 drafts: only the number of model passes changes. tests/test_multilevel.py checks the law by chi-square with
 a negative control (the rejected token not removed from the residual).
 
-Dry stretches (greedy): where the copying drafter has proposed nothing for DRY_ROUNDS rounds in a row (open
-chat), a round without a proposal runs the rest of the chain in one C call (``Transformer.greedy_chain``, as
-the plain drafter's greedy chain does) instead of one Python pass per token, ~0.3 ms each. The drafts and q
-are the same bits (row invariance); only passes that a proposal might have saved are run. After the call the
-copying drafter is asked at each position the chain passed: one proposal there ends the dry stretch.
+Dry stretches (greedy, or sampled with a temperature alone): where the copying drafter has proposed nothing
+for DRY_ROUNDS rounds in a row (open chat), a round without a proposal runs the rest of the chain in one C
+call (``Transformer.greedy_chain`` or ``sampled_chain``, as the plain drafter's chain does) instead of one
+Python pass per token, ~0.3-0.4 ms each. Greedy, the drafts and q are the same bits (row invariance); sampled,
+each token is drawn in C from the q the call returns (the model's softmax to float32 rounding) at a uniform
+from the run's generator, where a round without a proposal draws one too: an exact draw from q either way, and
+a proposal would only have saved a pass, never changed a draft's law (the walk keeps each draft an exact draw
+from q). Only passes that a proposal might have saved are run. After the call the copying drafter is asked at
+each position the chain passed: one proposal there ends the dry stretch.
 
 Chains only: a tree (topk > 1) is drafted by the model alone, as its plain drafter does.
 """
@@ -44,7 +48,7 @@ import torch
 
 from engine.acceptance import argmax_index, residual, verify_children
 from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape
-from engine.drafters.model import ModelDrafter
+from engine.drafters.model import ModelDrafter, temperature_only
 from engine.model.transformer import Transformer
 from engine.sampling import SamplingParams, sample
 
@@ -111,15 +115,16 @@ class MultiLevelDrafter(ModelDrafter):
         return tree
 
     def _chain_the_rest(self, tree, drafted, context: DraftContext, fed: list[int], proposal, room: int) -> bool:
-        """In a dry stretch (greedy, no proposal now nor in the DRY_ROUNDS rounds before): the remaining `room`
-        levels in one C call from `fed` (the one token the model has not seen); True if it ran. Otherwise
+        """In a dry stretch (greedy or a temperature alone, no proposal now nor in the DRY_ROUNDS rounds before):
+        the remaining `room` levels in one C call from `fed` (the one token the model has not seen); True if it
+        ran. Otherwise
         counts this round as dry or not and returns False (the round's Python pass runs)."""
         if proposal or room < 2:
             self._dry = 0 if proposal else self._dry + 1
             return False
         params, cache = context.params, self.cache
         if not (
-            params.greedy
+            (params.greedy or temperature_only(params))
             and self._dry >= DRY_ROUNDS
             and len(fed) == 1
             and self.static is None
@@ -127,9 +132,15 @@ class MultiLevelDrafter(ModelDrafter):
         ):
             self._dry += 1
             return False
-        logits, tokens = self.model.greedy_chain(fed[0], cache, room)  # [room, V]: the token's pass, then each draft's
+        # [room, V] rows: the token's pass, then each draft's
+        if params.greedy:
+            logits, tokens = self.model.greedy_chain(fed[0], cache, room)
+            qs = self._q(logits, params)  # each q the bits of its one-row pass's softmax
+        else:  # one uniform per draw, as a round without a proposal draws one; qs: what each was drawn from
+            u = torch.rand(room, generator=context.gen, dtype=torch.float64)  # [room]
+            _, qs, tokens = self.model.sampled_chain(fed[0], cache, room, params.temperature, u)
         tree.model_passes += room
-        for q, token in zip(self._q(logits, params), tokens):  # each q the bits of its one-row pass's softmax
+        for q, token in zip(qs, tokens):
             self._add(tree, drafted, token, q)
         # Would the copying drafter have proposed at a position the chain passed? Then the stretch is over.
         done = context.tokens + drafted
