@@ -141,9 +141,17 @@ def _inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> in
 def _search_cdf(weights: torch.Tensor, cdf: torch.Tensor, total: float, generator: torch.Generator | None) -> int:
     """The inverse CDF's draw, given the [V] float64 running sums of the weights and their total."""
     u = torch.rand((), generator=generator, dtype=torch.float64).item()
+    return index_at(weights, cdf, total, u)
+
+
+def index_at(weights: torch.Tensor, cdf: torch.Tensor, total: float, u: float) -> int:
+    """The inverse CDF at u in [0, 1): the first index whose running sum (cdf, float64) reaches u · total,
+    among the entries with mass."""
     idx = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=torch.float64)).item())
-    # searchsorted can land on a zero-probability entry only at the very end due
-    # to rounding; step back to the last token with positive mass.
+    # searchsorted lands on a zero-probability entry only at the very start (u = 0: the first entry with
+    # mass) or past the end through rounding (the last entry with mass).
+    if idx == 0 and weights[0] <= 0:
+        return int((weights > 0).nonzero()[0])
     idx = min(idx, weights.shape[0] - 1)
     while weights[idx] <= 0 and idx > 0:
         idx -= 1

@@ -839,28 +839,28 @@ def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
 
 
 def _inverse_cdf(q: torch.Tensor, u: float) -> int:
-    """The draw a sampled chain makes from q [V] at u: the first index whose float64 running sum reaches u times
-    the total, among entries with q > 0 (engine.sampling's rule, written out)."""
+    """The loop's draw from q [V] at u (engine.sampling.index_at over float64 running sums)."""
+    from engine.sampling import index_at
+
     cdf = torch.cumsum(q, 0, dtype=torch.float64)
-    value = u * cdf[-1].item()
-    hits = ((cdf >= value) & (q > 0)).nonzero()
-    return int(hits[0]) if len(hits) else int((q > 0).nonzero()[-1])
+    return index_at(q, cdf, cdf[-1].item(), u)
 
 
-@pytest.mark.parametrize("weights", ["bf16", "int8", "q4"])
-def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights):
+@pytest.mark.parametrize("weights,vocab", [("bf16", 512), ("int8", 512), ("q4", 512), ("bf16", 528)])
+def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights, vocab):
     """sampled_chain (a sampled drafter's n passes in one C call, temperature alone): its logits are, bit for
     bit, n one-token run_pass calls' fed the chain's own tokens, and so is the cache; each q row is
     softmax(logits / T) to float32 rounding and sums to 1; each token is the inverse CDF of its q row at its
     uniform (u = 0 and u just below 1 among them); and drawn again and again from one slot, the tokens follow
-    q (chi-square), where the softmax at another temperature is rejected (the test can fail)."""
+    q (chi-square), where the softmax at another temperature is rejected (the test can fail). A vocabulary of
+    528 ends in a part block of the draw's running sums. A row that y / T overflows has no q: a clear error."""
     from conftest import tiny_hf_model
     from scipy.stats import chisquare
 
     from engine.drafters.model import q4_weights
     from engine.model.transformer import ModelConfig, Transformer
 
-    hf = tiny_hf_model("llama", 512, 0)
+    hf = tiny_hf_model("llama", vocab, 0)
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
     if weights == "int8":
         model = Transformer(model.cfg, dict(hf.state_dict()), torch.float32, int8=True)
@@ -873,7 +873,7 @@ def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights):
     u = torch.tensor([0.0, 0.37, 1.0 - 2.0**-53, 0.9, 0.05, 0.61], dtype=torch.float64)
     logits, q, tokens = model.sampled_chain(11, cache, 6, temperature, u)
     chain_k, chain_v = cache.k.clone(), cache.v.clone()
-    assert cache.length == start + 6 and logits.shape == q.shape == (6, 512)
+    assert cache.length == start + 6 and logits.shape == q.shape == (6, vocab)
     cache.length = start
     token = 11
     for i in range(6):
@@ -887,7 +887,7 @@ def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights):
     assert torch.equal(cache.v[:, :, : start + 6], chain_v[:, :, : start + 6])
     # Many draws from one slot (the first pass again and again): they follow q.
     gen = torch.Generator().manual_seed(7)
-    draws = torch.zeros(512)
+    draws = torch.zeros(vocab)
     for _ in range(3000):
         cache.length = start
         _, q0, (t,) = model.sampled_chain(11, cache, 1, temperature, torch.rand(1, generator=gen, dtype=torch.float64))
@@ -906,6 +906,11 @@ def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights):
     assert p_value(torch.softmax(logits[0] / (temperature * 1.5), -1)) < 1e-6  # the control
     with pytest.raises(ValueError, match="temperature > 0"):
         model.sampled_chain(11, cache, 2, 0.0, u[:2])
+    with pytest.raises(ValueError, match="temperature > 0"):
+        model.sampled_chain(11, cache, 2, 1e-50, u[:2])  # 0 as a float32
+    cache.length = start
+    with pytest.raises(ValueError, match="NaN or infinite logit"):
+        model.sampled_chain(11, cache, 2, 1e-38, u[:2])  # every logit / T beyond float32
     with pytest.raises(ValueError, match="float64 uniforms"):
         model.sampled_chain(11, cache, 2, 1.0, u[:3])
 

@@ -233,9 +233,10 @@ def test_sampled_dry_stretches_chain_in_one_call_with_the_plain_drafters_draws(s
         dry.append((a, b))
     assert len(dry) >= 3, "the prompt's first steps are dry"
     for a, b in dry:
-        assert [(n["token_id"], n["decision"], round(n["q"], 5)) for n in a["nodes"]] == [
-            (n["token_id"], n["decision"], round(n["q"], 5)) for n in b["nodes"]
+        assert [(n["token_id"], n["decision"]) for n in a["nodes"]] == [
+            (n["token_id"], n["decision"]) for n in b["nodes"]
         ]
+        assert [n["q"] for n in a["nodes"]] == pytest.approx([n["q"] for n in b["nodes"]], abs=2e-6)
         assert b["draft"]["model_passes"] <= a["draft"]["model_passes"]
 
 

@@ -255,3 +255,16 @@ def test_one_draw_without_replacement_is_the_first_of_several():
         two = sample_without_replacement(probs, 2, torch.Generator().manual_seed(seed))
         assert one == two[:1]
     assert sample_without_replacement(torch.zeros(8), 1, torch.Generator().manual_seed(0)) == []
+
+
+def test_the_inverse_cdf_never_lands_on_an_entry_without_mass():
+    """index_at (the CPU's draw): u = 0 takes the first entry with mass (searchsorted alone gave a leading zero
+    entry), u just below 1 the last one, and in between the first entry whose running sum reaches u · total."""
+    from engine.sampling import index_at
+
+    w = torch.tensor([0.0, 0.0, 0.25, 0.0, 0.5, 0.25, 0.0])
+    cdf = torch.cumsum(w, 0, dtype=torch.float64)
+    total = cdf[-1].item()
+    assert index_at(w, cdf, total, 0.0) == 2
+    assert index_at(w, cdf, total, 1.0 - 2.0**-53) == 5
+    assert [index_at(w, cdf, total, u) for u in (0.1, 0.25, 0.26, 0.75, 0.76)] == [2, 2, 4, 4, 5]

@@ -220,9 +220,10 @@ class ModelDrafter(Drafter):
           kernel calls in the same order, the same argmax of the same logits);
         - sampled with a temperature alone (no top-k, no top-p: ``Transformer.sampled_chain``): the same
           passes, each token drawn in C from q = softmax(logits / T) at a uniform from the run's generator
-          (drawn here, one per pass), and that q, returned by the call, is the tree's: the loop's
-          distribution (its q is the same softmax, computed by torch, to float32 rounding), drawn the same
-          way (the inverse CDF on float64 running sums), not the loop's draws seed for seed.
+          (drawn here, one per pass, in the loop's order), and that q, returned by the call, is the tree's:
+          the loop's distribution (its q is the same softmax, computed by torch, to float32 rounding), drawn
+          the same way (the inverse CDF on float64 running sums), so with the same seed the loop's draws but
+          where a uniform lands within rounding of a step of the CDF.
 
         None where this drafter's passes are not plain token passes all on our CPU kernels (the loop runs).
 

@@ -970,15 +970,19 @@ def sampled_chain(
     uniform of ``uniforms`` ([n] float64 in [0, 1)) by the inverse CDF (decode_kernels.c's sampled_chain).
     Returns (logits [n, V] float32, bit for bit the one-token passes'; q [n, V] float32, the distributions
     the tokens were drawn from; the n tokens)."""
-    if not (temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(f"a sampled chain needs a finite temperature > 0, got {temperature}")
+    if not (math.isfinite(temperature) and np.float32(temperature) > 0):
+        raise ValueError(f"a sampled chain needs a finite temperature > 0 (as a float32), got {temperature}")
     if uniforms.dtype != torch.float64 or uniforms.shape != (n,) or not uniforms.is_contiguous():
         raise ValueError(f"a sampled chain takes [{n}] contiguous float64 uniforms")
     args, vocab = _chain_args(token, n, embed, stack, cos, sin, k, v, start, heads, head, norm_weight, eps)
     logits = torch.empty(n, vocab, dtype=torch.float32)
     q = torch.empty(n, vocab, dtype=torch.float32)
     tokens = np.empty(n, dtype=np.int64)
+    tokens[:] = -1
     _state["lib"].sampled_chain(
         *args, logits.data_ptr(), tokens.ctypes.data, float(temperature), uniforms.data_ptr(), q.data_ptr()
     )
+    if (tokens < 0).any():
+        at = int((tokens < 0).argmax())
+        raise ValueError(f"pass {at} of a sampled chain has a NaN or infinite logit (at temperature {temperature})")
     return logits, q, tokens.tolist()

@@ -904,6 +904,7 @@ class Transformer:
         Where ``greedy_chain_ready`` says so only."""
         return self._chain(cpu_kernels.greedy_chain, token, cache, n)
 
+    @torch.inference_mode()
     def sampled_chain(
         self, token: int, cache: KVCache, n: int, temperature: float, uniforms: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:

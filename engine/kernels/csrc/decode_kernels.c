@@ -1207,18 +1207,6 @@ void top_rows(const float *const *rows, int64_t R, int64_t n, int64_t top, int64
     pool_for(R, 1, top_tasks, &job);
 }
 
-/* ---- a greedy draft chain: n one-token passes in one call ----------------------------
- * What a model drafter's loop does for a greedy chain (engine/drafters/model.py), without
- * going back to Python between its passes (~0.3 ms each there: tensors, the pass's plan,
- * the call). Pass i feeds token t_i (t_0 = token) at slot and position start + i: its row of
- * the embedding (bf16 or float32 [V, E], widened exactly to float32), decode_layers over it
- * (causal: A = start + i + 1, rotary factors cos[i], sin[i], attention scale as given),
- * the final-normed row projected to logits[i] (the head: a mat_desc product with float32
- * out, or head_q4_rescored when top > 0), then t_{i+1} = argmax_row(logits[i]) into
- * tokens[i]. Every step is the call a one-token pass makes, in the same order: logits[i] is
- * bit for bit that pass's row. The head's out is the vocabulary V (no padding: the caller
- * checks). Measured on 2 Zen 4 cores, q4 drafter, K = 6: 0.37 ms less per draft pass than
- * the loop (~3.6 ms a pass). */
 /* Pass i of a chain: token at slot and position start + i, its logits into y. */
 static void chain_pass(int64_t token, int64_t i, const void *embed, int embed_f32, const layer_desc *layers,
                        int64_t n_layers, float eps, const float *cos, const float *sin, float *k, float *v,
@@ -1238,6 +1226,18 @@ static void chain_pass(int64_t token, int64_t i, const void *embed, int embed_f3
         mat_rows(head, x, norm_w, eps, y, 1);
 }
 
+/* ---- a greedy draft chain: n one-token passes in one call ----------------------------
+ * What a model drafter's loop does for a greedy chain (engine/drafters/model.py), without
+ * going back to Python between its passes (~0.3 ms each there: tensors, the pass's plan,
+ * the call). Pass i feeds token t_i (t_0 = token) at slot and position start + i: its row of
+ * the embedding (bf16 or float32 [V, E], widened exactly to float32), decode_layers over it
+ * (causal: A = start + i + 1, rotary factors cos[i], sin[i], attention scale as given),
+ * the final-normed row projected to logits[i] (the head: a mat_desc product with float32
+ * out, or head_q4_rescored when top > 0), then t_{i+1} = argmax_row(logits[i]) into
+ * tokens[i]. Every step is the call a one-token pass makes, in the same order: logits[i] is
+ * bit for bit that pass's row. The head's out is the vocabulary V (no padding: the caller
+ * checks). Measured on 2 Zen 4 cores, q4 drafter, K = 6: 0.37 ms less per draft pass than
+ * the loop (~3.6 ms a pass). */
 void greedy_chain(int64_t token, int64_t n, const void *embed, int embed_f32, const layer_desc *layers,
                   int64_t n_layers, float eps, const float *cos, const float *sin, float *k, float *v, int64_t start,
                   int64_t H, int64_t Hkv, int64_t S, int64_t D, float scale, const mat_desc *head,
@@ -1259,7 +1259,8 @@ void greedy_chain(int64_t token, int64_t n, const void *embed, int embed_f32, co
  * Python took ~0.4 ms a pass (a q4 pass ~2.7 ms greedy, ~3.05 at T = 0.7, 2 Zen 4 cores).
  *
  *   q[i] = softmax(logits[i] / T): z = y / T (float32, as torch divides), e = exp(z - max z)
- *          (vf_exp_neg, relative error < 2e-7), q = e * (1 / sum e), float32 [V]: this q is the drafter's, returned
+ *          (vf_exp_neg, relative error < 2e-7; its floor, e^-87 on avx2 and e^-104 on avx512, stands for
+ *          anything smaller), q = e * (1 / sum e), float32 [V]: this q is the drafter's, returned
  *          and recorded as it is (the verifier's q: nothing recomputes it)
  *   t_{i+1} = the inverse CDF of q[i] at u[i] (u uniform in [0, 1), drawn by the caller from the
  *          run's generator): the first index whose running sum of q (float64) reaches u times
@@ -1268,22 +1269,27 @@ void greedy_chain(int64_t token, int64_t n, const void *embed, int embed_f32, co
  *          in is walked entry by entry: a nondecreasing CDF whose steps are q's entries to
  *          float64 rounding (~1e-16 relative, as engine.sampling's float64 cumsum); a walk that
  *          ends a rounding short of the block's sum takes the block's last entry with q > 0.
- * Every pass is the one-token pass's, bit for bit (logits[i]); tokens[i] = t_{i+1}. */
+ * Every pass is the one-token pass's, bit for bit (logits[i]); tokens[i] = t_{i+1}. A row with a NaN or
+ * infinite logit (or one that y / T overflows) has no q to draw from: tokens[i] = -1 and the chain stops
+ * there (the caller raises). */
 #define SAMPLE_BLOCK 64
 static int64_t sample_row(const float *y, int64_t V, float temperature, double u, float *q) {
     const vf vt = vf_set1(temperature);
-    vf vmax = vf_set1(-INFINITY);
+    vf vmax = vf_set1(-INFINITY), vbad = vf_zero(); /* vbad: the sum of z * 0, not 0 where a z is NaN or infinite */
     int64_t j = 0;
     for (; j + VL <= V; j += VL) {
         const vf z = vf_div(vf_load(y + j), vt);
         vf_store(q + j, z);
         vmax = vf_max(vmax, z);
+        vbad = vf_add(vbad, vf_mul(z, vf_zero()));
     }
-    float mx = vf_reduce_max(vmax);
+    float mx = vf_reduce_max(vmax), bad = vf_reduce_add(vbad);
     for (; j < V; j++) { /* (the vocabulary's tail past the last full vector) */
         q[j] = y[j] / temperature;
         mx = q[j] > mx ? q[j] : mx;
+        bad += q[j] * 0.0f;
     }
+    if (bad != 0.0f || !isfinite(mx)) return -1; /* a NaN or infinite logit (or y / T overflowing): no q to draw from */
     const vf vmx = vf_set1(mx);
     vf vtotal = vf_zero();
     for (j = 0; j + VL <= V; j += VL) {
@@ -1296,7 +1302,9 @@ static int64_t sample_row(const float *y, int64_t V, float temperature, double u
         vf_store_tail(q + j, e, V - j);
         vtotal = vf_add(vtotal, e);
     }
-    const vf vinv = vf_set1(1.0f / vf_reduce_add(vtotal));
+    const float sum = vf_reduce_add(vtotal);
+    if (!(sum > 0.0f) || !isfinite(sum)) return -1;
+    const vf vinv = vf_set1(1.0f / sum);
     for (j = 0; j + VL <= V; j += VL) vf_store(q + j, vf_mul(vf_load(q + j), vinv));
     if (j < V) vf_store_tail(q + j, vf_mul(vf_load_tail(q + j, V - j), vinv), V - j);
     /* the blocks' sums in float64, then the draw */
@@ -1341,5 +1349,6 @@ void sampled_chain(int64_t token, int64_t n, const void *embed, int embed_f32, c
                    head, norm_w, w8, scale8, top, y);
         token = sample_row(y, V, temperature, uniforms[i], q + i * V);
         tokens[i] = token;
+        if (token < 0) return;
     }
 }
