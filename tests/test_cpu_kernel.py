@@ -794,20 +794,16 @@ def test_top_rows_are_the_best_entries_lower_index_first(variant):
         cpu_kernels.top_rows([rows[0], short], 10)
 
 
-@pytest.mark.parametrize("weights", ["bf16", "int8", "q4"])
-def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
-    """greedy_chain (a greedy drafter's n passes in one C call) gives, bit for bit, what n one-token
-    run_pass calls at consecutive slots give, each fed the argmax of the last: the logits, the tokens and
-    the cache; from a cache holding a prompt, and from one slot further on. The q4 drafter's head (Q4_1 with
-    its best outputs re-scored in int8) and the plain kernel heads alike."""
+def _chain_model(weights: str, vocab: int = 512):
+    """A tiny model all on our kernels, its weights bf16, int8 (float32 activations, as the int8 drafter's) or
+    q4 (the q4 drafter's), and a cache of 64 holding a 27-token prompt."""
     from conftest import tiny_hf_model
 
-    from engine.acceptance import argmax_index
     from engine.drafters.model import q4_weights
     from engine.model.transformer import ModelConfig, Transformer
 
-    hf = tiny_hf_model("llama", 512, 0)
-    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16, int8=weights == "int8")
+    hf = tiny_hf_model("llama", vocab, 0)
+    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
     if weights == "int8":
         model = Transformer(model.cfg, dict(hf.state_dict()), torch.float32, int8=True)
     if weights == "q4":
@@ -815,6 +811,18 @@ def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
     cache = model.new_cache(64)
     assert model.greedy_chain_ready(cache)
     model.prefill(list(range(3, 30)), cache)
+    return model, cache
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8", "q4"])
+def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
+    """greedy_chain (a greedy drafter's n passes in one C call) gives, bit for bit, what n one-token
+    run_pass calls at consecutive slots give, each fed the argmax of the last: the logits, the tokens and
+    the cache; from a cache holding a prompt, and from one slot further on. The q4 drafter's head (Q4_1 with
+    its best outputs re-scored in int8) and the plain kernel heads alike."""
+    from engine.acceptance import argmax_index
+
+    model, cache = _chain_model(weights)
     for start in (cache.length, cache.length + 1):
         cache.length = start
         logits, tokens = model.greedy_chain(11, cache, 6)
@@ -854,21 +862,9 @@ def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights, vo
     uniform (u = 0 and u just below 1 among them); and drawn again and again from one slot, the tokens follow
     q (chi-square), where the softmax at another temperature is rejected (the test can fail). A vocabulary of
     528 ends in a part block of the draw's running sums. A row that y / T overflows has no q: a clear error."""
-    from conftest import tiny_hf_model
     from scipy.stats import chisquare
 
-    from engine.drafters.model import q4_weights
-    from engine.model.transformer import ModelConfig, Transformer
-
-    hf = tiny_hf_model("llama", vocab, 0)
-    model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
-    if weights == "int8":
-        model = Transformer(model.cfg, dict(hf.state_dict()), torch.float32, int8=True)
-    if weights == "q4":
-        model = q4_weights(model)
-    cache = model.new_cache(64)
-    assert model.greedy_chain_ready(cache)
-    model.prefill(list(range(3, 30)), cache)
+    model, cache = _chain_model(weights, vocab)
     start, temperature = cache.length, 1.3
     u = torch.tensor([0.0, 0.37, 1.0 - 2.0**-53, 0.9, 0.05, 0.61], dtype=torch.float64)
     logits, q, tokens = model.sampled_chain(11, cache, 6, temperature, u)

@@ -801,10 +801,8 @@ static inline void attn_scores(const float *qh, const float *kh, const int32_t *
     }
 }
 
-/* s[0, len) -> exp(s - max) in place; returns 1 / their sum. */
-static inline float attn_softmax(float *s, int64_t len) {
-    float mx = -INFINITY;
-    for (int64_t a = 0; a < len; a++) mx = s[a] > mx ? s[a] : mx;
+/* s[0, len) -> exp(s - mx) in place (mx: their maximum); returns the sum of those. */
+static inline float exp_and_sum(float *s, int64_t len, float mx) {
     const vf vmx = vf_set1(mx);
     vf vtotal = vf_zero();
     int64_t a = 0;
@@ -818,7 +816,14 @@ static inline float attn_softmax(float *s, int64_t len) {
         vf_store_tail(s + a, e, len - a);
         vtotal = vf_add(vtotal, e);
     }
-    return 1.0f / vf_reduce_add(vtotal);
+    return vf_reduce_add(vtotal);
+}
+
+/* s[0, len) -> exp(s - max) in place; returns 1 / their sum. */
+static inline float attn_softmax(float *s, int64_t len) {
+    float mx = -INFINITY;
+    for (int64_t a = 0; a < len; a++) mx = s[a] > mx ? s[a] : mx;
+    return 1.0f / exp_and_sum(s, len, mx);
 }
 
 /* D = 64, the common head size: o [ATTN_CHAINS, 64] (memory) += e[a] * inv * v[list[a]] for
@@ -1290,19 +1295,7 @@ static int64_t sample_row(const float *y, int64_t V, float temperature, double u
         bad += q[j] * 0.0f;
     }
     if (bad != 0.0f || !isfinite(mx)) return -1; /* a NaN or infinite logit (or y / T overflowing): no q to draw from */
-    const vf vmx = vf_set1(mx);
-    vf vtotal = vf_zero();
-    for (j = 0; j + VL <= V; j += VL) {
-        const vf e = vf_exp_neg(vf_sub(vf_load(q + j), vmx));
-        vf_store(q + j, e);
-        vtotal = vf_add(vtotal, e);
-    }
-    if (j < V) {
-        const vf e = vf_keep_first(vf_exp_neg(vf_sub(vf_load_tail(q + j, V - j), vmx)), V - j);
-        vf_store_tail(q + j, e, V - j);
-        vtotal = vf_add(vtotal, e);
-    }
-    const float sum = vf_reduce_add(vtotal);
+    const float sum = exp_and_sum(q, V, mx); /* q = exp(z - max z) */
     if (!(sum > 0.0f) || !isfinite(sum)) return -1;
     const vf vinv = vf_set1(1.0f / sum);
     for (j = 0; j + VL <= V; j += VL) vf_store(q + j, vf_mul(vf_load(q + j), vinv));
