@@ -117,8 +117,7 @@ class MultiLevelDrafter(ModelDrafter):
     def _chain_the_rest(self, tree, drafted, context: DraftContext, fed: list[int], proposal, room: int) -> bool:
         """In a dry stretch (greedy or a temperature alone, no proposal now nor in the DRY_ROUNDS rounds before):
         the remaining `room` levels in one C call from `fed` (the one token the model has not seen); True if it
-        ran. Otherwise
-        counts this round as dry or not and returns False (the round's Python pass runs)."""
+        ran. Otherwise counts this round as dry or not and returns False (the round's Python pass runs)."""
         if proposal or room < 2:
             self._dry = 0 if proposal else self._dry + 1
             return False
