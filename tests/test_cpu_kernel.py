@@ -306,11 +306,12 @@ def test_a_prefill_gives_its_rows_what_decoding_gives_them(variant):
     assert torch.equal(whole.v[:, :, : len(prompt)], parts.v[:, :, : len(prompt)])
 
 
-@pytest.mark.parametrize("weights", ["bf16", "q4_1", "int8"])
-def test_layer_stack_equals_the_per_layer_path(variant, weights):
+@pytest.mark.parametrize("weights,kv", [("bf16", "f32"), ("q4_1", "f32"), ("int8", "f32"), ("q4_1", "bf16")])
+def test_layer_stack_equals_the_per_layer_path(variant, weights, kv):
     """decode_layers (every layer of a few-token pass in one C call) gives the per-layer
     Python path's logits, hidden rows and cache bit for bit, causal and under a tree mask,
-    with a rebuilt stack after a matrix is swapped."""
+    with a rebuilt stack after a matrix is swapped; with a float32 cache and a bf16 one (the q4
+    drafter's)."""
     from conftest import tiny_hf_model
 
     from engine.model.transformer import ModelConfig, Transformer, quantize_q4_1
@@ -319,8 +320,11 @@ def test_layer_stack_equals_the_per_layer_path(variant, weights):
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16, int8=weights == "int8")
     if weights == "q4_1":
         quantize_q4_1(model)
+    if kv == "bf16":
+        model.attention_dtype = torch.bfloat16
     assert model._layer_stack() is not None
     cache = model.new_cache(64)
+    assert cache.k.dtype == (torch.bfloat16 if kv == "bf16" else torch.float32)
     model.prefill(list(range(3, 30)), cache)
     base = cache.length
     new = torch.tensor([7, 9, 11, 13])
@@ -529,6 +533,48 @@ def test_attention_rows_do_not_depend_on_the_pass(variant, tokens, hole):
             else:
                 alone = cpu_kernels.attend_few(q[:, t : t + 1], k, v, length, rows[t : t + 1].contiguous())
             assert torch.equal(alone[0], together[t]), (t, rows is None)
+
+
+@pytest.mark.parametrize("tokens,length", [(1, 150), (5, 130), (16, 400)])
+@pytest.mark.parametrize("dim", [64, 72])
+@pytest.mark.parametrize("tree", [False, True])
+def test_attention_reads_a_bf16_cache_as_its_float32_values(variant, tokens, length, dim, tree):
+    """A bf16 cache (the q4 drafter's) is read widened, exactly: attention over bf16 keys and values gives,
+    bit for bit, what it gives over float32 ones holding the same numbers, causally and under a mask, on
+    the chunked path (D = 64) and the one-query path (D = 72)."""
+    gen = torch.Generator().manual_seed(tokens + length + dim)
+    q = torch.randn(9, tokens, dim, generator=gen)
+    k = torch.randn(3, length + 8, dim, generator=gen).to(torch.bfloat16)
+    v = torch.randn(3, length + 8, dim, generator=gen).to(torch.bfloat16)
+    mask = None
+    if tree:
+        mask = torch.rand(tokens, length, generator=gen) < 0.6
+        mask[:, 0] = True
+    got = cpu_kernels.attend_few(q, k, v, length, mask)
+    want = cpu_kernels.attend_few(q, k.float(), v.float(), length, mask)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="float32 or bf16"):
+        cpu_kernels.attend_few(q, k, v.float(), length, mask)
+
+
+def test_rope_and_store_rounds_keys_and_values_into_a_bf16_cache(variant):
+    """rope_and_store into a bf16 cache writes the float32 path's keys and values rounded to nearest even
+    (torch's rounding), and the same rotated queries."""
+    gen = torch.Generator().manual_seed(5)
+    heads, kv_heads, dim, tokens, start = 9, 3, 64, 4, 17
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen) * 3
+    angles = torch.rand(tokens, dim // 2, generator=gen) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, 1).contiguous(), torch.cat([angles.sin()] * 2, 1).contiguous()
+    k32, v32 = torch.zeros(kv_heads, 32, dim), torch.zeros(kv_heads, 32, dim)
+    k16, v16 = (
+        torch.zeros(kv_heads, 32, dim, dtype=torch.bfloat16),
+        torch.zeros(kv_heads, 32, dim, dtype=torch.bfloat16),
+    )
+    q32 = cpu_kernels.rope_and_store(qkv, cos, sin, k32, v32, start, heads)
+    q16 = cpu_kernels.rope_and_store(qkv, cos, sin, k16, v16, start, heads)
+    assert torch.equal(q32, q16)
+    assert torch.equal(k16.view(torch.int16), k32.to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(v16.view(torch.int16), v32.to(torch.bfloat16).view(torch.int16))
 
 
 # ---- (e) choosing a variant -------------------------------------------------------

@@ -89,6 +89,8 @@ __all__ = [
     "greedy_chain",
     "head_q4_rescored",
     "int8_per_channel",
+    "kv_bf16",
+    "KV_DTYPES",
     "rope_and_store",
     "swiglu",
     "run_packed",
@@ -110,6 +112,9 @@ SOURCE = CSRC / "decode_kernels.c"
 # epilogue acc * sx * scale + bias), which broke row invariance; only our explicit
 # FMAs fuse now.
 COMMON_CFLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
+# The KV caches the kernels read and write: float32 (the target's), or bf16 (a drafter's: half the bytes per
+# attended position; the model's kv_dtype).
+KV_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -222,17 +227,17 @@ def _build(name: str) -> ctypes.CDLL:
     lib.head_q4_rescored.restype = None
     lib.head_q4_rescored.argtypes = [ptr, flag, ptr, ptr, ptr, ptr] + [size] * 5 + [ptr, real]
     lib.rope_and_store.restype = None
-    lib.rope_and_store.argtypes = [ptr] * 6 + [size] * 6
+    lib.rope_and_store.argtypes = [ptr] * 6 + [size] * 7
     lib.attend_few.restype = None
-    lib.attend_few.argtypes = [ptr, ptr, ptr, ptr, ptr, size, size, size, size, size, size, real]
+    lib.attend_few.argtypes = [ptr, ptr, ptr, ptr, ptr, size, size, size, size, size, size, real, size]
     lib.swiglu_rows.restype = None
     lib.swiglu_rows.argtypes = [ptr, ptr, size, size]
     lib.decode_layers.restype = None
-    lib.decode_layers.argtypes = [ptr, size, ptr, size, real, ptr, ptr, ptr, ptr] + [size] * 6 + [ptr, real]
+    lib.decode_layers.argtypes = [ptr, size, ptr, size, real, ptr, ptr, ptr, ptr] + [size] * 7 + [ptr, real]
     lib.top_rows.restype = None
     lib.top_rows.argtypes = [ptr, size, size, size, ptr, ptr]
     lib.greedy_chain.restype = None
-    lib.greedy_chain.argtypes = [size, size, ptr, flag, ptr, size, real, ptr, ptr, ptr, ptr] + [size] * 5
+    lib.greedy_chain.argtypes = [size, size, ptr, flag, ptr, size, real, ptr, ptr, ptr, ptr] + [size] * 6
     lib.greedy_chain.argtypes += [real, ptr, ptr, ptr, ptr, size, ptr, ptr]
     lib.sampled_chain.restype = None
     lib.sampled_chain.argtypes = [*lib.greedy_chain.argtypes, real, ptr, ptr]
@@ -519,7 +524,7 @@ def _self_check(lib) -> None:
     q = torch.randn(6, 3, 64, generator=gen)
     k, v = torch.randn(2, 40, 64, generator=gen), torch.randn(2, 40, 64, generator=gen)
     out = torch.empty(3, 6 * 64)
-    lib.attend_few(q.data_ptr(), k.data_ptr(), v.data_ptr(), None, out.data_ptr(), 6, 2, 40, 33, 3, 64, 0.125)
+    lib.attend_few(q.data_ptr(), k.data_ptr(), v.data_ptr(), None, out.data_ptr(), 6, 2, 40, 33, 3, 64, 0.125, 0)
     mask = torch.ones(3, 33, dtype=torch.bool).tril(diagonal=30)
     ref = torch.nn.functional.scaled_dot_product_attention(
         q[None], k[None, :, :33], v[None, :, :33], attn_mask=mask[None, None], enable_gqa=True
@@ -528,7 +533,7 @@ def _self_check(lib) -> None:
     tree[:, 0] = True
     out_tree = torch.empty(3, 6 * 64)
     lib.attend_few(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), tree.data_ptr(), out_tree.data_ptr(), 6, 2, 40, 33, 3, 64, 0.125
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), tree.data_ptr(), out_tree.data_ptr(), 6, 2, 40, 33, 3, 64, 0.125, 0
     )
     ref_tree = torch.nn.functional.scaled_dot_product_attention(
         q[None], k[None, :, :33], v[None, :, :33], attn_mask=tree[None, None], enable_gqa=True
@@ -711,10 +716,19 @@ def skinny_gemm_q4_1(
     return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
 
 
+def kv_bf16(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a KV cache (k, v: one layer [Hkv, S, D] or all [L, Hkv, S, D], contiguous) is bf16, which the
+    kernels read widened to float32 (a drafter's cache: ``KV_DTYPES``), rather than float32; ValueError for
+    any other dtype or a mix."""
+    if k.dtype != v.dtype or k.dtype not in KV_DTYPES:
+        raise ValueError(f"the kernels take a float32 or bf16 KV cache, got keys {k.dtype} and values {v.dtype}")
+    return k.dtype == torch.bfloat16
+
+
 def attend_few(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int, mask: torch.Tensor | None = None, check: bool = True
 ) -> torch.Tensor:
-    """Attention of T new tokens: q [H, T, D] float32 over k, v [Hkv, S, D] float32 (one
+    """Attention of T new tokens: q [H, T, D] float32 over k, v [Hkv, S, D] float32 or bf16 (one
     layer of the cache, positions [0, length) in view) -> [T, H * D]. Without a mask the
     new tokens are the last T positions and attend causally (token t sees [0, length - T + t]);
     mask [T, length] bool says which positions each token sees (a draft tree). Query head
@@ -725,8 +739,10 @@ def attend_few(
     if check:
         if not available():
             raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")
-        if not (q.dtype == k.dtype == v.dtype == torch.float32 and k.is_contiguous() and v.is_contiguous()):
-            raise ValueError("attend_few takes float32 q and contiguous float32 k, v")
+        if not (
+            q.dtype == torch.float32 and k.dtype == v.dtype in KV_DTYPES and k.is_contiguous() and v.is_contiguous()
+        ):
+            raise ValueError("attend_few takes float32 q and contiguous float32 or bf16 k, v (one dtype)")
         if heads % kv_heads or not 0 < tokens <= length <= capacity:
             raise ValueError(
                 f"bad attention shapes: H={heads}, Hkv={kv_heads}, T={tokens}, length={length}, S={capacity}"
@@ -741,7 +757,7 @@ def attend_few(
     mask_ptr = mask.data_ptr() if mask is not None else None
     q = q.contiguous()
     out = torch.empty(tokens, heads * dim, dtype=torch.float32)
-    args = (heads, kv_heads, capacity, length, tokens, dim, dim**-0.5)
+    args = (heads, kv_heads, capacity, length, tokens, dim, dim**-0.5, k.dtype == torch.bfloat16)
     _state["lib"].attend_few(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask_ptr, out.data_ptr(), *args)
     return out
 
@@ -751,8 +767,9 @@ def rope_and_store(
 ) -> torch.Tensor:
     """Rotary embedding of the fused projection's queries and keys, keys and values
     written into one layer of the cache at slots [start, start + T); returns the
-    rotated queries [H, T, D]. qkv [T, (H + 2 Hkv) D], cos, sin [T, D], k, v [Hkv, S, D],
-    all contiguous float32 (the model's fast path: not validated beyond shapes)."""
+    rotated queries [H, T, D]. qkv [T, (H + 2 Hkv) D], cos, sin [T, D], all contiguous float32; k, v
+    [Hkv, S, D] contiguous float32 or bf16 (``kv_bf16``: keys and values rounded to nearest even as they are
+    stored). The model's fast path: not validated beyond shapes and the cache's dtype."""
     tokens = qkv.shape[0]
     kv_heads, capacity, dim = k.shape
     if qkv.shape[1] != (heads + 2 * kv_heads) * dim or start + tokens > capacity:
@@ -771,6 +788,7 @@ def rope_and_store(
         kv_heads,
         capacity,
         dim,
+        kv_bf16(k, v),
     )
     return q
 
@@ -863,9 +881,10 @@ class LayerStack:
 
     def args(self, eps: float, cos, sin, k, v, start: int, heads: int) -> tuple:
         """The layers' part of a decode_layers or greedy_chain call, in the C functions' order: the layers and
-        their count, eps, the rotary rows, the cache (k, v [L, Hkv, S, D]) and its shape, from slot start."""
+        their count, eps, the rotary rows, the cache (k, v [L, Hkv, S, D], float32 or bf16: ``kv_bf16``) and its
+        shape, from slot start, and whether it is bf16."""
         _, kv_heads, capacity, dim = k.shape
-        cache = (k.data_ptr(), v.data_ptr(), start, heads, kv_heads, capacity, dim)
+        cache = (k.data_ptr(), v.data_ptr(), start, heads, kv_heads, capacity, dim, kv_bf16(k, v))
         return (self.layers, self.count, eps, cos.data_ptr(), sin.data_ptr(), *cache)
 
 

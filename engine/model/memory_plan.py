@@ -284,7 +284,7 @@ def plan_memory(
         # Q4_1: 20 bytes per 32 weights; the head in Q4_1 and in int8 with a scale per row (its best outputs
         # re-scored); the embedding table kept in bf16 (engine/drafters/model.py q4_weights)
         drafter_bytes = (matrices + w["embed_params"]) * 20 // 32 + w["embed_params"] * (1 + 2) + 4 * w["vocab"]
-        drafter_kv = kv_per_token * context * concurrent_runs  # same layers, its own cache
+        drafter_kv = kv_per_token // attn_bytes * 2 * context * concurrent_runs  # same layers, its own bf16 cache
         notes.append("q4 drafter: an estimate (Q4_1 layers and head, the head in int8 too, bf16 embedding)")
     elif drafter == "int8":
         matrices = w["params"] - w["embed_params"]  # every matrix of the layers (and an untied head)

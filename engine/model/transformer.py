@@ -741,7 +741,9 @@ class Transformer:
         # (2) rotary angles, input rows
         cos, sin = self._rope(positions, max_position)
         # Rotary + KV write in one C call per layer where activations and cache are float32 CPU tensors.
-        fused_rope = self._attention_kernel and self.act_dtype == torch.float32 and cache.k.dtype == torch.float32
+        fused_rope = (
+            self._attention_kernel and self.act_dtype == torch.float32 and cache.k.dtype in cpu_kernels.KV_DTYPES
+        )
         x = (self.embed[tokens] if x_in is None else x_in).to(self.act_dtype)  # [T, E]
         n_layers = len(self.layers)
         if feature_layers is not None:
@@ -879,12 +881,13 @@ class Transformer:
 
     def greedy_chain_ready(self, cache: KVCache) -> bool:
         """Whether ``greedy_chain`` runs here: every matrix and the attention on our CPU kernels, float32
-        activations and cache, an unpadded head whose rows are the vocabulary."""
+        activations, a float32 or bf16 cache, an unpadded head whose rows are the vocabulary."""
         head = self._chain_head()
         return (
             self._attention_kernel
             and self.act_dtype == torch.float32
-            and cache.k.dtype == torch.float32
+            and cache.k.dtype in cpu_kernels.KV_DTYPES
+            and cache.v.dtype == cache.k.dtype
             and cache.k.is_contiguous()
             and cache.v.is_contiguous()
             and self.embed.dtype in (torch.bfloat16, torch.float32)

@@ -478,6 +478,13 @@ static inline float bf16_bits_to_float(uint16_t h) {
     memcpy(&f, &u, sizeof f);
     return f;
 }
+/* float32 -> bf16 bits, nearest even, a NaN a quiet NaN: torch's .to(torch.bfloat16) */
+static inline uint16_t float_to_bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 /* x [rows, in] as the kernel's rows for the bf16 product (xel_bf16: bf16 on
  * avx512bf16, float32 on the widening variants): the caller's buffer where it is
@@ -732,7 +739,7 @@ void head_q4_rescored(const void *x, int x_f32, const uint8_t *wp, const int8_t 
 }
 
 /* ---- attention of a pass's new tokens over the cache ------------------------------
- * q: [H, T, D] float32 (rotated), k, v: one layer of the cache, [Hkv, S, D] float32;
+ * q: [H, T, D] float32 (rotated), k, v: one layer of the cache, [Hkv, S, D] float32 (bf16 where kvb: kv_row);
  * out: [T, H, D]. Without a mask the cache holds A positions of which the last T
  * are the new tokens (their K/V already written) and token t attends [0, A - T + t]
  * (causal); with mask [T, A] (1 = may attend; a draft tree's ancestors) token t
@@ -774,28 +781,47 @@ void head_q4_rescored(const void *x, int x_f32, const uint8_t *wp, const int8_t 
 #error "score blocks are eight keys, value chains one or two"
 #endif
 
+/* The cache's keys and values are float32, or bf16 where kvb is set (a drafter's cache: half the bytes to
+ * read; the values are rounded once, when stored, and widened exactly when read, so every sum below runs
+ * as it does on float32 rows). Row r of a head's [S, D] rows starts at element r * D. */
+static inline const void *kv_row(const void *base, int64_t r, int64_t D, int kvb) {
+    return kvb ? (const void *)((const uint16_t *)base + r * D) : (const void *)((const float *)base + r * D);
+}
+static inline vf kv_vload(const void *row, int64_t i, int kvb) {
+    return kvb ? vf_load_bf16((const uint16_t *)row + i) : vf_load((const float *)row + i);
+}
+static inline float kv_get(const void *row, int64_t i, int kvb) {
+    return kvb ? bf16_bits_to_float(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+static inline void kv_put(void *row, int64_t i, float f, int kvb) {
+    if (kvb)
+        ((uint16_t *)row)[i] = float_to_bf16_bits(f);
+    else
+        ((float *)row)[i] = f;
+}
+
 /* Scores of ranks [from, to) of one query into s[from, to) (the last block may write up
  * to 7 floats past `to`; the caller leaves room). listed: the key list (NULL: rank = slot). */
-static inline void attn_scores(const float *qh, const float *kh, const int32_t *listed, int64_t from, int64_t to,
-                               int64_t D, float scale, float *s) {
+static inline void attn_scores(const float *qh, const void *kh, const int32_t *listed, int64_t from, int64_t to,
+                               int64_t D, float scale, float *s, int kvb) {
     const int64_t dv = D - D % VL;
     for (int64_t a0 = from; a0 < to; a0 += 8) {
-        const float *kr[8];
+        const void *kr[8];
         for (int j = 0; j < 8; j++) { /* keys past `to` read a real row; their sums are never used */
             const int64_t a = a0 + j < to ? a0 + j : from;
-            kr[j] = kh + (listed ? (int64_t)listed[a] : a) * D;
+            kr[j] = kv_row(kh, listed ? (int64_t)listed[a] : a, D, kvb);
         }
         vf acc[8];
         for (int j = 0; j < 8; j++) acc[j] = vf_zero();
         for (int64_t i = 0; i < dv; i += VL) {
             const vf qv = vf_load(qh + i);
-            for (int j = 0; j < 8; j++) acc[j] = vf_fmadd(qv, vf_load(kr[j] + i), acc[j]);
+            for (int j = 0; j < 8; j++) acc[j] = vf_fmadd(qv, kv_vload(kr[j], i, kvb), acc[j]);
         }
         _mm_storeu_ps(s + a0, hsum4(acc[0], acc[1], acc[2], acc[3]));
         _mm_storeu_ps(s + a0 + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
         for (int j = 0; j < 8 && a0 + j < to; j++) {
             float sdot = s[a0 + j];
-            for (int64_t i = dv; i < D; i++) sdot += qh[i] * kr[j][i];
+            for (int64_t i = dv; i < D; i++) sdot += qh[i] * kv_get(kr[j], i, kvb);
             s[a0 + j] = sdot * scale;
         }
     }
@@ -829,17 +855,17 @@ static inline float attn_softmax(float *s, int64_t len) {
 /* D = 64, the common head size: o [ATTN_CHAINS, 64] (memory) += e[a] * inv * v[list[a]] for
  * ranks [from, to), rank a into chain a % ATTN_CHAINS; the chains live in registers here. */
 enum { ATTN_NV = 64 / VL };
-static inline void attn_values64(float *o, const float *e, float inv, const float *vh, const int32_t *listed,
-                                 int64_t from, int64_t to) {
+static inline void attn_values64(float *o, const float *e, float inv, const void *vh, const int32_t *listed,
+                                 int64_t from, int64_t to, int kvb) {
     vf c0[ATTN_NV], c1[ATTN_NV];
     for (int i = 0; i < ATTN_NV; i++) c0[i] = vf_load(o + i * VL);
     for (int i = 0; i < ATTN_NV; i++) c1[i] = ATTN_CHAINS == 2 ? vf_load(o + 64 + i * VL) : vf_zero();
-#define ATTN_ROW(a) (vh + (listed ? (int64_t)listed[a] : (a)) * 64)
+#define ATTN_ROW(a) kv_row(vh, listed ? (int64_t)listed[a] : (a), 64, kvb)
 #define ATTN_ADD(chain, a)                                                                     \
     do {                                                                                       \
         const vf wv = vf_set1(e[a] * inv);                                                     \
-        const float *va = ATTN_ROW(a);                                                         \
-        for (int i = 0; i < ATTN_NV; i++) chain[i] = vf_fmadd(wv, vf_load(va + i * VL), chain[i]); \
+        const void *va = ATTN_ROW(a);                                                          \
+        for (int i = 0; i < ATTN_NV; i++) chain[i] = vf_fmadd(wv, kv_vload(va, i * VL, kvb), chain[i]); \
     } while (0)
     int64_t a = from;
     if (ATTN_CHAINS == 2) {
@@ -865,16 +891,16 @@ static inline void attn_finish64(const float *o, float *oh) {
 }
 
 /* Any head size: out = sum over ranks of e[a] * inv * v[list[a]], one chain. */
-static inline void attn_values_any(const float *e, float inv, const float *vh, const int32_t *listed, int64_t len,
-                                   int64_t D, float *oh) {
+static inline void attn_values_any(const float *e, float inv, const void *vh, const int32_t *listed, int64_t len,
+                                   int64_t D, float *oh, int kvb) {
     for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
     for (int64_t a = 0; a < len; a++) {
         const float w = e[a] * inv;
-        const float *va = vh + (listed ? (int64_t)listed[a] : a) * D;
+        const void *va = kv_row(vh, listed ? (int64_t)listed[a] : a, D, kvb);
         const vf wv = vf_set1(w);
         int64_t i = 0;
-        for (; i + VL <= D; i += VL) vf_store(oh + i, vf_fmadd(wv, vf_load(va + i), vf_load(oh + i)));
-        for (; i < D; i++) oh[i] += w * va[i];
+        for (; i + VL <= D; i += VL) vf_store(oh + i, vf_fmadd(wv, kv_vload(va, i, kvb), vf_load(oh + i)));
+        for (; i < D; i++) oh[i] += w * kv_get(va, i, kvb);
     }
 }
 
@@ -899,12 +925,13 @@ static inline int64_t attn_list(const uint8_t *mask, int64_t A, int64_t T, int64
  * shortest of their lists causally, the shortest leading run of allowed slots (lead[t])
  * under a mask. work: (qend - qbeg) * (A + 8 + 64 * ATTN_CHAINS) floats; lists: as many
  * int32 lists of A (NULL without a mask). D = 64. */
-static void attend_chunk(const float *q, const float *k, const float *v, const uint8_t *mask, const int64_t *lead,
-                         float *out, int64_t H, int64_t Hkv, int64_t S, int64_t A, int64_t T, float scale,
-                         int64_t g, int64_t qbeg, int64_t qend, float *work, int32_t *lists) {
+static inline __attribute__((always_inline)) void
+attend_chunk(const float *q, const void *k, const void *v, const uint8_t *mask, const int64_t *lead, float *out,
+             int64_t H, int64_t Hkv, int64_t S, int64_t A, int64_t T, float scale, int64_t g, int64_t qbeg,
+             int64_t qend, float *work, int32_t *lists, const int kvb) {
     enum { D = 64 };
     const int64_t group = H / Hkv, C = qend - qbeg, stride = A + 8;
-    const float *kh = k + g * S * D, *vh = v + g * S * D;
+    const void *kh = kv_row(k, g * S, D, kvb), *vh = kv_row(v, g * S, D, kvb);
     float *scores = work, *acc = work + C * stride;
     const int32_t *listed[ATTN_CHUNK];
     int64_t len[ATTN_CHUNK], head[ATTN_CHUNK], token[ATTN_CHUNK], P = A;
@@ -919,10 +946,11 @@ static void attend_chunk(const float *q, const float *k, const float *v, const u
 #define QROW(c) (q + (head[c] * T + token[c]) * D)
     for (int64_t b = 0; b < P; b += ATTN_KEY_BLOCK) {
         const int64_t e = b + ATTN_KEY_BLOCK < P ? b + ATTN_KEY_BLOCK : P;
-        for (int64_t c = 0; c < C; c++) attn_scores(QROW(c), kh, listed[c], b, e, D, scale, scores + c * stride);
+        for (int64_t c = 0; c < C; c++)
+            attn_scores(QROW(c), kh, listed[c], b, e, D, scale, scores + c * stride, kvb);
     }
     for (int64_t c = 0; c < C; c++) {
-        attn_scores(QROW(c), kh, listed[c], P, len[c], D, scale, scores + c * stride);
+        attn_scores(QROW(c), kh, listed[c], P, len[c], D, scale, scores + c * stride, kvb);
         inv[c] = attn_softmax(scores + c * stride, len[c]);
     }
 #undef QROW
@@ -930,22 +958,36 @@ static void attend_chunk(const float *q, const float *k, const float *v, const u
     for (int64_t b = 0; b < P; b += ATTN_KEY_BLOCK) {
         const int64_t e = b + ATTN_KEY_BLOCK < P ? b + ATTN_KEY_BLOCK : P;
         for (int64_t c = 0; c < C; c++)
-            attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, inv[c], vh, listed[c], b, e);
+            attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, inv[c], vh, listed[c], b, e, kvb);
     }
     for (int64_t c = 0; c < C; c++) {
-        attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, inv[c], vh, listed[c], P, len[c]);
+        attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, inv[c], vh, listed[c], P, len[c], kvb);
         attn_finish64(acc + c * 64 * ATTN_CHAINS, out + (token[c] * H + head[c]) * D);
     }
 }
 
+/* The two cache kinds' copies of attend_chunk (kvb a constant in each: no test in its loops). */
+#define ATTEND_CHUNK_ARGS                                                                                       \
+    const float *q, const void *k, const void *v, const uint8_t *mask, const int64_t *lead, float *out, int64_t H, \
+        int64_t Hkv, int64_t S, int64_t A, int64_t T, float scale, int64_t g, int64_t qbeg, int64_t qend,         \
+        float *work, int32_t *lists
+static void attend_chunk_f32(ATTEND_CHUNK_ARGS) {
+    attend_chunk(q, k, v, mask, lead, out, H, Hkv, S, A, T, scale, g, qbeg, qend, work, lists, 0);
+}
+static void attend_chunk_bf16(ATTEND_CHUNK_ARGS) {
+    attend_chunk(q, k, v, mask, lead, out, H, Hkv, S, A, T, scale, g, qbeg, qend, work, lists, 1);
+}
+
 /* attend_few's operands, for the tasks of task_pool.h. */
 typedef struct {
-    const float *q, *k, *v;
+    const float *q;
+    const void *k, *v;
     const uint8_t *mask;
     const int64_t *lead;
     float *out;
     int64_t H, Hkv, S, A, T, D, chunks, per_head;
     float scale;
+    int kvb;
 } attn_job;
 
 /* Units [begin, end) of the chunked path: unit u = chunk u % chunks of key/value head u / chunks. */
@@ -958,8 +1000,8 @@ static void attn_chunks(void *job, int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; u++) {
         const int64_t g = u / j->chunks, c = u % j->chunks;
         const int64_t qbeg = c * j->per_head / j->chunks, qend = (c + 1) * j->per_head / j->chunks;
-        attend_chunk(j->q, j->k, j->v, j->mask, j->lead, j->out, j->H, j->Hkv, j->S, j->A, j->T, j->scale, g, qbeg,
-                     qend, work, lists);
+        (j->kvb ? attend_chunk_bf16 : attend_chunk_f32)(j->q, j->k, j->v, j->mask, j->lead, j->out, j->H, j->Hkv,
+                                                        j->S, j->A, j->T, j->scale, g, qbeg, qend, work, lists);
     }
     free(work);
 }
@@ -974,26 +1016,27 @@ static void attn_rows(void *job, int64_t begin, int64_t end) {
         int32_t store[mask ? A : 1];
         const int32_t *listed;
         const int64_t len = attn_list(mask, A, T, t, store, &listed);
-        const float *qh = j->q + (h * T + t) * D, *kh = j->k + (h / group) * S * D, *vh = j->v + (h / group) * S * D;
+        const float *qh = j->q + (h * T + t) * D;
+        const void *kh = kv_row(j->k, (h / group) * S, D, j->kvb), *vh = kv_row(j->v, (h / group) * S, D, j->kvb);
         float scores[len + 8];
-        attn_scores(qh, kh, listed, 0, len, D, j->scale, scores);
+        attn_scores(qh, kh, listed, 0, len, D, j->scale, scores, j->kvb);
         const float inv = attn_softmax(scores, len);
         float *oh = j->out + (t * H + h) * D;
         if (D == 64) {
             float acc[64 * ATTN_CHAINS];
             memset(acc, 0, sizeof(acc));
-            attn_values64(acc, scores, inv, vh, listed, 0, len);
+            attn_values64(acc, scores, inv, vh, listed, 0, len, j->kvb);
             attn_finish64(acc, oh);
         } else {
-            attn_values_any(scores, inv, vh, listed, len, D, oh);
+            attn_values_any(scores, inv, vh, listed, len, D, oh, j->kvb);
         }
     }
 }
 
-void attend_few(const float *q, const float *k, const float *v, const uint8_t *mask, float *out, int64_t H,
-                int64_t Hkv, int64_t S, int64_t A, int64_t T, int64_t D, float scale) {
+void attend_few(const float *q, const void *k, const void *v, const uint8_t *mask, float *out, int64_t H,
+                int64_t Hkv, int64_t S, int64_t A, int64_t T, int64_t D, float scale, int64_t kvb) {
     const int64_t per_head = (H / Hkv) * T;
-    attn_job job = {q, k, v, mask, NULL, out, H, Hkv, S, A, T, D, 0, per_head, scale};
+    attn_job job = {q, k, v, mask, NULL, out, H, Hkv, S, A, T, D, 0, per_head, scale, kvb != 0};
     if (D == 64) {
         /* Under a mask, each row's leading run of allowed slots (its ranks that are slots). */
         int64_t lead[mask ? T : 1];
@@ -1017,22 +1060,35 @@ void attend_few(const float *q, const float *k, const float *v, const uint8_t *m
  * qkv: [T, (H + 2 Hkv) D] float32, the fused projection's output (queries, keys,
  * values); cos, sin: [T, D] for the tokens' positions. Writes the rotated queries
  * to q_out [H, T, D] and the rotated keys and the values into one layer of the
- * cache, k, v: [Hkv, S, D] at slots [start, start + T). Rotation in the
+ * cache, k, v: [Hkv, S, D] at slots [start, start + T), float32 or, where kvb, bf16
+ * (rounded to nearest even: kv_put). Rotation in the
  * rotate-half convention of the Hugging Face checkpoints:
  * x * cos + (-x[D/2:], x[:D/2]) * sin. Replaces ~14 small torch calls per layer. */
-void rope_and_store(const float *qkv, const float *cos, const float *sin, float *q_out, float *k, float *v,
-                    int64_t start, int64_t T, int64_t H, int64_t Hkv, int64_t S, int64_t D) {
+void rope_and_store(const float *qkv, const float *cos, const float *sin, float *q_out, void *k, void *v,
+                    int64_t start, int64_t T, int64_t H, int64_t Hkv, int64_t S, int64_t D, int64_t kvb) {
     const int64_t width = (H + 2 * Hkv) * D, half = D / 2;
     for (int64_t t = 0; t < T; t++) {
         const float *row = qkv + t * width, *c = cos + t * D, *s = sin + t * D;
-        for (int64_t h = 0; h < H + Hkv; h++) {
+        for (int64_t h = 0; h < H; h++) {
             const float *x = row + h * D;
-            float *dst = h < H ? q_out + (h * T + t) * D : k + ((h - H) * S + start + t) * D;
+            float *dst = q_out + (h * T + t) * D;
             for (int64_t i = 0; i < half; i++) dst[i] = x[i] * c[i] - x[i + half] * s[i];
             for (int64_t i = half; i < D; i++) dst[i] = x[i] * c[i] + x[i - half] * s[i];
         }
-        for (int64_t h = 0; h < Hkv; h++)
-            memcpy(v + (h * S + start + t) * D, row + (H + Hkv + h) * D, sizeof(float) * D);
+        for (int64_t h = 0; h < Hkv; h++) { /* the key rotated as the queries, then stored (rounded where bf16) */
+            const float *x = row + (H + h) * D;
+            void *dst = (void *)kv_row(k, h * S + start + t, D, kvb != 0);
+            for (int64_t i = 0; i < half; i++) kv_put(dst, i, x[i] * c[i] - x[i + half] * s[i], kvb != 0);
+            for (int64_t i = half; i < D; i++) kv_put(dst, i, x[i] * c[i] + x[i - half] * s[i], kvb != 0);
+        }
+        for (int64_t h = 0; h < Hkv; h++) {
+            const float *x = row + (H + Hkv + h) * D;
+            void *dst = (void *)kv_row(v, h * S + start + t, D, kvb != 0);
+            if (kvb)
+                for (int64_t i = 0; i < D; i++) kv_put(dst, i, x[i], 1);
+            else
+                memcpy(dst, x, sizeof(float) * D);
+        }
     }
 }
 
@@ -1100,7 +1156,8 @@ static void add_rows(float *x, const float *y, int64_t n) {
 /* The decoder layers over T new tokens (attention on attend_few):
  *   x      [T, E] float32, the residual stream, updated in place
  *   cos, sin [T, D] the tokens' rotary factors
- *   k, v   the cache, [L, Hkv, S, D] float32; the new keys/values go to slots [start, start + T)
+ *   k, v   the cache, [L, Hkv, S, D] float32, or bf16 where kvb (kv_row); the new keys/values go to slots
+ *          [start, start + T)
  *   A, mask as attend_few (mask [T, A] or NULL for causal), scale = 1 / sqrt(D)
  * Per layer: x += o(attn(rope(qkv(rms(x))))); x += down(swiglu(gate_up(rms(x)))). */
 typedef struct {
@@ -1110,33 +1167,34 @@ typedef struct {
     int64_t n_layers;
     float eps;
     const float *cos, *sin;
-    float *k, *v;
-    int64_t start, H, Hkv, S, D, A;
+    void *k, *v;
+    int64_t start, H, Hkv, S, D, kvb, A;
     const uint8_t *mask;
     float scale;
 } layers_job;
 
 static void layers_body(void *arg) {
     const layers_job *j = arg;
-    float *x = j->x, *k = j->k, *v = j->v;
+    float *x = j->x;
+    char *k = j->k, *v = j->v;
     const layer_desc *layers = j->layers;
     const float *cos = j->cos, *sin = j->sin;
     const uint8_t *mask = j->mask;
     const float eps = j->eps, scale = j->scale;
     const int64_t T = j->T, n_layers = j->n_layers, start = j->start, H = j->H, Hkv = j->Hkv, S = j->S, D = j->D,
-                  A = j->A;
+                  A = j->A, kvb = j->kvb;
     const int64_t E = layers[0].qkv.in, QKV = layers[0].qkv.out, I = layers[0].down.in, HD = H * D;
     float *buf = malloc(sizeof(float) * T * (QKV + 2 * HD + E + 2 * I + I));
     if (!buf) abort();
     float *qkv = buf, *q = qkv + T * QKV, *attn = q + T * HD, *tmp = attn + T * HD, *gu = tmp + T * E,
           *h = gu + T * 2 * I;
-    const int64_t layer_size = Hkv * S * D;
+    const int64_t layer_bytes = Hkv * S * D * (kvb ? sizeof(uint16_t) : sizeof(float));
     for (int64_t li = 0; li < n_layers; li++) {
         const layer_desc *L = layers + li;
-        float *kl = k + li * layer_size, *vl = v + li * layer_size;
+        char *kl = k + li * layer_bytes, *vl = v + li * layer_bytes;
         mat_rows(&L->qkv, x, L->attn_norm, eps, qkv, T);
-        rope_and_store(qkv, cos, sin, q, kl, vl, start, T, H, Hkv, S, D);
-        attend_few(q, kl, vl, mask, attn, H, Hkv, S, A, T, D, scale);
+        rope_and_store(qkv, cos, sin, q, kl, vl, start, T, H, Hkv, S, D, kvb);
+        attend_few(q, kl, vl, mask, attn, H, Hkv, S, A, T, D, scale, kvb);
         mat_rows(&L->o, attn, NULL, 0.0f, tmp, T);
         add_rows(x, tmp, T * E);
         mat_rows(&L->gate_up, x, L->mlp_norm, eps, gu, T);
@@ -1149,9 +1207,9 @@ static void layers_body(void *arg) {
 
 /* Every layer of a pass in one parallel region (task_pool.h): its products and attention are jobs of that team. */
 void decode_layers(float *x, int64_t T, const layer_desc *layers, int64_t n_layers, float eps, const float *cos,
-                   const float *sin, float *k, float *v, int64_t start, int64_t H, int64_t Hkv, int64_t S, int64_t D,
-                   int64_t A, const uint8_t *mask, float scale) {
-    layers_job job = {x, T, layers, n_layers, eps, cos, sin, k, v, start, H, Hkv, S, D, A, mask, scale};
+                   const float *sin, void *k, void *v, int64_t start, int64_t H, int64_t Hkv, int64_t S, int64_t D,
+                   int64_t kvb, int64_t A, const uint8_t *mask, float scale) {
+    layers_job job = {x, T, layers, n_layers, eps, cos, sin, k, v, start, H, Hkv, S, D, kvb, A, mask, scale};
     team_run(layers_body, &job);
 }
 
@@ -1214,8 +1272,9 @@ void top_rows(const float *const *rows, int64_t R, int64_t n, int64_t top, int64
 
 /* Pass i of a chain: token at slot and position start + i, its logits into y. */
 static void chain_pass(int64_t token, int64_t i, const void *embed, int embed_f32, const layer_desc *layers,
-                       int64_t n_layers, float eps, const float *cos, const float *sin, float *k, float *v,
-                       int64_t start, int64_t H, int64_t Hkv, int64_t S, int64_t D, float scale, const mat_desc *head,
+                       int64_t n_layers, float eps, const float *cos, const float *sin, void *k, void *v,
+                       int64_t start, int64_t H, int64_t Hkv, int64_t S, int64_t D, int64_t kvb, float scale,
+                       const mat_desc *head,
                        const float *norm_w, const int8_t *w8, const float *scale8, int64_t top, float *y) {
     const int64_t E = head->in, V = head->out;
     float x[E];
@@ -1223,8 +1282,8 @@ static void chain_pass(int64_t token, int64_t i, const void *embed, int embed_f3
         memcpy(x, (const float *)embed + token * E, sizeof(float) * E);
     else
         for (int64_t e = 0; e < E; e++) x[e] = bf16_bits_to_float(((const uint16_t *)embed)[token * E + e]);
-    decode_layers(x, 1, layers, n_layers, eps, cos + i * D, sin + i * D, k, v, start + i, H, Hkv, S, D, start + i + 1,
-                  NULL, scale);
+    decode_layers(x, 1, layers, n_layers, eps, cos + i * D, sin + i * D, k, v, start + i, H, Hkv, S, D, kvb,
+                  start + i + 1, NULL, scale);
     if (top > 0)
         head_q4_rescored(x, 1, head->wp, w8, scale8, y, 1, E, V, V, top, norm_w, eps);
     else
@@ -1244,15 +1303,15 @@ static void chain_pass(int64_t token, int64_t i, const void *embed, int embed_f3
  * checks). Measured on 2 Zen 4 cores, q4 drafter, K = 6: 0.37 ms less per draft pass than
  * the loop (~3.6 ms a pass). */
 void greedy_chain(int64_t token, int64_t n, const void *embed, int embed_f32, const layer_desc *layers,
-                  int64_t n_layers, float eps, const float *cos, const float *sin, float *k, float *v, int64_t start,
-                  int64_t H, int64_t Hkv, int64_t S, int64_t D, float scale, const mat_desc *head,
+                  int64_t n_layers, float eps, const float *cos, const float *sin, void *k, void *v, int64_t start,
+                  int64_t H, int64_t Hkv, int64_t S, int64_t D, int64_t kvb, float scale, const mat_desc *head,
                   const float *norm_w, const int8_t *w8, const float *scale8, int64_t top, float *logits,
                   int64_t *tokens) {
     const int64_t V = head->out;
     for (int64_t i = 0; i < n; i++) {
         float *y = logits + i * V;
-        chain_pass(token, i, embed, embed_f32, layers, n_layers, eps, cos, sin, k, v, start, H, Hkv, S, D, scale,
-                   head, norm_w, w8, scale8, top, y);
+        chain_pass(token, i, embed, embed_f32, layers, n_layers, eps, cos, sin, k, v, start, H, Hkv, S, D, kvb,
+                   scale, head, norm_w, w8, scale8, top, y);
         token = argmax_row(y, V);
         tokens[i] = token;
     }
@@ -1331,15 +1390,15 @@ static int64_t sample_row(const float *y, int64_t V, float temperature, double u
 }
 
 void sampled_chain(int64_t token, int64_t n, const void *embed, int embed_f32, const layer_desc *layers,
-                   int64_t n_layers, float eps, const float *cos, const float *sin, float *k, float *v, int64_t start,
-                   int64_t H, int64_t Hkv, int64_t S, int64_t D, float scale, const mat_desc *head,
+                   int64_t n_layers, float eps, const float *cos, const float *sin, void *k, void *v, int64_t start,
+                   int64_t H, int64_t Hkv, int64_t S, int64_t D, int64_t kvb, float scale, const mat_desc *head,
                    const float *norm_w, const int8_t *w8, const float *scale8, int64_t top, float *logits,
                    int64_t *tokens, float temperature, const double *uniforms, float *q) {
     const int64_t V = head->out;
     for (int64_t i = 0; i < n; i++) {
         float *y = logits + i * V;
-        chain_pass(token, i, embed, embed_f32, layers, n_layers, eps, cos, sin, k, v, start, H, Hkv, S, D, scale,
-                   head, norm_w, w8, scale8, top, y);
+        chain_pass(token, i, embed, embed_f32, layers, n_layers, eps, cos, sin, k, v, start, H, Hkv, S, D, kvb,
+                   scale, head, norm_w, w8, scale8, top, y);
         token = sample_row(y, V, temperature, uniforms[i], q + i * V);
         tokens[i] = token;
         if (token < 0) return;

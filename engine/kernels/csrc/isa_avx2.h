@@ -127,6 +127,7 @@ static inline __m256 widen8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)p)), 16));
 }
 static inline blk blk_load_bf16(const uint16_t *p) { return (blk){widen8(p), widen8(p + 8)}; }
+#define vf_load_bf16(p) widen8(p) /* (a bf16 KV cache's rows) */
 /* float32 -> bf16 bits in the low half of each 32-bit lane, nearest even (NaN stays NaN) */
 static inline __m256i to_bf16_lanes(__m256 v) {
     const __m256i u = _mm256_castps_si256(v);

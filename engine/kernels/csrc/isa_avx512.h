@@ -116,6 +116,7 @@ typedef __m512 blk;
 static inline blk blk_load_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)p)), 16));
 }
+#define vf_load_bf16(p) blk_load_bf16(p) /* (a bf16 KV cache's rows) */
 /* float32 -> bf16, nearest even (NaN stays NaN) */
 static inline __m256i to_bf16(blk v) {
 #ifdef __AVX512BF16__
