@@ -195,6 +195,18 @@ typedef acc_f32 acc_q4;
 #ifndef PREFETCH_NEXT
 #define PREFETCH_NEXT 1
 #endif
+/* Passes of at most STREAM_ROWS_<kind> rows are treated as one-row passes are: each thread streams one output
+ * block at a time (1-block tiles) and leaves the reading to the hardware prefetchers (no request of the next
+ * group). 1 unless the variant's header says otherwise (where a few rows are memory bound: see there). */
+#ifndef STREAM_ROWS_bf16
+#define STREAM_ROWS_bf16 1
+#endif
+#ifndef STREAM_ROWS_i8
+#define STREAM_ROWS_i8 1
+#endif
+#ifndef STREAM_ROWS_q4
+#define STREAM_ROWS_q4 1
+#endif
 #ifndef PREFETCH_LOCALITY /* __builtin_prefetch's: 2 = prefetcht1 (L2); 1 the same within noise, 3 and 0 slower (docs/kernels.md) */
 #define PREFETCH_LOCALITY 2
 #endif
@@ -209,7 +221,8 @@ typedef acc_f32 acc_q4;
     /* see PREFETCH_NEXT: row tile k of n requests the next group's lines p with p % n == k */                \
     /* (stepped in chunks of fetch_every pairs, the prefetch at the chunk's start: a modulo per   \
      * pair put a 64-bit division in the hot loop, ~40% of a wide pass's time on avx2) */         \
-    const int64_t fetch_every = rows > 1 && PREFETCH_NEXT ? (rows + T_TILE_##KIND - 1) / T_TILE_##KIND : 0;      \
+    const int64_t fetch_every =                                                                                 \
+        rows > STREAM_ROWS_##KIND && PREFETCH_NEXT ? (rows + T_TILE_##KIND - 1) / T_TILE_##KIND : 0;            \
     const int64_t fetch_at = t0 / T_TILE_##KIND, chunk = fetch_every ? fetch_every : pairs;                    \
     for (int64_t p0 = 0; p0 < pairs; p0 += chunk) {                                                            \
         const int64_t p_end = p0 + chunk < pairs ? p0 + chunk : pairs;                                          \
@@ -237,7 +250,8 @@ typedef acc_f32 acc_q4;
     const uint8_t *w = (const uint8_t *)wp;                                                                     \
     const float *info[NT];                                                                                      \
     _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) info[j] = sx + (t0 + j) * Q4_RECORD * groups;         \
-    const int64_t fetch_every = rows > 1 ? (rows + Q4_T_TILE - 1) / Q4_T_TILE : 0, fetch_at = t0 / Q4_T_TILE;   \
+    const int64_t fetch_every = rows > STREAM_ROWS_q4 ? (rows + Q4_T_TILE - 1) / Q4_T_TILE : 0;                 \
+    const int64_t fetch_at = t0 / Q4_T_TILE;                                                                    \
     for (int64_t gi = 0, phase = 0; gi < groups; gi++, phase = phase + 1 == fetch_every ? 0 : phase + 1) {      \
         if (PREFETCH_NEXT && fetch_every && phase == fetch_at) /* (phase = gi % fetch_every, no division) */    \
             _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                             \
@@ -411,9 +425,9 @@ typedef struct {
         const int y_f32 = j->y_f32;                                                                             \
         const int64_t rows = j->rows, in = j->in, out = j->out;                                                 \
         /* One row (plain decoding, drafting) streams one block at a time: measured                             \
-         * faster, most for int8 (7.5-10 ms -> 5.1-5.6 ms per sweep, one thread). The                           \
-         * tile shape never changes a sum's order, only which sums run together. */                             \
-        const int64_t nb = rows == 1 ? 1 : NBT;                                                                 \
+         * faster, most for int8 (7.5-10 ms -> 5.1-5.6 ms per sweep, one thread); so do passes of up to         \
+         * STREAM_ROWS rows. The tile shape never changes a sum's order, only which sums run together. */       \
+        const int64_t nb = rows <= STREAM_ROWS_##KIND ? 1 : NBT;                                                \
         const int64_t tail = TAIL_NB_##KIND > 1 && rows > TT ? rows % TT : 0;                                   \
         if (tail) {                                                                                             \
             for (int64_t ob = begin; ob < end; ob += TAIL_NB_##KIND) {                                          \
