@@ -769,8 +769,9 @@ void head_q4_rescored(const void *x, int x_f32, const uint8_t *wp, const int8_t 
  *   scores   s[a] = (q . k[list[a]]) * scale: eight keys at a time, eight FMA chains
  *            sharing each chunk of q, summed lane-wise by one transpose-add (hsum4);
  *            each score's arithmetic is the same whichever block it falls in;
- *   softmax  e[a] = exp(s[a] - max), total summed VL lanes at a time over ranks;
- *   values   out = sum_a e[a] / total * v[list[a]]: key rank a goes to output chain
+ *   softmax  e[a] = exp(s[a] - max), total summed VL lanes at a time over ranks, and the
+ *            weights w[a] = e[a] * (1 / total);
+ *   values   out = sum_a w[a] v[list[a]]: key rank a goes to output chain
  *            a % ATTN_CHAINS, in increasing a; the chains are added in order.
  *
  * Sharing key loads. A query alone streams its K and V rows once each: with one
@@ -831,6 +832,12 @@ static inline void attn_scores(const float *qh, const void *kh, const int32_t *l
             const vf qv = vf_load(qh + i);
             for (int j = 0; j < 8; j++) acc[j] = vf_fmadd(qv, kv_vload(kr[j], i, kvb), acc[j]);
         }
+        if (dv == D) { /* (each score scaled as the loop below scales it: one multiply) */
+            const __m128 vscale = _mm_set1_ps(scale);
+            _mm_storeu_ps(s + a0, _mm_mul_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), vscale));
+            _mm_storeu_ps(s + a0 + 4, _mm_mul_ps(hsum4(acc[4], acc[5], acc[6], acc[7]), vscale));
+            continue;
+        }
         _mm_storeu_ps(s + a0, hsum4(acc[0], acc[1], acc[2], acc[3]));
         _mm_storeu_ps(s + a0 + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
         for (int j = 0; j < 8 && a0 + j < to; j++) {
@@ -859,17 +866,27 @@ static inline float exp_and_sum(float *s, int64_t len, float mx) {
     return vf_reduce_add(vtotal);
 }
 
-/* s[0, len) -> exp(s - max) in place; returns 1 / their sum. */
-static inline float attn_softmax(float *s, int64_t len) {
-    float mx = -INFINITY;
-    for (int64_t a = 0; a < len; a++) mx = s[a] > mx ? s[a] : mx;
-    return 1.0f / exp_and_sum(s, len, mx);
+/* s[0, len) -> the weights exp(s - max) * (1 / their sum), in place. The maximum is taken VL lanes at a time
+ * (the same value as a scan's for scores without NaN; with a NaN every weight is NaN either way), the
+ * weights each one float multiply, as the value sums used to do them one at a time: the same bits, the
+ * scalar steps gone (30 layers' attention of 7 tokens over 150 positions 1.16x quicker, one token 1.04-1.08x,
+ * 2 Zen 4 cores). */
+static inline void attn_softmax(float *s, int64_t len) {
+    vf vmx = vf_set1(-INFINITY);
+    int64_t a = 0;
+    for (; a + VL <= len; a += VL) vmx = vf_max(vmx, vf_load(s + a));
+    float mx = vf_reduce_max(vmx);
+    for (; a < len; a++) mx = s[a] > mx ? s[a] : mx;
+    const float inv = 1.0f / exp_and_sum(s, len, mx);
+    const vf vinv = vf_set1(inv);
+    for (a = 0; a + VL <= len; a += VL) vf_store(s + a, vf_mul(vf_load(s + a), vinv));
+    for (; a < len; a++) s[a] = s[a] * inv;
 }
 
-/* D = 64, the common head size: o [ATTN_CHAINS, 64] (memory) += e[a] * inv * v[list[a]] for
+/* D = 64, the common head size: o [ATTN_CHAINS, 64] (memory) += w[a] * v[list[a]] for
  * ranks [from, to), rank a into chain a % ATTN_CHAINS; the chains live in registers here. */
 enum { ATTN_NV = 64 / VL };
-static inline void attn_values64(float *o, const float *e, float inv, const void *vh, const int32_t *listed,
+static inline void attn_values64(float *o, const float *w, const void *vh, const int32_t *listed,
                                  int64_t from, int64_t to, int kvb) {
     vf c0[ATTN_NV], c1[ATTN_NV];
     for (int i = 0; i < ATTN_NV; i++) c0[i] = vf_load(o + i * VL);
@@ -877,7 +894,7 @@ static inline void attn_values64(float *o, const float *e, float inv, const void
 #define ATTN_ROW(a) kv_row(vh, listed ? (int64_t)listed[a] : (a), 64, kvb)
 #define ATTN_ADD(chain, a)                                                                     \
     do {                                                                                       \
-        const vf wv = vf_set1(e[a] * inv);                                                     \
+        const vf wv = vf_set1(w[a]);                                                           \
         const void *va = ATTN_ROW(a);                                                          \
         for (int i = 0; i < ATTN_NV; i++) chain[i] = vf_fmadd(wv, kv_vload(va, i * VL, kvb), chain[i]); \
     } while (0)
@@ -904,17 +921,17 @@ static inline void attn_finish64(const float *o, float *oh) {
     }
 }
 
-/* Any head size: out = sum over ranks of e[a] * inv * v[list[a]], one chain. */
-static inline void attn_values_any(const float *e, float inv, const void *vh, const int32_t *listed, int64_t len,
+/* Any head size: out = sum over ranks of w[a] * v[list[a]], one chain. */
+static inline void attn_values_any(const float *w, const void *vh, const int32_t *listed, int64_t len,
                                    int64_t D, float *oh, int kvb) {
     for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
     for (int64_t a = 0; a < len; a++) {
-        const float w = e[a] * inv;
+        const float wa = w[a];
         const void *va = kv_row(vh, listed ? (int64_t)listed[a] : a, D, kvb);
-        const vf wv = vf_set1(w);
+        const vf wv = vf_set1(wa);
         int64_t i = 0;
         for (; i + VL <= D; i += VL) vf_store(oh + i, vf_fmadd(wv, kv_vload(va, i, kvb), vf_load(oh + i)));
-        for (; i < D; i++) oh[i] += w * kv_get(va, i, kvb);
+        for (; i < D; i++) oh[i] += wa * kv_get(va, i, kvb);
     }
 }
 
@@ -949,7 +966,6 @@ attend_chunk(const float *q, const void *k, const void *v, const uint8_t *mask, 
     float *scores = work, *acc = work + C * stride;
     const int32_t *listed[ATTN_CHUNK];
     int64_t len[ATTN_CHUNK], head[ATTN_CHUNK], token[ATTN_CHUNK], P = A;
-    float inv[ATTN_CHUNK];
     for (int64_t c = 0; c < C; c++) {
         token[c] = (qbeg + c) / group;
         head[c] = g * group + (qbeg + c) % group;
@@ -965,17 +981,17 @@ attend_chunk(const float *q, const void *k, const void *v, const uint8_t *mask, 
     }
     for (int64_t c = 0; c < C; c++) {
         attn_scores(QROW(c), kh, listed[c], P, len[c], D, scale, scores + c * stride, kvb);
-        inv[c] = attn_softmax(scores + c * stride, len[c]);
+        attn_softmax(scores + c * stride, len[c]);
     }
 #undef QROW
     memset(acc, 0, sizeof(float) * C * 64 * ATTN_CHAINS);
     for (int64_t b = 0; b < P; b += ATTN_KEY_BLOCK) {
         const int64_t e = b + ATTN_KEY_BLOCK < P ? b + ATTN_KEY_BLOCK : P;
         for (int64_t c = 0; c < C; c++)
-            attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, inv[c], vh, listed[c], b, e, kvb);
+            attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, vh, listed[c], b, e, kvb);
     }
     for (int64_t c = 0; c < C; c++) {
-        attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, inv[c], vh, listed[c], P, len[c], kvb);
+        attn_values64(acc + c * 64 * ATTN_CHAINS, scores + c * stride, vh, listed[c], P, len[c], kvb);
         attn_finish64(acc + c * 64 * ATTN_CHAINS, out + (token[c] * H + head[c]) * D);
     }
 }
@@ -1034,15 +1050,15 @@ static void attn_rows(void *job, int64_t begin, int64_t end) {
         const void *kh = kv_row(j->k, (h / group) * S, D, j->kvb), *vh = kv_row(j->v, (h / group) * S, D, j->kvb);
         float scores[len + 8];
         attn_scores(qh, kh, listed, 0, len, D, j->scale, scores, j->kvb);
-        const float inv = attn_softmax(scores, len);
+        attn_softmax(scores, len);
         float *oh = j->out + (t * H + h) * D;
         if (D == 64) {
             float acc[64 * ATTN_CHAINS];
             memset(acc, 0, sizeof(acc));
-            attn_values64(acc, scores, inv, vh, listed, 0, len, j->kvb);
+            attn_values64(acc, scores, vh, listed, 0, len, j->kvb);
             attn_finish64(acc, oh);
         } else {
-            attn_values_any(scores, inv, vh, listed, len, D, oh, j->kvb);
+            attn_values_any(scores, vh, listed, len, D, oh, j->kvb);
         }
     }
 }
