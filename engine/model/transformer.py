@@ -596,11 +596,11 @@ class Transformer:
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
         self.inv_freq = inv_freq.to(self.device)  # [D/2] float64 for exact angles
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [positions, D]
-        # Attention (and the KV cache) in float32 on the CPU even for a bf16 model:
-        # torch's CPU flash attention in bf16 took 146 us per layer for one query
-        # over 130 keys against 25 us in float32 (2-core AVX512-BF16 EPYC), and the
-        # keys/values are stored exactly (they are bf16 numbers). Costs 2x the cache
-        # memory (46 KB per token for the default model).
+        # The KV cache's dtype (new_cache): float32 on the CPU even for a bf16 model: torch's
+        # CPU flash attention in bf16 took 146 us per layer for one query over 130 keys
+        # against 25 us in float32 (2-core AVX512-BF16 EPYC). Costs 2x the cache memory
+        # (46 KB per token for the default model). A drafter may set bf16 where our kernels
+        # run its passes (q4_weights: they read either, widened exactly).
         self.attention_dtype = torch.float32 if self.device.type == "cpu" else dtype
         self._attention_kernel = self.device.type == "cpu" and cpu_kernels.available()
         self._stack: tuple[int, cpu_kernels.LayerStack | None] | None = None  # (layer edits seen, stack)
