@@ -43,18 +43,25 @@ def no_plain_passes(request, monkeypatch):
 
 @pytest.fixture
 def plain_passes(monkeypatch):
-    """The tiny engines' measured pass costs with every pass wider than one token made 100 times dearer:
-    drafting can never pay, so the cost-aware policy makes plain passes, and probes. Call it with an
-    engine's costs (``SpeculativeEngine.costs``)."""
+    """The tiny engines' pass costs with every pass wider than one token made 100 times dearer, as the policy
+    sees them: the calibrated ones and what the run's own verifications of wider passes took (the policy prices
+    a width the run ran by those: AdaptiveDepth.pass_cost). Drafting can never pay, so the cost-aware policy
+    makes plain passes, and probes. Call it with an engine's costs (``SpeculativeEngine.costs``); a replay in
+    the same test sees the same prices."""
 
     def dearer(costs):
         real = costs.weighed_pass_ms
+        seen = AdaptiveDepth._seen_pass
 
         def weighed(*args, **kwargs):
             ms = real(*args, **kwargs)
             return None if ms is None else [ms[0]] + [100.0 * ms[0]] * (len(ms) - 1)
 
+        def seen_dearer(policy, width, verify_ms):
+            seen(policy, width, verify_ms if width == 1 else 100.0 * max(verify_ms, policy.pass_ms[0]))
+
         monkeypatch.setattr(costs, "weighed_pass_ms", weighed)
+        monkeypatch.setattr(AdaptiveDepth, "_seen_pass", seen_dearer)
 
     return dearer
 
@@ -151,6 +158,33 @@ def test_drafting_cost_is_a_first_level_plus_cheaper_deeper_ones():
     assert policy.draft_ms(1) == pytest.approx(8.0) and policy.draft_ms(3) == pytest.approx(14.0)
 
 
+def test_a_width_the_run_ran_is_priced_by_what_it_cost_there():
+    """The calibration is one measurement per loaded model: one slow moment in it (recorded on the AVX2 proxy:
+    a 7-token pass priced at 19.8 ms where the runs' took ~12) made the policy draft 3-4 levels where 6 paid.
+    A width the run ran is priced by its own verifications; the others keep their calibrated price plus the
+    step's overhead, bounded by the widths around them, so an overstated width does not move the rest."""
+    calibrated = [6.7, 9.5, 10.0, 13.0, 19.3, 17.1, 19.8]
+    true = [7.0, 8.0, 8.8, 9.6, 10.4, 11.2, 12.0]  # what a step's pass and verification of w tokens take
+    policy = AdaptiveDepth(k_max=6, pass_ms=calibrated)
+    chosen = []
+    for i in range(30):
+        k = policy.k
+        chosen.append(k)
+        accepted = k if i % 5 else k - 2  # alpha ~0.94
+        policy.update(accepted, k, draft_ms=2.5 * k, verify_ms=true[k], drafted=k)
+    assert chosen == [6] * 30, chosen
+    assert policy.pass_cost(7) == pytest.approx(12.0)
+    assert policy.pass_cost(4) == pytest.approx(12.0)  # calibrated 13.0, but never dearer than the 7 the run ran
+    assert policy.pass_cost(1) == pytest.approx(6.7)  # not moved by what 7 tokens were overstated by
+    # The control: priced by the calibration alone, the same record picks a shallower K.
+    by_calibration = [sum(policy.alpha**i for i in range(k + 1)) / (2.5 * k + calibrated[k]) for k in range(1, 7)]
+    assert 1 + by_calibration.index(max(by_calibration)) < 6
+    # Widths the run ran bound the ones between them: 4 seen at 9.6, so 5 and 6 lie within [9.6, 12].
+    policy.update(3, 3, draft_ms=7.5, verify_ms=9.6, drafted=3)
+    assert policy.pass_cost(4) == pytest.approx(9.6)
+    assert 9.6 <= policy.pass_cost(5) <= policy.pass_cost(6) <= 12.0
+
+
 def test_the_engine_measures_pass_costs_once(tiny_engine):
     costs = tiny_engine.costs.pass_ms(5)
     assert len(costs) == 5 and all(c > 0 for c in costs)
@@ -215,7 +249,7 @@ def test_drafts_that_cannot_pay_make_plain_passes_and_a_probe_every_few(plain_pa
     for i in range(1, PROBE_EVERY):
         policy.update(accepted_len=0, drafted_depth=0, draft_ms=0.0, verify_ms=5.5, drafted=0)
         assert policy.k == 0, i
-    assert policy.plain_overhead_ms == pytest.approx(0.5) and policy.plain_speed() == pytest.approx(1 / 5.5)
+    assert policy.pass_cost(1) == pytest.approx(5.5) and policy.plain_speed() == pytest.approx(1 / 5.5)
     policy.update(accepted_len=0, drafted_depth=0, draft_ms=0.0, verify_ms=5.5, drafted=0)
     assert policy.k >= 1 and "probe" in policy.why()["because"]  # the probe
     policy.update(accepted_len=4, drafted_depth=policy.k, draft_ms=4.0, verify_ms=50.0, drafted=policy.k)

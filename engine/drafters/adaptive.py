@@ -8,9 +8,13 @@ Two decisions, both made before the target pass that verifies the draft:
   measures its drafter's cost by drafted depth and its acceptance rate alpha (each drafted token's
   chance of surviving, given its parent did: accepted / tested over recent passes, recency-weighted
   by ``RECENCY`` per pass, so a code edit's copy phases and its novel lines each get their own K).
-  Then K = argmax over k of (1 + alpha + ... + alpha^k) / (draft_ms(k) + pass_ms[width(k)] + overhead):
+  Then K = argmax over k of (1 + alpha + ... + alpha^k) / (draft_ms(k) + pass_cost(width(k))):
   expected tokens per pass over the time a step of depth k takes (width(k): the pending token plus
-  the nodes of a depth-k draft; overhead: what the run's steps measured beyond the pass itself).
+  the nodes of a depth-k draft; pass_cost(w): what the run's own verifications of w-token passes took,
+  pass, verification and bookkeeping, and for a width it has not run the calibrated pass_ms[w] plus the
+  step's overhead beyond the pass, bounded by the widths around it: ``AdaptiveDepth.pass_cost``). The
+  calibration alone steered every run of an engine: one slow moment in it made runs draft 3-4 levels
+  where 6 paid.
   draft_ms(k) = first + (k - 1) * deeper: a model drafter's first level also feeds it the tokens
   the last pass committed (a pass of several tokens), each deeper level is one small pass. The two
   are fitted by recency-weighted least squares over the depths the run drafted; while it has drafted
@@ -25,8 +29,8 @@ Two decisions, both made before the target pass that verifies the draft:
   depth K += 2, after any rejection K -= 1. K stays in [1, settings.k] while it drafts: settings.k is the maximum,
   so the target pass width and the cache sizes computed from the run's TreeShape at the start still
   bound every pass.
-  Where no depth is expected to beat a plain pass (1 token over the one-token pass and the overhead plain
-  passes measure), K = 0: the pass drafts nothing and the drafter is not asked (``Drafter.skipped``; a
+  Where no depth is expected to beat a plain pass (1 token over pass_cost(1): what the run's plain passes
+  took, before any ran the calibrated one-token pass plus the step's overhead), K = 0: the pass drafts nothing and the drafter is not asked (``Drafter.skipped``; a
   model drafter catches up on the committed tokens at its next draft, EAGLE keeps the plain passes'
   features). After PROBE_EVERY plain passes in a row one pass drafts at the best K of the last estimate,
   a probe, so that a text that starts to copy, or a machine that frees up, is noticed. Measured with the
@@ -153,13 +157,13 @@ class AdaptiveDepth:
         # Per drafted depth d: [recency weight, recency-weighted mean draft ms] (draft_ms(k) fits them)
         self.draft_by_depth: dict[int, list[float]] = {}
         self._draft_line = (0.0, 0.0)  # (first, deeper) ms, refitted after each timed draft
-        # Recency-weighted ms a step spends besides drafting and the target pass itself (verification,
-        # cache bookkeeping, events): the same whatever k, so it favours fewer, deeper passes.
+        # What the run's own verifications cost (``pass_cost``): per pass width w, [recency weight, recency-weighted
+        # mean verify_ms] of the passes of that width it ran (a plain pass is width 1), and, for the widths it did
+        # not run, the recency-weighted ms a step spent beyond the calibrated pass (verification, cache
+        # bookkeeping, events; never below 0).
+        self.verify_by_width: dict[int, list[float]] = {}
         self.step_overhead_ms = 0.0
         self.overheads_seen = 0
-        # The same for plain passes (K = 0), measured on them; until one ran, the drafting passes' overhead.
-        self.plain_overhead_ms = 0.0
-        self.plain_seen = 0
         self.plain_in_a_row = 0
         self.drafts_seen = 0  # passes that drafted something
         self._because = "the run starts at its maximum K"  # why self.k is what it is (``why``)
@@ -202,13 +206,42 @@ class AdaptiveDepth:
         drafting and the target pass it costs (needs pass_ms)."""
         a = self.alpha
         tokens = sum(a**i for i in range(k + 1))
-        return tokens / (self.draft_ms(k) + self.pass_ms[self._width(k) - 1] + self.step_overhead_ms)
+        return tokens / (self.draft_ms(k) + self.pass_cost(self._width(k)))
 
     def plain_speed(self) -> float:
-        """Expected tokens per ms of a plain pass (K = 0): one token over the one-token pass and its overhead
-        (needs pass_ms)."""
-        overhead = self.plain_overhead_ms if self.plain_seen else self.step_overhead_ms
-        return 1.0 / (self.pass_ms[0] + overhead)
+        """Expected tokens per ms of a plain pass (K = 0): one token over what a one-token pass and its
+        verification cost (``pass_cost(1)``; needs pass_ms)."""
+        return 1.0 / self.pass_cost(1)
+
+    def pass_cost(self, width: int) -> float:
+        """What a step's target pass of `width` tokens and its verification cost, in ms: the run's own mean for a
+        width it ran, else the calibrated pass_ms of the width plus the step's overhead (step_overhead_ms), never
+        above the run's own mean at a wider width nor below it at a narrower one.
+
+        Why the run's own record: the calibration is one measurement per loaded model on a shared machine; one
+        slow moment in it priced a 7-token pass of the AVX2 proxy at 19.8 ms where the runs' took ~12, and the
+        policy drafted 3-4 levels instead of 6 (1.16x against the fixed K = 6's 1.37x). A width the run ran is
+        priced by what it cost there. A width it did not run keeps its calibrated price, bounded by the widths
+        around it: a calibration that overstated one width says nothing about the others (moved by the
+        difference seen at 7 tokens, a one-token pass looked half its cost and the run made plain passes)."""
+        seen = self.verify_by_width
+        if width in seen:
+            return seen[width][1]
+        cost = self.pass_ms[width - 1] + self.step_overhead_ms
+        wider = [mean for w, (_, mean) in seen.items() if w > width]
+        narrower = [mean for w, (_, mean) in seen.items() if w < width]
+        if wider:
+            cost = min(cost, min(wider))
+        if narrower:
+            cost = max(cost, max(narrower))
+        return cost
+
+    def _seen_pass(self, width: int, verify_ms: float) -> None:
+        """Record what a verification of a `width`-token pass took (recency-weighted, as draft_by_depth)."""
+        for entry in self.verify_by_width.values():
+            entry[0] *= RECENCY
+        weight, mean = self.verify_by_width.get(width, (0.0, 0.0))
+        self.verify_by_width[width] = [weight + 1.0, (weight * mean + float(verify_ms)) / (weight + 1.0)]
 
     @property
     def drafts(self) -> bool:
@@ -254,7 +287,7 @@ class AdaptiveDepth:
             b = min(CALIBRATION_BINS - 1, int(q * CALIBRATION_BINS))
             self.tried[b] += 1
             self.accepted[b] += bool(accepted)
-        if not self.drafts:  # a plain pass: its overhead, and a probe after PROBE_EVERY of them
+        if not self.drafts:  # a plain pass: its cost, and a probe after PROBE_EVERY of them
             self._plain_update(verify_ms)
             return
         if drafted_depth <= 0:
@@ -289,6 +322,7 @@ class AdaptiveDepth:
             extra = max(0.0, float(verify_ms) - self.pass_ms[drafted])
             self.step_overhead_ms = _recent(self.step_overhead_ms, extra, self.overheads_seen > 0)
             self.overheads_seen += 1
+            self._seen_pass(1 + drafted, max(0.0, float(verify_ms)))
         # Every candidate's expected speed, computed once: the choice reads it now, the step event (why) next pass.
         self._speeds = [self.expected_speed(k) for k in range(1, self.k_max + 1)]
         self.k = self._best_k()
@@ -302,12 +336,10 @@ class AdaptiveDepth:
         return 1 + max(range(self.k_max), key=self._speeds.__getitem__)
 
     def _plain_update(self, verify_ms: float | None) -> None:
-        """After a plain pass: its overhead (verify_ms minus the one-token pass cost), then K stays 0 until
+        """After a plain pass: what it cost (pass_cost(1) from now on), then K stays 0 until
         PROBE_EVERY plain passes in a row, after which one pass drafts at the best K of the last estimate."""
         if verify_ms is not None:
-            extra = max(0.0, float(verify_ms) - self.pass_ms[0])
-            self.plain_overhead_ms = _recent(self.plain_overhead_ms, extra, self.plain_seen > 0)
-            self.plain_seen += 1
+            self._seen_pass(1, max(0.0, float(verify_ms)))
         self.plain_in_a_row += 1
         if self.plain_in_a_row < PROBE_EVERY:
             self._because = "drafting is expected to cost more than it saves"
