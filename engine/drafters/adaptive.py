@@ -326,7 +326,7 @@ class AdaptiveDepth:
         # Every candidate's expected speed, computed once: the choice reads it now, the step event (why) next pass.
         self._speeds = [self.expected_speed(k) for k in range(1, self.k_max + 1)]
         self.k = self._best_k()
-        self._because = "the most expected tokens per ms of drafting and verifying, with this host's pass costs"
+        self._because = "the most expected tokens per ms of drafting and verifying, at the pass costs this run measured (calibrated ones for widths it has not run)"
         if self.plain_speed() > self._speeds[self.k - 1]:
             self.k, self.plain_in_a_row = 0, 0
             self._because = "drafting is expected to cost more than it saves"
