@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from engine.decode import GenerationSettings
-from engine.drafters.adaptive import PROBE_EVERY, STOP_REASONS, AdaptiveDepth, verified_outcomes
+from engine.drafters.adaptive import PROBE_EVERY, STALE_AFTER, STOP_REASONS, AdaptiveDepth, verified_outcomes
 from engine.drafters.base import DraftTree, TreeShape
 from engine.tools.exactness import TEST_LEVEL, chi_square_test, pair_distribution, verify_children_ignoring_q
 from engine.tools.samples import next_token_distribution, sample_next_tokens
@@ -154,7 +154,11 @@ def test_drafting_cost_is_a_first_level_plus_cheaper_deeper_ones():
         seen.append(k)
         accepted = k if i % 3 else k - 1  # alpha ~0.88
         policy.update(accepted, k, draft_ms=8.0 + 3.0 * (k - 1), verify_ms=costs[k], drafted=k)
-    assert 1 in seen[:3] and seen[-30:] == [3] * 30, seen  # tried K = 1 once, measured it, went back
+    # Tried K = 1 once, measured it, went back; and tried it once more each time its record had gone unrenewed
+    # for STALE_AFTER passes (a slow moment's record would otherwise price a depth for the rest of the run).
+    ones = [i for i, k in enumerate(seen) if k == 1]
+    assert ones and ones[0] < 3 and set(seen) == {1, 3}, seen
+    assert all(b - a > STALE_AFTER for a, b in zip(ones, ones[1:])) and len(ones) <= 1 + 40 // STALE_AFTER, seen
     assert policy.draft_ms(1) == pytest.approx(8.0) and policy.draft_ms(3) == pytest.approx(14.0)
 
 
@@ -183,6 +187,32 @@ def test_a_width_the_run_ran_is_priced_by_what_it_cost_there():
     policy.update(3, 3, draft_ms=7.5, verify_ms=9.6, drafted=3)
     assert policy.pass_cost(4) == pytest.approx(9.6)
     assert 9.6 <= policy.pass_cost(5) <= policy.pass_cost(6) <= 12.0
+
+
+def test_a_slow_start_holds_a_run_to_plain_passes_until_its_first_probe_only(plain_passes):
+    """Seen in the app: a busy machine made a run's first two drafts slow, the policy chose plain passes, and every
+    probe's draft looked dear too (it also catches the drafter up on the plain passes' tokens): 38 plain passes of
+    44. A probe starts the timing record afresh from the plain passes' and does not count its own draft time, so
+    the run drafts again after its first probe and stays there while drafting pays. (It asks for `plain_passes`
+    only to keep plain passes possible; the costs are this test's own.)"""
+    calibrated = [8.1, 8.0, 8.1, 8.2, 9.1, 9.3, 9.4]  # a q4 tree of topk 2: widths 3 and 7
+    policy = AdaptiveDepth(k_max=3, pass_ms=calibrated, branching=2, budget=6, level_nodes=4)
+    chosen, plain_in_a_row = [], 0
+    for i in range(40):
+        k = policy.k
+        chosen.append(k)
+        slow = 20.0 if i < 2 else 1.0  # the first two passes on a busy machine
+        if k == 0:
+            plain_in_a_row += 1
+            policy.update(0, 0, (), 0.0, 9.0 * min(slow, 3.0), 0)
+            continue
+        drafted = policy._width(k) - 1
+        catch_up = 10.0 if plain_in_a_row else 0.0  # the drafter catching up on the plain passes' tokens
+        plain_in_a_row = 0
+        policy.update(k, k, (), 4.0 * k * slow + catch_up, (9.0 + 0.25 * drafted) * min(slow, 3.0), drafted)
+    assert chosen[:2] == [3, 3] and chosen[2 : 2 + PROBE_EVERY] == [0] * PROBE_EVERY, chosen  # the slow start
+    assert chosen[2 + PROBE_EVERY :] == [3] * (38 - PROBE_EVERY), chosen  # drafting again from the probe on
+    assert policy.draft_ms(3) == pytest.approx(12.0)  # the record holds the machine's present costs
 
 
 def test_the_engine_measures_pass_costs_once(tiny_engine):

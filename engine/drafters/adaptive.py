@@ -32,8 +32,10 @@ Two decisions, both made before the target pass that verifies the draft:
   Where no depth is expected to beat a plain pass (1 token over pass_cost(1): what the run's plain passes
   took, before any ran the calibrated one-token pass plus the step's overhead), K = 0: the pass drafts nothing and the drafter is not asked (``Drafter.skipped``; a
   model drafter catches up on the committed tokens at its next draft, EAGLE keeps the plain passes'
-  features). After PROBE_EVERY plain passes in a row one pass drafts at the best K of the last estimate,
-  a probe, so that a text that starts to copy, or a machine that frees up, is noticed. Measured with the
+  features). After PROBE_EVERY plain passes in a row the run drafts again, a probe, with its timing
+  record started afresh from the plain passes' (``AdaptiveDepth._probe``), so that a text that starts to
+  copy, or a machine that frees up, is noticed, and a slow moment early in a run does not hold it to plain
+  passes. Measured with the
   EAGLE head on 9 chat prompts (greedy, K <= 4, one process, alternating with the baseline): 0.93x the
   baseline with plain passes (two passes in three plain) against 0.915x drafting every pass; its plain
   passes still compute the target features the head needs later, and q4 and int8 never chose one there.
@@ -82,6 +84,10 @@ SHRINK = 1  # K -= SHRINK after any other pass that drafted something
 # within 2 % of each other; for the int8 drafter (alpha ~0.96, K = 2 and 3 within 3 % of each other
 # in expected speed) 0.7 let one rejection pull K down for a few passes: 0.96x the fixed K = 3.
 RECENCY = 0.9
+# A timing record (a drafted depth's draft ms, a pass width's verify ms) weighs RECENCY less each pass; one not
+# renewed for STALE_AFTER passes is forgotten: a slow moment of the machine early in a run (whose depth or width the
+# run then avoided, and so never measured again) does not price that depth or width for the rest of the run.
+STALE_AFTER = 24
 # A cost-aware run whose drafts are expected to cost more than they save makes plain passes (K = 0: nothing
 # drafted, the target's one-token pass), and after PROBE_EVERY of them in a row one pass drafts again at the
 # best K, so that acceptance and drafting costs are measured again (a text that starts copying its prompt).
@@ -154,18 +160,22 @@ class AdaptiveDepth:
             self.pass_ms = [max(costs[: i + 1]) for i in range(len(costs))]
         # Recency-weighted evidence (prior: one token tested and accepted, so a run starts deep):
         self.alpha_accepted, self.alpha_tested = 1.0, 1.0
-        # Per drafted depth d: [recency weight, recency-weighted mean draft ms] (draft_ms(k) fits them)
+        # Per drafted depth d: [recency weight, recency-weighted mean draft ms, the pass it was last renewed at]
+        # (draft_ms(k) fits them)
         self.draft_by_depth: dict[int, list[float]] = {}
+        self.passes = 0  # passes the cost-aware policy has seen (the timing records' clock)
         self._draft_line = (0.0, 0.0)  # (first, deeper) ms, refitted after each timed draft
         # What the run's own verifications cost (``pass_cost``): per pass width w, [recency weight, recency-weighted
-        # mean verify_ms] of the passes of that width it ran (a plain pass is width 1), and, for the widths it did
+        # mean verify_ms, last renewed] of the passes of that width it ran (a plain pass is width 1), and, for the widths it did
         # not run, the recency-weighted ms a step spent beyond the calibrated pass (verification, cache
         # bookkeeping, events; never below 0).
         self.verify_by_width: dict[int, list[float]] = {}
         self.step_overhead_ms = 0.0
         self.overheads_seen = 0
         self.plain_in_a_row = 0
-        self.drafts_seen = 0  # passes that drafted something
+        # Whether the next drafting pass's draft_ms is a level's cost: not the run's first draft, nor a probe's (both
+        # also catch a model drafter up: on the prompt, on the plain passes' tokens).
+        self._timed_draft = False
         self._because = "the run starts at its maximum K"  # why self.k is what it is (``why``)
         self._speeds: list[float] | None = None  # expected tokens per ms of K = 1..k_max at the last update
 
@@ -189,16 +199,16 @@ class AdaptiveDepth:
         deeper = the per-level mean); (0, 0) before any draft was timed. Fitted once per update,
         read for every candidate k."""
         seen = self.draft_by_depth
-        total = sum(w for w, _ in seen.values())
+        total = sum(w for w, *_ in seen.values())
         if total <= 0:
             return 0.0, 0.0
-        x_mean = sum(w * (d - 1) for d, (w, _) in seen.items()) / total
-        y_mean = sum(w * m for w, m in seen.values()) / total
-        sxx = sum(w * (d - 1 - x_mean) ** 2 for d, (w, _) in seen.items())
+        x_mean = sum(w * (d - 1) for d, (w, *_) in seen.items()) / total
+        y_mean = sum(w * m for w, m, _ in seen.values()) / total
+        sxx = sum(w * (d - 1 - x_mean) ** 2 for d, (w, *_) in seen.items())
         if sxx <= 1e-9 * total:  # one depth: no slope to fit
             per_level = y_mean / (x_mean + 1)
             return per_level, per_level
-        deeper = max(0.0, sum(w * (d - 1 - x_mean) * (m - y_mean) for d, (w, m) in seen.items()) / sxx)
+        deeper = max(0.0, sum(w * (d - 1 - x_mean) * (m - y_mean) for d, (w, m, _) in seen.items()) / sxx)
         return max(0.0, y_mean - deeper * x_mean), deeper
 
     def expected_speed(self, k: int) -> float:
@@ -228,20 +238,33 @@ class AdaptiveDepth:
         if width in seen:
             return seen[width][1]
         cost = self.pass_ms[width - 1] + self.step_overhead_ms
-        wider = [mean for w, (_, mean) in seen.items() if w > width]
-        narrower = [mean for w, (_, mean) in seen.items() if w < width]
+        wider = [mean for w, (_, mean, _) in seen.items() if w > width]
+        narrower = [mean for w, (_, mean, _) in seen.items() if w < width]
         if wider:
             cost = min(cost, min(wider))
         if narrower:
             cost = max(cost, max(narrower))
         return cost
 
+    def _age_records(self) -> None:
+        """A pass went by: every timing record weighs RECENCY less, and one not renewed for STALE_AFTER passes is
+        forgotten (the draft line refitted without it)."""
+        self.passes += 1
+        for record in (self.draft_by_depth, self.verify_by_width):
+            for key in list(record):
+                record[key][0] *= RECENCY
+                if self.passes - record[key][2] > STALE_AFTER:
+                    del record[key]
+        self._draft_line = self._fit_draft_costs()
+
+    def _renew(self, record: dict, key: int, ms: float) -> None:
+        """Add a timing to a record: [recency weight, recency-weighted mean ms, the pass it was last renewed at]."""
+        weight, mean, _ = record.get(key, (0.0, 0.0, 0))
+        record[key] = [weight + 1.0, (weight * mean + ms) / (weight + 1.0), self.passes]
+
     def _seen_pass(self, width: int, verify_ms: float) -> None:
-        """Record what a verification of a `width`-token pass took (recency-weighted, as draft_by_depth)."""
-        for entry in self.verify_by_width.values():
-            entry[0] *= RECENCY
-        weight, mean = self.verify_by_width.get(width, (0.0, 0.0))
-        self.verify_by_width[width] = [weight + 1.0, (weight * mean + float(verify_ms)) / (weight + 1.0)]
+        """Record what a verification of a `width`-token pass took."""
+        self._renew(self.verify_by_width, width, float(verify_ms))
 
     @property
     def drafts(self) -> bool:
@@ -287,6 +310,8 @@ class AdaptiveDepth:
             b = min(CALIBRATION_BINS - 1, int(q * CALIBRATION_BINS))
             self.tried[b] += 1
             self.accepted[b] += bool(accepted)
+        if self.pass_ms is not None:
+            self._age_records()
         if not self.drafts:  # a plain pass: its cost, and a probe after PROBE_EVERY of them
             self._plain_update(verify_ms)
             return
@@ -308,16 +333,11 @@ class AdaptiveDepth:
         # The run's first draft also catches a model drafter up on the whole prompt (its prefill,
         # 160 ms for the int8 drafter on a code edit against ~6 ms per level after): a one-off, so
         # its time is not a level's cost (counted, it held the int8 drafter at K = 1 for dozens of passes).
-        if draft_ms is not None and self.drafts_seen:
-            for entry in self.draft_by_depth.values():
-                entry[0] *= RECENCY
-            weight, mean = self.draft_by_depth.get(drafted_depth, (0.0, 0.0))
-            self.draft_by_depth[drafted_depth] = [
-                weight + 1.0,
-                (weight * mean + max(0.0, float(draft_ms))) / (weight + 1.0),
-            ]
+        # A probe's draft likewise catches it up on the plain passes' tokens.
+        if draft_ms is not None and self._timed_draft:
+            self._renew(self.draft_by_depth, drafted_depth, max(0.0, float(draft_ms)))
             self._draft_line = self._fit_draft_costs()
-        self.drafts_seen += 1
+        self._timed_draft = True
         if verify_ms is not None and drafted is not None and 1 + drafted <= len(self.pass_ms):
             extra = max(0.0, float(verify_ms) - self.pass_ms[drafted])
             self.step_overhead_ms = _recent(self.step_overhead_ms, extra, self.overheads_seen > 0)
@@ -336,16 +356,34 @@ class AdaptiveDepth:
         return 1 + max(range(self.k_max), key=self._speeds.__getitem__)
 
     def _plain_update(self, verify_ms: float | None) -> None:
-        """After a plain pass: what it cost (pass_cost(1) from now on), then K stays 0 until
-        PROBE_EVERY plain passes in a row, after which one pass drafts at the best K of the last estimate."""
+        """After a plain pass: what it cost (pass_cost(1) from now on), then K stays 0 until PROBE_EVERY plain
+        passes in a row; then a probe (``_probe``)."""
         if verify_ms is not None:
             self._seen_pass(1, max(0.0, float(verify_ms)))
         self.plain_in_a_row += 1
         if self.plain_in_a_row < PROBE_EVERY:
             self._because = "drafting is expected to cost more than it saves"
             return
+        self._probe()
+
+    def _probe(self) -> None:
+        """Draft again after PROBE_EVERY plain passes, with the timing record started afresh from the plain
+        passes': what drafting cost before may have been a slow moment of the machine (the run's first passes
+        in a busy app: two slow drafts, then nothing but plain passes and probes that each looked dear, since a
+        probe's draft also catches the drafter up on the plain passes' tokens). The drafting costs and the wider
+        passes' are forgotten, the step's overhead is the plain passes' own, and the probe's draft time is not a
+        level's cost: so the probe drafts at the best K with drafting priced at nothing, and unless its target
+        pass alone already costs more than it can give, the next pass drafts again and is timed whole."""
+        plain = self.verify_by_width.get(1)
+        self.verify_by_width = {1: plain} if plain else {}
+        if plain:
+            self.step_overhead_ms = max(0.0, plain[1] - self.pass_ms[0])
+        self.draft_by_depth = {}
+        self._draft_line = (0.0, 0.0)
+        self._timed_draft = False
+        self._speeds = [self.expected_speed(k) for k in range(1, self.k_max + 1)]
         self.k = self._best_k()
-        self._because = f"a probe after {PROBE_EVERY} plain passes: one draft at the best K, to measure again"
+        self._because = f"a probe after {PROBE_EVERY} plain passes: drafting again, its costs measured afresh"
 
     def why(self) -> dict:
         """Why the next pass drafts self.k levels, as the step event records it: {"k", "because"} and, for the
