@@ -4,8 +4,8 @@
 
 Greedy, q4, K <= 6, 128 new tokens, the 9 `chat` and `chat-heldout` prompts. Three runs per prompt and repeat,
 the order rotating: the fixed K = 6, `--adaptive` as it is (AdaptiveDepth.pass_cost: a width the run ran priced by
-its own verify_ms) and `--adaptive` priced by the calibration alone (the previous policy: pass_ms of the width
-plus the step's overhead; a plain pass the one-token cost plus the step's overhead). Twice: with this process's own
+its own verify_ms) and `--adaptive` priced by the calibration alone (the previous pricing: pass_ms of the width
+plus the step's overhead; a plain pass the one-token cost plus the step's overhead; the rest of the policy as it is). Twice: with this process's own
 calibration, and with the calibration recorded on the AVX2 proxy that made runs draft 3-4 levels ([6.7, 9.5, 10.0,
 13.0, 19.3, 17.1, 19.8] ms for 1-7 tokens) given to both policies. Per setting: tok/s over the fixed K = 6's (the
 median of the runs' ratios with its interval, engine.metrics) and the mean tokens per target pass. Prints one JSON
