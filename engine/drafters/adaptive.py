@@ -89,8 +89,9 @@ RECENCY = 0.9
 # run then avoided, and so never measured again) does not price that depth or width for the rest of the run.
 STALE_AFTER = 24
 # A cost-aware run whose drafts are expected to cost more than they save makes plain passes (K = 0: nothing
-# drafted, the target's one-token pass), and after PROBE_EVERY of them in a row one pass drafts again at the
-# best K, so that acceptance and drafting costs are measured again (a text that starts copying its prompt).
+# drafted, the target's one-token pass), and after PROBE_EVERY of them in a row drafts again, its timing record
+# started afresh, so that acceptance and drafting costs are measured again (a text that starts copying its
+# prompt, a machine that frees up: AdaptiveDepth._probe).
 PROBE_EVERY = 8
 ALPHA_MAX = 0.999  # a run that never failed still has a finite expected depth
 CALIBRATION_BINS = 10  # acceptance is measured per tenth of q
@@ -248,14 +249,16 @@ class AdaptiveDepth:
 
     def _age_records(self) -> None:
         """A pass went by: every timing record weighs RECENCY less, and one not renewed for STALE_AFTER passes is
-        forgotten (the draft line refitted without it)."""
+        forgotten (the draft line refitted without it; weights scaled alike leave the fit as it was)."""
         self.passes += 1
+        stale = [d for d, (_, _, renewed) in self.draft_by_depth.items() if self.passes - renewed > STALE_AFTER]
         for record in (self.draft_by_depth, self.verify_by_width):
             for key in list(record):
                 record[key][0] *= RECENCY
                 if self.passes - record[key][2] > STALE_AFTER:
                     del record[key]
-        self._draft_line = self._fit_draft_costs()
+        if stale:
+            self._draft_line = self._fit_draft_costs()
 
     def _renew(self, record: dict, key: int, ms: float) -> None:
         """Add a timing to a record: [recency weight, recency-weighted mean ms, the pass it was last renewed at]."""
