@@ -32,7 +32,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drafter",
         default="ngram",
-        help="none | ngram | suffix | int8 | q4 | eagle | model:<id or preset> | q4+ngram (drafts of drafts)",
+        help="none | ngram | suffix | int8 | q4 | eagle | model:<id or preset> | q4+ngram (drafts of drafts)"
+        " | suffix/q4 (hybrid: each pass, the one that pays)",
     )
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth)")
     p.add_argument("--steps", type=int, default=None, help="tree depth (same as --k)")
@@ -165,7 +166,8 @@ def _add_launch_command(sub) -> None:
     lc.add_argument(
         "--drafter",
         default="ngram",
-        help="none | ngram | suffix | int8 | q4 | eagle | model:<id or preset> | q4+ngram (drafts of drafts)",
+        help="none | ngram | suffix | int8 | q4 | eagle | model:<id or preset> | q4+ngram (drafts of drafts)"
+        " | suffix/q4 (hybrid: each pass, the one that pays)",
     )
     lc.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth)")
     lc.add_argument("--topk", type=int, default=1, help="tree branching per node (1 = chain)")

@@ -33,6 +33,7 @@ from engine import events
 from engine.acceptance import verify_children
 from engine.drafters.adaptive import AdaptiveDepth, verified_outcomes
 from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape, Verified
+from engine.drafters.hybrid import HybridDrafter
 from engine.drafters.registry import DrafterRegistry
 from engine.host import host_info
 from engine.kernels import cpu_kernels
@@ -120,10 +121,10 @@ class StepResult:
     @property
     def draft_info(self) -> dict:
         """The step event's ``draft``: the K used and why drafting stopped (the drafter's own record), the model
-        passes a model drafter ran (and drafts of drafts' copied tokens), and for adaptive drafting why the
-        policy chose that K."""
+        passes a model drafter ran (and drafts of drafts' copied tokens), a hybrid drafter's pick, and for adaptive
+        drafting why the policy chose that K."""
         info = {"k": self.k, "stop": self.tree.stop}
-        for key in ("model_passes", "copied"):  # what a model drafter's draft took (None: not one)
+        for key in ("model_passes", "copied", "hybrid"):  # what a model drafter's draft took (None: not one)
             if getattr(self.tree, key) is not None:
                 info[key] = getattr(self.tree, key)
         if self.why is not None:
@@ -222,7 +223,14 @@ class SpeculativeEngine:
         """A fresh drafter for one run, with what it may read besides the context (the suffix drafter: the
         run's history, earlier answers as texts tokenised like a user's text, or token ids)."""
         history = self.prompts.documents(settings.history) if settings.history else ()
-        return self.drafters.build(spec, history)
+        drafter = self.drafters.build(spec, history)
+        if settings.adaptive and isinstance(drafter, HybridDrafter):
+            drafter.close()
+            raise ValueError(
+                f"adaptive drafting does not combine with the hybrid drafter {spec!r}: it already picks, each pass,"
+                " the drafter that pays; turn adaptive off"
+            )
+        return drafter
 
     @contextmanager
     def running(self, prompt_ids, drafter: Drafter, settings, shape, params, seed: int, extra: int, adaptive=None):

@@ -42,6 +42,7 @@ RUNS = [
     ("none", dict(payload="reduced", max_new_tokens=2)),
     ("int8", dict(k=3, temperature=1.0, seed=0, verify="block", max_new_tokens=6)),
     ("int8+ngram", dict(k=3, temperature=1.0, seed=0, chat=False, max_new_tokens=6)),
+    ("ngram/int8", dict(k=3, temperature=1.0, seed=0, chat=False, max_new_tokens=6)),
 ]
 
 

@@ -24,6 +24,10 @@ def test_plan_matches_the_loaded_default_model(real_engine):
     assert 0 < int8.drafter_bytes < plan.target_bytes and int8.drafter_kv_bytes == int8.kv_bytes
     q4 = plan_memory("default", "q4+ngram", dtype="bfloat16", device="cpu", k=4, prompt_tokens=100)
     assert 0 < q4.drafter_bytes < plan_memory("default", "int8", dtype="bfloat16", device="cpu", k=4).drafter_bytes
+    for hybrid in ("suffix/q4", "ngram/q4:4"):  # a hybrid holds its model's weights
+        assert plan_memory("default", hybrid, dtype="bfloat16", device="cpu", k=4, prompt_tokens=100).drafter_bytes == (
+            q4.drafter_bytes
+        )
     bigger = plan_memory(
         "default", "ngram", dtype="float32", device="cpu", k=4, max_new_tokens=64, prompt_tokens=100, concurrent_runs=3
     )

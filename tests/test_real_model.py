@@ -142,6 +142,7 @@ def test_bfloat16_parity_is_bitwise_without_strict_mode_on_our_cpu_kernels():
         ("ngram", dict(k=4)),
         ("q4", dict(k=6)),
         ("q4+ngram", dict(k=6)),
+        ("suffix/q4", dict(k=10)),
     ):
         results = list(parity_check(engine, prompts, drafter, max_new_tokens=24, **shape))
         assert all(r["identical"] for r in results), (drafter, shape, results)
@@ -149,7 +150,12 @@ def test_bfloat16_parity_is_bitwise_without_strict_mode_on_our_cpu_kernels():
 
 @pytest.mark.parametrize(
     ("chain_verifier", "verify", "drafter"),
-    [("walk", "token", "int8"), ("batch", "token", "int8"), ("auto", "block", "int8"), ("auto", "token", "q4+ngram")],
+    [
+        ("walk", "token", "int8"),
+        ("batch", "token", "int8"),
+        ("auto", "block", "int8"),
+        ("auto", "token", "q4+ngram"),
+    ],
     ids=["walk", "batch", "block", "q4-drafts-of-drafts"],
 )
 def test_speculative_sampling_matches_target_distribution_on_real_model(served_engine, chain_verifier, verify, drafter):

@@ -103,7 +103,9 @@ class DraftTree:
     where it did (``engine.drafters.adaptive.STOP_REASONS``), decided by the drafter.
     model_passes: the passes of its own model a model drafter ran for this draft (its catch-up included;
     None for drafters that run none); copied: drafts of drafts only, how many of the drafted tokens its
-    copying drafter proposed and the model kept (engine/drafters/multilevel.py).
+    copying drafter proposed and the model kept (engine/drafters/multilevel.py); hybrid: a hybrid drafter's
+    pick for this pass, {"picked": the drafter that proposed it, "speeds": the tokens per ms it compared}
+    (engine/drafters/hybrid.py).
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -115,6 +117,7 @@ class DraftTree:
     stop: str = "none"
     model_passes: int | None = None
     copied: int | None = None
+    hybrid: dict | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -139,7 +142,13 @@ class DraftTree:
         keep = sorted(keep)
         remap = {old: new for new, old in enumerate(keep)}
         remap[-1] = -1
-        tree = DraftTree(point_mass=self.point_mass, stop=self.stop, model_passes=self.model_passes, copied=self.copied)
+        tree = DraftTree(
+            point_mass=self.point_mass,
+            stop=self.stop,
+            model_passes=self.model_passes,
+            copied=self.copied,
+            hybrid=self.hybrid,
+        )
         for old in keep:
             tree.tokens.append(self.tokens[old])
             tree.parents.append(remap[self.parents[old]])

@@ -11,6 +11,7 @@ import threading
 
 from engine.drafters.base import Drafter, NoDrafter
 from engine.drafters.eagle import EagleDrafter, EagleHead, load_head
+from engine.drafters.hybrid import HybridDrafter, parse_hybrid
 from engine.drafters.model import ModelDrafter, int8_weights, q4_weights
 from engine.drafters.multilevel import MultiLevelDrafter
 from engine.drafters.ngram import NgramDrafter
@@ -21,7 +22,8 @@ __all__ = ["DRAFTER_SPECS", "DrafterRegistry", "spec_numbers"]
 
 DRAFTER_SPECS = (
     "none, ngram[:MAX[,MIN[,WINDOW[,PER_MATCH]]]], suffix[:MAX[,MIN]], int8, q4, eagle, model:<id>,"
-    " or MODEL+COPY (drafts of drafts: q4+ngram, int8+suffix...)"
+    " MODEL+COPY (drafts of drafts: q4+ngram, int8+suffix...),"
+    " or COPY/MODEL[:DEPTH] (hybrid, each pass the one that pays: suffix/q4, ngram/int8:3...)"
 )
 
 
@@ -67,6 +69,9 @@ class DrafterRegistry:
             return drafter
         if spec == "eagle":
             return EagleDrafter(self.eagle_head())
+        if "/" in spec and not spec.startswith("model:"):
+            copy, model, depth = parse_hybrid(spec)
+            return HybridDrafter(spec, self.build(copy, history), self.build(model), depth)
         if "+" in spec and not spec.startswith("model:"):
             return self._multilevel(spec, history)
         return ModelDrafter(self._model_weights(spec), spec, share_target_kv=spec == "q4")

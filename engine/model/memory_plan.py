@@ -279,6 +279,9 @@ def plan_memory(
     drafter_bytes = drafter_kv = 0
     dw = None  # a draft model's sizes (model:<id>)
     drafter = drafter.split("+", 1)[0] if "+" in drafter and not drafter.startswith("model:") else drafter  # q4+ngram
+    if "/" in drafter and not drafter.startswith("model:"):  # a hybrid, suffix/q4[:DEPTH]: its model's weights
+        head, _, tail = drafter.split("/", 1)[1].strip().rpartition(":")
+        drafter = head if head and tail.strip().isdigit() else drafter.split("/", 1)[1].strip()
     if drafter == "q4":
         matrices = w["params"] - w["embed_params"]
         # Q4_1: 20 bytes per 32 weights; the head in Q4_1 and in int8 with a scale per row (its best outputs

@@ -225,4 +225,10 @@ def _no_equivalent(engine: str, drafter: str) -> str:
     }.get(drafter, f"SpecLens's drafter {drafter!r} has no counterpart here")
     if "+" in drafter and not drafter.startswith("model:"):
         why = "drafts of drafts (a model drafter whose own chain a copying drafter proposes) is SpecLens's alone here"
+    elif "/" in drafter and not drafter.startswith("model:"):
+        why = (
+            "a hybrid (each pass, a copying drafter's proposal or a model drafter's chain, whichever measures "
+            "faster) is SpecLens's here; Arctic Inference pairs suffix decoding with its own speculator in vLLM, "
+            "not with a drafter of your choice: the closest is the copying drafter alone"
+        )
     return f"{engine}: no equivalent for {drafter}: {why}"

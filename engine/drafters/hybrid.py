@@ -1,0 +1,265 @@
+"""The hybrid drafter, ``COPY/MODEL[:DEPTH]`` (``suffix/q4``, ``ngram/q4``, ``suffix/int8:3``): each pass, the
+copying drafter's proposal or the model drafter's chain, whichever this run has measured to give more tokens
+per ms; where copying pays but has no match, the model bridges the gap and the copying drafter continues.
+
+Why: a copying drafter (n-gram, suffix) costs nothing, and where the answer copies the prompt or an earlier
+answer it proposes long runs that the target keeps (a code edit, a summary's phrases); on open chat its rare
+proposals are short and mostly rejected, and a model drafter (q4) pays there instead. One answer moves
+between the two (a summary copies a phrase, then writes its own words; a code edit changes a token, then
+copies a line). SuffixDecoding (Oliaro et al., arXiv 2411.04975) runs suffix speculation where it scores well
+and a model drafter elsewhere; vLLM's Arctic Inference ships that hybrid. Which side pays differs by text and
+by host (measured on the workloads: docs/bench/2026-12-06-hybrid.md), so the pick is made from the run's own
+measurements, not from a fixed rule.
+
+The pick, once per pass, here (recorded in the step event's ``draft.hybrid``)::
+
+    proposal   the copying drafter's tree for this context (its own rules decide its length; empty: no match)
+    speed      per side, tokens committed per pass over ms per pass, each a recency-weighted mean (RECENCY
+               per pass, engine.drafters.adaptive's); ms from propose to accept (drafting, the target's pass,
+               the walk):
+                 model  its own chains
+                 copy   its own passes and its bridges; and on each pass the model drafted, what the copying
+                        proposal would have committed: its tokens that match the committed ones, plus the
+                        target's own token after them (all of them where the whole committed run matched),
+                        priced at a copy pass's ms (before any ran: the model's passes' ms less their drafting,
+                        a target pass of about the same width)
+    rule       copy pays: its speed is at least the model's, or either side is not measured yet
+                 a proposal, and copy pays            the proposal (up to K tokens)
+                 no proposal, both measured, copy pays a bridge: the model drafts one level at a time (at most
+                                                      DEPTH), asking the copying drafter after each; where it
+                                                      matches, its proposal continues the chain (up to K)
+                 otherwise                            the model's chain of min(K, DEPTH) levels (one call)
+
+A copying drafter's drafts are point masses: under the exact rule its first token is kept with probability
+p(x1), and the target's own token there equals x1 with the same probability, and so on along the proposal,
+so the matched count on a model pass has the law of the count a copy pass would have kept (cut where the
+committed run ends): the copy side keeps learning while the model drafts. A bridge is measured as a copy pass:
+bridges that pay less than the model's own chains turn the run back to them.
+
+Why verification stays exact: each drafted token is drawn from the q handed on with it, given the tokens
+before it: a copying proposal's tokens are point masses; a model chain's, the model's conditionals; a bridge's,
+the model's conditionals for the model's tokens and, for the copied ones (a function of the tokens before
+them), a point mass handed on as a distribution (q = 1 on the token, which the rule treats exactly as a point
+mass: accepted with probability p(x), else a draw from norm(max(0, p - q))). Which drafter proposes, and where
+a bridge hands over, depend on the committed tokens, the drafts before and past timings, never on what is
+drawn after. The target's rule needs exactly that (engine/acceptance.py): the output is the target's
+distribution whatever the pick.
+
+K is the most a pass drafts: a copying proposal's depth (long verbatim copies go through in few passes), while
+the model drafts at most DEPTH levels (its own best depth: a deeper model chain costs more drafting than its
+extra tokens save). Trees (topk > 1): a proposal or the model's tree, no bridge. ``--adaptive`` is refused with
+a hybrid: the pick is already its own per-pass policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from engine.drafters.adaptive import RECENCY
+from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree, TreeShape, Verified
+
+__all__ = ["HybridDrafter", "DEFAULT_DEPTH", "parse_hybrid"]
+
+# The model's chain depth when the spec gives none: the q4 rows' K (docs/bench/README.md: K = 6 against 8 and
+# 10 on the 9 chat prompts, 2026-12-06); int8 paid most at K = 3 (give suffix/int8:3).
+DEFAULT_DEPTH = 6
+COPYING = ("ngram", "suffix")
+
+
+def parse_hybrid(spec: str) -> tuple[str, str, int]:
+    """``COPY/MODEL[:DEPTH]`` -> (copy spec, model spec, depth). COPY: ngram[...] or suffix[...] (they never hold a
+    '/', so the first one splits); MODEL: int8, q4 or model:<id> (whose id may hold '/'); DEPTH: 1-32."""
+    copy, model = (part.strip() for part in spec.split("/", 1))
+    if copy.split(":", 1)[0] not in COPYING:
+        raise ValueError(f"a hybrid drafter takes ngram or suffix before the '/', got {copy!r} in {spec!r}")
+    depth = DEFAULT_DEPTH
+    head, _, tail = model.rpartition(":")
+    if head and tail.strip().isdigit() and (head in ("int8", "q4") or head.startswith("model:")):
+        model, depth = head, int(tail)
+    if not (model in ("int8", "q4") or (model.startswith("model:") and model[6:].strip())):
+        raise ValueError(f"a hybrid drafter takes int8, q4 or model:<id> after the '/', got {model!r} in {spec!r}")
+    if not 1 <= depth <= 32:
+        raise ValueError(f"a hybrid drafter's model depth must be between 1 and 32, got {depth} in {spec!r}")
+    return copy, model, depth
+
+
+class _Side:
+    """One side's recency-weighted tokens and ms per pass (None: no pass yet)."""
+
+    __slots__ = ("tokens", "ms")
+
+    def __init__(self) -> None:
+        self.tokens: float | None = None
+        self.ms: float | None = None
+
+    def add(self, tokens: float, ms: float | None) -> None:
+        self.tokens = tokens if self.tokens is None else RECENCY * self.tokens + (1 - RECENCY) * tokens
+        if ms is not None:
+            self.ms = ms if self.ms is None else RECENCY * self.ms + (1 - RECENCY) * ms
+
+    def speed(self, ms: float | None = None) -> float | None:
+        """Tokens per ms: its own ms, or `ms` where it has none."""
+        ms = self.ms if self.ms is not None else ms
+        if self.tokens is None or not ms:
+            return None
+        return self.tokens / ms
+
+
+class HybridDrafter(Drafter):
+    """Each pass, the copying drafter's proposal or the model drafter's chain (module docstring)."""
+
+    def __init__(self, name: str, copy: Drafter, model: Drafter, depth: int = DEFAULT_DEPTH):
+        if not copy.needs.point_mass:
+            raise ValueError(f"the first drafter of {name!r} must be a copying drafter (ngram or suffix)")
+        if model.needs.point_mass or model.needs.target_features:
+            raise ValueError(f"the second drafter of {name!r} must be a model drafter (int8, q4, model:<id>)")
+        self.name, self.copy, self.model, self.depth = name, copy, model, depth
+        self.needs = DrafterNeeds(model=model.needs.model, target_kv=model.needs.target_kv)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._copy_side, self._model_side = _Side(), _Side()
+        self._model_draft_ms: float | None = None  # the model passes' drafting, recency-weighted
+        self._used: Drafter | None = None
+        self._started = 0.0
+        self._draft_ms = 0.0
+        self._unused: tuple[list[int], int] | None = None  # a model pass's copy proposal, and where it began
+        self._continued = 0  # the copied tokens that continued the model's bridge this pass
+        self._bridged = False  # this pass is a bridge (the model's tokens, then the copying drafter's)
+        self._model_nodes = 0  # the bridge's model tokens (its first nodes)
+
+    def start(self, prompt_ids, capacity, runner=None, features=None, target_cache=None) -> None:
+        self._reset()
+        self.copy.start(prompt_ids, capacity)
+        self.model.start(prompt_ids, capacity, runner, features, target_cache)
+
+    def speeds(self) -> dict:
+        """{"copy", "model"}: the tokens per ms each side is expected to give (None: not measured yet)."""
+        verify_ms = None
+        if self._model_side.ms is not None and self._model_draft_ms is not None:
+            verify_ms = max(self._model_side.ms - self._model_draft_ms, 1e-3)
+        return {"copy": self._copy_side.speed(verify_ms), "model": self._model_side.speed()}
+
+    def _settle(self, tokens: list[int]) -> None:
+        """The copy side's share of the model pass just verified: its proposal against the committed tokens."""
+        if self._unused is None:
+            return
+        proposal, begin = self._unused
+        self._unused = None
+        committed = tokens[begin:]  # the accepted drafts and the target's own token (the new pending one)
+        matched = 0
+        while matched < min(len(proposal), len(committed)) and proposal[matched] == committed[matched]:
+            matched += 1
+        self._copy_side.add(matched + 1 if matched < len(committed) else len(committed), None)
+
+    def _copy_chain(self, tokens: list[int], room: int) -> list[int]:
+        """The copying drafter's chain continuing `tokens`, at most `room` tokens ([]: no match)."""
+        shape = TreeShape(k=room)
+        tree = self.copy.propose(DraftContext(tokens, shape))
+        return [tree.tokens[i] for i in range(len(tree)) if tree.depths[i] == i + 1][:room]
+
+    def propose(self, context: DraftContext) -> DraftTree:
+        self._settle(context.tokens)
+        self._started = time.perf_counter()
+        self._continued, self._bridged = 0, False
+        proposal = self.copy.propose(context)
+        speeds = self.speeds()
+        copy, model = speeds["copy"], speeds["model"]
+        depth = min(context.shape.k, self.depth)
+        if len(proposal) and (copy is None or model is None or copy >= model):
+            self._used, tree = self.copy, proposal
+        elif copy is not None and model is not None and copy >= model and context.shape.topk == 1:
+            # copying pays in this run but has no match here (a code edit's changed token): the model bridges
+            # the gap level by level, and the copying drafter continues the chain where it matches again
+            self._used = self.model
+            tree = self._bridge(context, depth)
+        else:
+            self._used = self.model
+            shape = dataclasses.replace(context.shape, k=depth)
+            tree = self.model.propose(dataclasses.replace(context, shape=shape))
+            self._draft_ms = (time.perf_counter() - self._started) * 1000.0
+        if len(proposal) and self._used is self.model:  # (its chain: the first branch of a copying tree)
+            chain = [proposal.tokens[i] for i in range(len(proposal)) if proposal.depths[i] == i + 1]
+            self._unused = (chain, len(context.tokens))
+        tree.hybrid = {
+            "picked": self._used.name,
+            "proposed": len(proposal),  # the copying drafter's proposal here (0: none)
+            "continued": self._continued,  # tokens the copying drafter added after the model's bridge
+            "speeds": {side: None if v is None else round(v, 4) for side, v in speeds.items()},
+        }
+        return tree
+
+    def _bridge(self, context: DraftContext, depth: int) -> DraftTree:
+        """The model's chain one level at a time (at most `depth`), asking the copying drafter after each
+        level; where it matches, its proposal continues the chain (up to K tokens in all). The model's tokens
+        carry the model's q; the copied ones a point mass as a distribution (q = 1 on the token), which the
+        exact rule treats as it treats a copying drafter's point masses. Every token is drawn from the q handed
+        on given the tokens before it (the copied ones are a function of them), so verification stays exact."""
+        k, one = context.shape.k, dataclasses.replace(context.shape, k=1)
+        tree = DraftTree(stop="depth", model_passes=0)
+        drafted: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        while len(drafted) < depth:
+            level = self.model.propose(dataclasses.replace(context, tokens=context.tokens + drafted, shape=one))
+            tree.model_passes += level.model_passes or 0
+            if not len(level):  # (a model drafter always drafts; kept for safety)
+                break
+            q_rows.append(level.q_dists[-1])
+            self._append(tree, drafted, level.tokens[0], level.q_token[0], level.q_dists[-1])
+            room = k - len(drafted)
+            copied = self._copy_chain(context.tokens + drafted, room) if room else []
+            if copied:
+                for token in copied:
+                    point = torch.zeros_like(q_rows[-1])  # [V]: q = 1 on the copied token
+                    point[token] = 1.0
+                    self._append(tree, drafted, token, 1.0, point)
+                self._continued = len(copied)
+                break
+        # The model's own slots: its j-th token sits at committed + j (fed by the next level's pass), as in a chain.
+        committed = len(context.tokens)
+        n_model = len(drafted) - self._continued
+        self.model._last = (committed, list(range(n_model)), {i: committed + i for i in range(n_model - 1)})
+        self._model_nodes, self._bridged = n_model, True
+        self._draft_ms = (time.perf_counter() - self._started) * 1000.0
+        return tree
+
+    @staticmethod
+    def _append(tree: DraftTree, drafted: list[int], token: int, q_token: float, q: torch.Tensor) -> None:
+        parent = len(tree) - 1
+        tree.q_dists[parent] = q
+        tree.tokens.append(int(token))
+        tree.parents.append(parent)
+        tree.depths.append(len(tree.tokens))
+        tree.q_token.append(float(q_token))
+        drafted.append(int(token))
+
+    def accept(self, verified: Verified) -> None:
+        ms = (time.perf_counter() - self._started) * 1000.0
+        tokens = len(verified.path) + 1  # the accepted drafts and the target's own token
+        if self._used is self.copy:
+            self.copy.accept(verified)
+            self._copy_side.add(tokens, ms)
+            return
+        if self._bridged:  # the model keeps its own accepted tokens' slots; the copied ones it never fed
+            path = [node for node in verified.path if node < self._model_nodes]
+            self.model.accept(dataclasses.replace(verified, path=path))
+            # A bridge is how the copying side drafts where it has no match: measured as one of its passes, so
+            # bridges that pay less than the model's own chains turn the run back to the model
+            self._copy_side.add(tokens, ms)
+            return
+        self.model.accept(verified)
+        self._model_side.add(tokens, ms)
+        d = self._draft_ms
+        self._model_draft_ms = d if self._model_draft_ms is None else RECENCY * self._model_draft_ms + (1 - RECENCY) * d
+
+    def rewind(self, length: int) -> None:
+        self.copy.rewind(length)
+        self.model.rewind(length)
+        self._unused = None
+
+    def close(self) -> None:
+        self.copy.close()
+        self.model.close()
