@@ -82,9 +82,26 @@ def _opening(pp: _Pass) -> str:
     depth = pp.step.get("draft_depth") or max((n.get("depth") or 0) for n in nodes)
     return (
         f"{head} The drafter proposed {plural(pp.drafted, 'token')} "
-        f"({shape}, {depth} deep){_adaptive_why(pp.step)}; the target scored all of them in **one** forward "
+        f"({shape}, {depth} deep){_hybrid_why(pp.step)}{_adaptive_why(pp.step)}; the target scored all of them in **one** forward "
         f"pass{_timing(pp)}. Checking walks from the last committed token down the drafts:"
     )
+
+
+def _hybrid_why(step: dict) -> str:
+    """A hybrid drafter's pick for this pass, as the engine recorded it (draft.hybrid), or ''."""
+    pick = (step.get("draft") or {}).get("hybrid")
+    if not isinstance(pick, dict):
+        return ""
+    speeds = pick.get("speeds") or {}
+    copy, model = speeds.get("copy"), speeds.get("model")
+    measured = lambda v: "not measured yet" if v is None else f"{v:.3f} tokens/ms"  # noqa: E731
+    if not pick.get("proposed"):
+        why = "the copying drafter had no proposal here"
+    elif model is None:
+        why = "the model had not drafted yet in this run"
+    else:
+        why = f"measured so far: copying {measured(copy)}, the model {measured(model)}"
+    return f" — the hybrid drafter picked **{pick.get('picked')}** ({why})"
 
 
 def _adaptive_why(step: dict) -> str:

@@ -224,7 +224,7 @@ def _pq_titles(view: Pass, node_id, has_q_top: bool) -> tuple[str, str]:
     title = f"Target p vs drafter q, pass {view.number}, {where}"
     drafter = mode_words(view.start)  # the drafter that ran, named in every subtitle ("suffix drafter")
     if view.point_mass:
-        title += f" — q is a point mass on the {view.start.get('drafter') or 'copied'} draft"
+        title += f" — q is a point mass on the {view.drafted_by} draft"
     if view.baseline:
         subtitle = "baseline: no drafter; the + bonus token is drawn from the target's p"
     elif view.point_mass:

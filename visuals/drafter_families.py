@@ -51,7 +51,10 @@ def run_label(trace) -> str:
 
 
 def _family(drafter: str) -> str:
-    return (drafter or "none").split(":", 1)[0].split("+", 1)[0]  # q4+ngram: the q4 family
+    drafter = drafter or "none"
+    if "/" in drafter and not drafter.startswith("model:"):  # a hybrid, suffix/q4: its model's family
+        drafter = drafter.split("/", 1)[1]
+    return drafter.split(":", 1)[0].split("+", 1)[0]  # q4+ngram: the q4 family
 
 
 def _depth_used(steps: list[dict]) -> tuple[float | None, dict]:

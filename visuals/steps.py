@@ -58,6 +58,14 @@ class Pass:
         return bool(self.step.get("point_mass"))
 
     @property
+    def drafted_by(self) -> str:
+        """The drafter that proposed this pass: a hybrid's pick (draft.hybrid.picked), else the run's drafter."""
+        pick = (self.step.get("draft") or {}).get("hybrid")
+        if isinstance(pick, dict) and pick.get("picked"):
+            return str(pick["picked"])
+        return self.start.get("drafter") or "copied"
+
+    @property
     def baseline(self) -> bool:
         """Nothing drafted in this pass (a baseline run, or nothing to draft)."""
         return self.start.get("mode") == "baseline" or not self.nodes

@@ -196,6 +196,7 @@ def _controls() -> dict:
             ("int8 (quantised target)", "int8"),
             ("q4 (the target's own 4-bit weights)", "q4"),
             ("q4+ngram (drafts of drafts)", "q4+ngram"),
+            ("suffix/q4 (hybrid: suffix or q4, each pass)", "suffix/q4"),
             ("eagle (a one-layer head on the target's features)", "eagle"),
         ],
         value="ngram",

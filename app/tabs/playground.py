@@ -12,6 +12,7 @@ import time
 
 import gradio as gr
 
+from engine.drafters.hybrid import DEFAULT_DEPTH as HYBRID_DEPTH
 from engine.metrics import DRAFT_COST_RATIO_MEANS, run_summary
 from engine.model.loading import DEFAULT_MODEL, DTYPES, PRESETS
 from engine.settings import MAX_HISTORY_DOCS
@@ -122,6 +123,7 @@ DRAFTER_CHOICES = [
     ("int8 (quantised target)", "int8"),
     ("q4 (the target's own 4-bit weights)", "q4"),
     ("q4+ngram (q4, its own guesses proposed by n-gram)", "q4+ngram"),
+    ("suffix/q4 (hybrid: suffix's proposal or q4's guesses, each pass the one measured faster)", "suffix/q4"),
     ("eagle (a one-layer head on the target's own features)", "eagle"),
     ("model:SmolLM2-135M-Instruct", "model:SmolLM2-135M-Instruct"),
 ]
@@ -136,7 +138,9 @@ DRAFTER_INFO = (
     "the prompt and from this session's earlier answers (ask a similar question twice). int8 is the target itself "
     "with int8 weights: a near copy that runs the whole network per guess. q4 is the same with the target's own 4-bit "
     "weights: about a third of the target's bytes per guess, so a guess costs a fraction of a pass; q4+ngram lets "
-    "n-gram propose q4's own guesses, which q4 checks several at a time. eagle is a tiny trained head that reads "
+    "n-gram propose q4's own guesses, which q4 checks several at a time. suffix/q4 picks, each pass, suffix's "
+    f"proposal (as deep as K) or q4's guesses (at most {HYBRID_DEPTH}), whichever this run has measured to give more "
+    "tokens per ms. eagle is a tiny trained head that reads "
     "the target's own hidden states (a low, a middle and the last layer's) from the pass that just verified (no "
     "extra target work) and runs one layer. model:<id> (type any Hub id) is a separate small model. What a guess "
     "costs is c, in target passes: "
