@@ -95,7 +95,18 @@ def _hybrid_why(step: dict) -> str:
     speeds = pick.get("speeds") or {}
     copy, model = speeds.get("copy"), speeds.get("model")
     measured = lambda v: "not measured yet" if v is None else f"{v:.3f} tokens/ms"  # noqa: E731
-    if not pick.get("proposed"):
+    continued = pick.get("continued") or 0
+    if not pick.get("proposed") and copy is not None and model is not None and copy >= model:
+        why = (
+            f"copying pays in this run, {measured(copy)} against the model's {measured(model)}, but had no match "
+            "here: the model bridges the gap one token at a time"
+            + (
+                f", and the copying drafter continued with the last {plural(continued, 'token')} where it matched again"
+                if continued
+                else ", and the copying drafter did not match again within the model's depth"
+            )
+        )
+    elif not pick.get("proposed"):
         why = "the copying drafter had no proposal here"
     elif model is None:
         why = "the model had not drafted yet in this run"

@@ -241,3 +241,7 @@ def test_greedy_hybrid_keeps_the_baseline_output_and_records_both_picks(served_e
             assert pick["proposed"] == len(step["nodes"]) and pick["continued"] == 0
         assert set(pick["speeds"]) == {"copy", "model"}
     assert max(len(s["nodes"]) for s, p in zip(steps, picks) if p["picked"] == "suffix") > DEFAULT_DEPTH
+    from app.narration import narrate_step  # the Step-through says what was picked, from the event alone
+
+    for index, pick in enumerate(picks):
+        assert f"the hybrid drafter picked **{pick['picked']}**" in narrate_step(run["events"], index)
