@@ -42,6 +42,7 @@ SYSTEMS = [
     "engine-eagle-adaptive",
     "engine-q4-adaptive",
     "engine-q4-multilevel",
+    "engine-q4-hybrid",
     "engine-torch-float32",
     "engine-baseline-eager",
     "engine-ngram-eager",
@@ -85,6 +86,9 @@ ENGINE_SYSTEMS = {
     "engine-q4-adaptive": ("q4", {"k": Q4_K, "adaptive": True}),
     # Drafts of drafts (engine/drafters/multilevel.py): n-gram proposes q4's own chain, q4 checks it in one pass.
     "engine-q4-multilevel": ("q4+ngram", {"k": Q4_K}),
+    # The hybrid (engine/drafters/hybrid.py): each pass, suffix decoding's proposal (up to engine-suffix's K,
+    # with its history) or q4's chain of Q4_K levels, whichever the run has measured to give more tokens per ms.
+    "engine-q4-hybrid": (f"suffix/q4:{Q4_K}", {"k": 15}),
 }
 # Our decoder, no drafter, on float32 weights with torch's own products and attention: what a
 # host where none of our kernels runs gets (issue #16's "float32 path"), in the same run as the
@@ -745,7 +749,7 @@ def _run_system(
         settings = GenerationSettings(
             max_new_tokens=max_new, temperature=0.0, payload=payload, seed=0, pass_graphs=pass_graphs, **kw
         )
-        settings.history = tuple(history) if drafter == "suffix" else ()
+        settings.history = tuple(history) if drafter.split("/", 1)[0] == "suffix" else ()  # (suffix/q4 too)
         return _timed(lambda: engine.generate(ids, drafter, settings))
     if name in VLLM_SYSTEMS:
         # The prompt as token ids (/v1/completions): exactly the ids our engine decodes from. Streamed
