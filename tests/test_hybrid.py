@@ -76,6 +76,10 @@ def test_the_pick_follows_the_measured_speeds_and_hands_on_the_picked_drafters_o
     }
     assert copy.point_mass and copy.tokens[:3] == [7, 8, 9] and copy.model_passes is None
     drafter.accept(Verified(copy, [0, 1]))
+    # the copying side starts from one token a pass: one lucky pass (3 tokens) moves it part of the way
+    from engine.drafters.hybrid import COPY_PRIOR_TOKENS, HYBRID_RECENCY
+
+    assert drafter._copy_side.tokens == pytest.approx(HYBRID_RECENCY * COPY_PRIOR_TOKENS + (1 - HYBRID_RECENCY) * 3)
     model = _propose(drafter, NOVEL)
     assert model.hybrid["picked"] == "int8" and model.hybrid["proposed"] == 0
     assert not model.point_mass and len(model) == 3 and model.model_passes >= 1 and -1 in model.q_dists
@@ -95,7 +99,7 @@ def test_the_pick_follows_the_measured_speeds_and_hands_on_the_picked_drafters_o
 
 
 def test_a_model_pass_teaches_the_copy_side_what_its_proposal_would_have_committed(tiny_engine):
-    from engine.drafters.adaptive import RECENCY
+    from engine.drafters.hybrid import HYBRID_RECENCY as RECENCY
 
     def model_ahead():
         drafter = _hybrid(tiny_engine)

@@ -14,9 +14,9 @@ measurements, not from a fixed rule.
 The pick, once per pass, here (recorded in the step event's ``draft.hybrid``)::
 
     proposal   the copying drafter's tree for this context (its own rules decide its length; empty: no match)
-    speed      per side, tokens committed per pass over ms per pass, each a recency-weighted mean (RECENCY
-               per pass, engine.drafters.adaptive's); ms from propose to accept (drafting, the target's pass,
-               the walk):
+    speed      per side, tokens committed per pass over ms per pass, each a recency-weighted mean
+               (HYBRID_RECENCY per pass; the copying side's tokens start from one, COPY_PRIOR_TOKENS); ms from
+               propose to accept (drafting, the target's pass, the walk):
                  model  its own chains
                  copy   its own passes and its bridges; and on each pass the model drafted, what the copying
                         proposal would have committed: its tokens that match the committed ones, plus the
@@ -58,7 +58,6 @@ import time
 
 import torch
 
-from engine.drafters.adaptive import RECENCY
 from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree, TreeShape, Verified
 
 __all__ = ["HybridDrafter", "DEFAULT_DEPTH", "parse_hybrid"]
@@ -67,6 +66,12 @@ __all__ = ["HybridDrafter", "DEFAULT_DEPTH", "parse_hybrid"]
 # 10 on the 9 chat prompts, 2026-12-06); int8 paid most at K = 3 (give suffix/int8:3).
 DEFAULT_DEPTH = 6
 COPYING = ("ngram", "suffix")
+# How fast the pick forgets: each side's means weigh a new pass by 1 - HYBRID_RECENCY (faster than adaptive depth's
+# RECENCY, 0.9: a run's first copying proposals decide whether it copies, within its first few passes), and the
+# copying side starts from one token a pass (what a pass commits when nothing drafted is kept), so that one lucky
+# copy pass on open chat does not turn the run to copying (measured: docs/bench/2026-12-06-hybrid.md).
+HYBRID_RECENCY = 0.7
+COPY_PRIOR_TOKENS = 1.0
 
 
 def parse_hybrid(spec: str) -> tuple[str, str, int]:
@@ -96,9 +101,9 @@ class _Side:
         self.ms: float | None = None
 
     def add(self, tokens: float, ms: float | None) -> None:
-        self.tokens = tokens if self.tokens is None else RECENCY * self.tokens + (1 - RECENCY) * tokens
+        self.tokens = tokens if self.tokens is None else HYBRID_RECENCY * self.tokens + (1 - HYBRID_RECENCY) * tokens
         if ms is not None:
-            self.ms = ms if self.ms is None else RECENCY * self.ms + (1 - RECENCY) * ms
+            self.ms = ms if self.ms is None else HYBRID_RECENCY * self.ms + (1 - HYBRID_RECENCY) * ms
 
     def speed(self, ms: float | None = None) -> float | None:
         """Tokens per ms: its own ms, or `ms` where it has none."""
@@ -122,6 +127,7 @@ class HybridDrafter(Drafter):
 
     def _reset(self) -> None:
         self._copy_side, self._model_side = _Side(), _Side()
+        self._copy_side.tokens = COPY_PRIOR_TOKENS
         self._model_draft_ms: float | None = None  # the model passes' drafting, recency-weighted
         self._used: Drafter | None = None
         self._started = 0.0
@@ -253,7 +259,9 @@ class HybridDrafter(Drafter):
         self.model.accept(verified)
         self._model_side.add(tokens, ms)
         d = self._draft_ms
-        self._model_draft_ms = d if self._model_draft_ms is None else RECENCY * self._model_draft_ms + (1 - RECENCY) * d
+        self._model_draft_ms = (
+            d if self._model_draft_ms is None else HYBRID_RECENCY * self._model_draft_ms + (1 - HYBRID_RECENCY) * d
+        )
 
     def rewind(self, length: int) -> None:
         self.copy.rewind(length)
