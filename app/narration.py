@@ -96,7 +96,7 @@ def _hybrid_why(step: dict) -> str:
     copy, model = speeds.get("copy"), speeds.get("model")
     measured = lambda v: "not measured yet" if v is None else f"{v:.3f} tokens/ms"  # noqa: E731
     continued = pick.get("continued") or 0
-    if not pick.get("proposed") and copy is not None and model is not None and copy >= model:
+    if pick.get("bridged"):
         why = (
             f"copying pays in this run, {measured(copy)} against the model's {measured(model)}, but had no match "
             "here: the model bridges the gap one token at a time"

@@ -71,6 +71,7 @@ def test_the_pick_follows_the_measured_speeds_and_hands_on_the_picked_drafters_o
     assert copy.hybrid == {
         "picked": "ngram",
         "proposed": len(copy),
+        "bridged": False,
         "continued": 0,
         "speeds": {"copy": None, "model": None},
     }
@@ -146,6 +147,7 @@ def test_a_bridge_is_the_models_tokens_then_the_copying_continuation(tiny_engine
     expected = alone.propose(DraftContext(list(NOVEL), TreeShape(k=1)))
     tree = _propose(drafter, NOVEL, k=5)
     assert tree.hybrid["picked"] == "int8" and tree.hybrid["continued"] == 3 and tree.hybrid["proposed"] == 0
+    assert tree.hybrid["bridged"]
     assert tree.tokens == [expected.tokens[0], 21, 22, 23] and tree.parents == [-1, 0, 1, 2]
     assert not tree.point_mass and tree.model_passes == 1 and asked == [len(NOVEL) + 1]
     assert torch.allclose(tree.q_dists[-1], expected.q_dists[-1])
@@ -157,7 +159,7 @@ def test_a_bridge_is_the_models_tokens_then_the_copying_continuation(tiny_engine
     # no match within DEPTH levels: the bridge is the model's chain alone
     monkeypatch.setattr(HybridDrafter, "_copy_chain", lambda self, tokens, room: [])
     plain = _propose(drafter, NOVEL + [expected.tokens[0], 21, 22], k=5)
-    assert len(plain) == 3 and plain.hybrid["continued"] == 0 and plain.model_passes == 3
+    assert len(plain) == 3 and plain.hybrid["continued"] == 0 and plain.model_passes == 3 and plain.hybrid["bridged"]
     drafter.close()
     alone.close()
 
@@ -241,6 +243,7 @@ def test_greedy_hybrid_keeps_the_baseline_output_and_records_both_picks(served_e
         assert ("model_passes" in step["draft"]) == (pick["picked"] == "q4")
         if pick["picked"] == "q4":
             assert len(step["nodes"]) - pick["continued"] <= DEFAULT_DEPTH
+            assert pick["bridged"] or not pick["continued"]
         else:
             assert pick["proposed"] == len(step["nodes"]) and pick["continued"] == 0
         assert set(pick["speeds"]) == {"copy", "model"}

@@ -193,6 +193,7 @@ class HybridDrafter(Drafter):
         tree.hybrid = {
             "picked": self._used.name,
             "proposed": len(proposal),  # the copying drafter's proposal here (0: none)
+            "bridged": self._bridged,  # the model bridged a gap in copying (its tokens, then the copying drafter's)
             "continued": self._continued,  # tokens the copying drafter added after the model's bridge
             "speeds": {side: None if v is None else round(v, 4) for side, v in speeds.items()},
         }
@@ -207,19 +208,18 @@ class HybridDrafter(Drafter):
         k, one = context.shape.k, dataclasses.replace(context.shape, k=1)
         tree = DraftTree(stop="depth", model_passes=0)
         drafted: list[int] = []
-        q_rows: list[torch.Tensor] = []
         while len(drafted) < depth:
             level = self.model.propose(dataclasses.replace(context, tokens=context.tokens + drafted, shape=one))
             tree.model_passes += level.model_passes or 0
             if not len(level):  # (a model drafter always drafts; kept for safety)
                 break
-            q_rows.append(level.q_dists[-1])
-            self._append(tree, drafted, level.tokens[0], level.q_token[0], level.q_dists[-1])
+            q = level.q_dists[-1]  # [V]: the model's q at this level
+            self._append(tree, drafted, level.tokens[0], level.q_token[0], q)
             room = k - len(drafted)
             copied = self._copy_chain(context.tokens + drafted, room) if room else []
             if copied:
                 for token in copied:
-                    point = torch.zeros_like(q_rows[-1])  # [V]: q = 1 on the copied token
+                    point = torch.zeros_like(q)  # [V]: q = 1 on the copied token
                     point[token] = 1.0
                     self._append(tree, drafted, token, 1.0, point)
                 self._continued = len(copied)
