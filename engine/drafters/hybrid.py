@@ -59,6 +59,7 @@ import time
 import torch
 
 from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree, TreeShape, Verified
+from engine.drafters.model import ModelDrafter
 
 __all__ = ["HybridDrafter", "DEFAULT_DEPTH", "parse_hybrid"]
 
@@ -119,7 +120,7 @@ class HybridDrafter(Drafter):
     def __init__(self, name: str, copy: Drafter, model: Drafter, depth: int = DEFAULT_DEPTH):
         if not copy.needs.point_mass:
             raise ValueError(f"the first drafter of {name!r} must be a copying drafter (ngram or suffix)")
-        if model.needs.point_mass or model.needs.target_features:
+        if not isinstance(model, ModelDrafter) or model.needs.target_features:
             raise ValueError(f"the second drafter of {name!r} must be a model drafter (int8, q4, model:<id>)")
         self.name, self.copy, self.model, self.depth = name, copy, model, depth
         self.needs = DrafterNeeds(model=model.needs.model, target_kv=model.needs.target_kv)
@@ -227,7 +228,7 @@ class HybridDrafter(Drafter):
         # The model's own slots: its j-th token sits at committed + j (fed by the next level's pass), as in a chain.
         committed = len(context.tokens)
         n_model = len(drafted) - self._continued
-        self.model._last = (committed, list(range(n_model)), {i: committed + i for i in range(n_model - 1)})
+        self.model.hold_chain(committed, n_model)
         self._model_nodes, self._bridged = n_model, True
         self._draft_ms = (time.perf_counter() - self._started) * 1000.0
         return tree

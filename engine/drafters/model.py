@@ -283,6 +283,11 @@ class ModelDrafter(Drafter):
         slot_of = {node: committed + node for node in range(cache.length - committed)}
         return self._kept(tree, score, shape, committed, slot_of)
 
+    def hold_chain(self, committed: int, nodes: int) -> None:
+        """What ``accept`` reads for a chain of `nodes` tokens this drafter drafted one call at a time (a hybrid's
+        bridge): node j at slot committed + j, fed by the next call's pass (the last one never fed)."""
+        self._last = (committed, list(range(nodes)), {j: committed + j for j in range(nodes - 1)})
+
     def accept(self, verified: Verified) -> None:
         committed, kept, slot_of = self._last
         cache = self.cache
