@@ -230,6 +230,20 @@ def _resolve(dtype: str, device: str, planned_elsewhere: bool = False) -> tuple[
     return str(resolve_dtype(dtype, device)).removeprefix("torch."), device
 
 
+def _weights_of(drafter: str) -> str:
+    """The drafter whose weights a spec holds: q4+ngram (drafts of drafts) and suffix/q4[:DEPTH] (a hybrid) hold
+    q4's; any other spec itself."""
+    if drafter.startswith("model:"):
+        return drafter
+    if "+" in drafter:
+        return drafter.split("+", 1)[0]
+    if "/" in drafter:
+        model = drafter.split("/", 1)[1].strip()
+        head, _, tail = model.rpartition(":")
+        return head if head and tail.strip().isdigit() else model
+    return drafter
+
+
 def plan_memory(
     target: str = "default",
     drafter: str = "ngram",
@@ -278,10 +292,7 @@ def plan_memory(
     kv = kv_per_token * context * concurrent_runs
     drafter_bytes = drafter_kv = 0
     dw = None  # a draft model's sizes (model:<id>)
-    drafter = drafter.split("+", 1)[0] if "+" in drafter and not drafter.startswith("model:") else drafter  # q4+ngram
-    if "/" in drafter and not drafter.startswith("model:"):  # a hybrid, suffix/q4[:DEPTH]: its model's weights
-        head, _, tail = drafter.split("/", 1)[1].strip().rpartition(":")
-        drafter = head if head and tail.strip().isdigit() else drafter.split("/", 1)[1].strip()
+    drafter = _weights_of(drafter)
     if drafter == "q4":
         matrices = w["params"] - w["embed_params"]
         # Q4_1: 20 bytes per 32 weights; the head in Q4_1 and in int8 with a scale per row (its best outputs
