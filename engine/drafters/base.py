@@ -127,6 +127,11 @@ class DraftTree:
         """One child per node (a tree mask would equal plain causal attention)."""
         return all(parent == i - 1 for i, parent in enumerate(self.parents))
 
+    def first_chain(self) -> list[int]:
+        """The tokens of the chain from the root through each node's first child (a chain's tokens; a copying
+        drafter's tree: its best continuation, nodes 0, 1, ... while each is one deeper than the one before)."""
+        return [self.tokens[i] for i in range(len(self)) if self.depths[i] == i + 1]
+
     def children(self, node: int) -> list[int]:
         return [i for i, parent in enumerate(self.parents) if parent == node]
 

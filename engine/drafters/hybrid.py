@@ -166,7 +166,7 @@ class HybridDrafter(Drafter):
         """The copying drafter's chain continuing `tokens`, at most `room` tokens ([]: no match)."""
         shape = TreeShape(k=room)
         tree = self.copy.propose(DraftContext(tokens, shape))
-        return [tree.tokens[i] for i in range(len(tree)) if tree.depths[i] == i + 1][:room]
+        return tree.first_chain()[:room]
 
     def propose(self, context: DraftContext) -> DraftTree:
         self._settle(context.tokens)
@@ -189,7 +189,7 @@ class HybridDrafter(Drafter):
             tree = self.model.propose(dataclasses.replace(context, shape=shape))
             self._draft_ms = (time.perf_counter() - self._started) * 1000.0
         if len(proposal) and self._used is self.model:  # (its chain: the first branch of a copying tree)
-            chain = [proposal.tokens[i] for i in range(len(proposal)) if proposal.depths[i] == i + 1]
+            chain = proposal.first_chain()
             self._unused = (chain, len(context.tokens))
         tree.hybrid = {
             "picked": self._used.name,

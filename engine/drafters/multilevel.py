@@ -79,7 +79,7 @@ class MultiLevelDrafter(ModelDrafter):
     def _proposal(self, tokens: list[int], room: int) -> list[int]:
         """The copying drafter's chain continuing `tokens`, at most `room` tokens."""
         tree = self.inner.propose(DraftContext(tokens, TreeShape(k=room)))
-        return [tree.tokens[i] for i in range(len(tree)) if tree.depths[i] == i + 1][:room]
+        return tree.first_chain()[:room]
 
     def propose(self, context: DraftContext) -> DraftTree:
         shape, params, gen = context.shape, context.params, context.gen
