@@ -132,7 +132,7 @@ def test_int8_linear_runs_on_the_kernel(variant):
     assert rel < 0.03, float(rel)
 
 
-@pytest.mark.parametrize("kind", ["bf16", "bf16-float32-normed", "int8", "q4_1"])
+@pytest.mark.parametrize("kind", ["bf16", "bf16-float32-normed", "int8", "q4_1", "q4_1b"])
 def test_rows_are_shape_invariant(variant, kind):
     """Each row of a 16-row product equals its one-row product bit for bit, whatever tiles
     the rows and outputs land in (3072 outputs: full tiles, 200: tails on each thread).
@@ -147,6 +147,9 @@ def test_rows_are_shape_invariant(variant, kind):
             x = x.float() * torch.linspace(0.1, 30.0, 576)
         elif kind == "q4_1":
             packed = cpu_kernels.PackedQ4_1Weight(*_q4_1_fields(n_out, 576, seed=7), b)
+            x = x.float() * torch.linspace(0.1, 30.0, 576)
+        elif kind == "q4_1b":
+            packed = cpu_kernels.PackedQ4_1BWeight(*_q4_1_fields(n_out, 576, seed=7, gguf_like=True), b)
             x = x.float() * torch.linspace(0.1, 30.0, 576)
         else:
             packed = cpu_kernels.PackedWeight(w, b)
@@ -308,7 +311,9 @@ def test_a_prefill_gives_its_rows_what_decoding_gives_them(variant):
     assert torch.equal(whole.v[:, :, : len(prompt)], parts.v[:, :, : len(prompt)])
 
 
-@pytest.mark.parametrize("weights,kv", [("bf16", "f32"), ("q4_1", "f32"), ("int8", "f32"), ("q4_1", "bf16")])
+@pytest.mark.parametrize(
+    "weights,kv", [("bf16", "f32"), ("q4_1", "f32"), ("int8", "f32"), ("q4_1", "bf16"), ("q4_1b", "bf16")]
+)
 def test_layer_stack_equals_the_per_layer_path(variant, weights, kv):
     """decode_layers (every layer of a few-token pass in one C call) gives the per-layer
     Python path's logits, hidden rows and cache bit for bit, causal and under a tree mask,
@@ -322,6 +327,8 @@ def test_layer_stack_equals_the_per_layer_path(variant, weights, kv):
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16, int8=weights == "int8")
     if weights == "q4_1":
         quantize_q4_1(model)
+    if weights == "q4_1b":
+        quantize_q4_1(model, cpu_kernels.PackedQ4_1BWeight)
     if kv == "bf16":
         model.attention_dtype = torch.bfloat16
     assert model._layer_stack() is not None
@@ -680,16 +687,18 @@ def test_speclens_cpu_kernel_forces_a_variant(setting):
 # ---- Q4_1 weights ------------------------------------------------------------------
 
 
-def _q4_1_fields(n_out, n_in, seed):
-    """Random Q4_1 blocks: q uint8 [out, in] in 0..15, d and m float16 [out, in / 32]."""
+def _q4_1_fields(n_out, n_in, seed, gguf_like=False):
+    """Random Q4_1 blocks: q uint8 [out, in] in 0..15, d and m float16 [out, in / 32]. gguf_like: as
+    llama.cpp's rule makes them from a matrix whose blocks straddle 0 (m the block's minimum: -15 d < m < 0;
+    the default model's blocks have -14.6 <= m / d <= -0.63)."""
     gen = torch.Generator().manual_seed(seed)
     groups = n_in // 32
     q = torch.randint(0, 16, (n_out, n_in), generator=gen, dtype=torch.uint8)
-    return (
-        q,
-        (torch.rand(n_out, groups, generator=gen) / 8).half(),
-        (torch.randn(n_out, groups, generator=gen) / 4).half(),
-    )
+    d = torch.rand(n_out, groups, generator=gen) / 8
+    if gguf_like:
+        d = d + 1 / 64  # a row's largest d at most 9x its smallest (the default model: 28x at most, 2x typically)
+        return q, d.half(), (-d * (0.6 + 14 * torch.rand(n_out, groups, generator=gen))).half()
+    return q, d.half(), (torch.randn(n_out, groups, generator=gen) / 4).half()
 
 
 def _dequantised(q, d, m):
@@ -764,9 +773,11 @@ def test_q4_1_gives_the_same_bits_on_every_variant():
     assert all(torch.equal(outs[0], other) for other in outs[1:]), names
 
 
+@pytest.mark.parametrize("packing", ["Q4_1", "Q4_1B"])
 @pytest.mark.parametrize("rows,n_in,n_out,top", [(1, 576, 960, 32), (7, 576, 200, 8), (3, 70, 50, 64), (2, 64, 40, 1)])
-def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n_in, n_out, top):
-    """head_q4_rescored's contract, bit for bit: each row's `top` best outputs of the Q4_1 product (value
+def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n_in, n_out, top, packing):
+    """head_q4_rescored's contract, bit for bit: each row's `top` best outputs of the 4-bit product (Q4_1 or
+    Q4_1B: its own blocks' product; value
     descending, the lower index first among equals) hold the int8 product's values (x quantised per row to
     int16, as skinny_gemm_int8w), every other output the Q4_1 product's; fused RMSNorm and bf16 x alike;
     a row's result does not depend on the other rows; top >= n_out re-scores every output (the whole int8
@@ -776,13 +787,15 @@ def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n
     w[:, :3] *= 8.0  # a few strong inputs, as a model's output projection has
     x = torch.randn(rows, n_in, generator=gen) * torch.linspace(0.2, 3.0, n_in)
     x[0, 5] = 40.0  # an outlier: the int16 rows' scale follows it
-    head = cpu_kernels.RescoredQ4Head(w, top)
+    packing = {"Q4_1": cpu_kernels.PackedQ4_1Weight, "Q4_1B": cpu_kernels.PackedQ4_1BWeight}[packing]
+    head = cpu_kernels.RescoredQ4Head(w, top, packing)
+    assert isinstance(head.q4, packing)
     q, scale = cpu_kernels.int8_per_channel(w)
     int8 = cpu_kernels.PackedInt8Weight(q, scale)
     g = torch.rand(n_in, generator=gen) + 0.5
     for xin, norm in ((x, None), (x, g), (x.to(torch.bfloat16), None)):
         got = cpu_kernels.head_q4_rescored(xin, head, norm, 1e-5)
-        q4_only = cpu_kernels.skinny_gemm_q4_1(xin, head.q4, torch.float32, norm, 1e-5)
+        q4_only = cpu_kernels.skinny_gemm_bf16(xin, head.q4, torch.float32, norm, 1e-5)  # (dispatches on the kind)
         if norm is not None and n_in % 32:  # padded to Q4_1's groups: the rows are normalised by torch first
             xn = torch.nn.functional.rms_norm(xin, (n_in,), norm, 1e-5)
             int8_all = cpu_kernels.skinny_gemm_int8w(xn, int8, torch.float32)
@@ -794,8 +807,10 @@ def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n
         assert got.shape == (rows, n_out) and torch.equal(got, want), (xin.dtype, norm is not None)
         for t in range(rows):  # rows are independent
             assert torch.equal(cpu_kernels.head_q4_rescored(xin[t : t + 1], head, norm, 1e-5)[0], got[t])
-    whole = cpu_kernels.RescoredQ4Head(w, n_out + 5)
+    whole = cpu_kernels.RescoredQ4Head(w, n_out + 5, packing)
     assert torch.equal(cpu_kernels.head_q4_rescored(x, whole), cpu_kernels.skinny_gemm_int8w(x, int8, torch.float32))
+    with pytest.raises(ValueError, match="as Q4_1 or Q4_1B"):
+        cpu_kernels.RescoredQ4Head(w, 4, cpu_kernels.PackedInt8Weight)
     for bad in (0, 1025):
         with pytest.raises(ValueError, match="between 1 and 1024"):
             cpu_kernels.RescoredQ4Head(w, bad)
@@ -843,8 +858,9 @@ def test_top_rows_are_the_best_entries_lower_index_first(variant):
 
 
 def _chain_model(weights: str, vocab: int = 512):
-    """A tiny model all on our kernels, its weights bf16, int8 (float32 activations, as the int8 drafter's) or
-    q4 (the q4 drafter's), and a cache of 64 holding a 27-token prompt."""
+    """A tiny model all on our kernels, its weights bf16, int8 (float32 activations, as the int8 drafter's),
+    q4 (the q4 drafter's: Q4_1B blocks) or q4-q4_1 (the q4 drafter's on Q4_1 blocks), and a cache of 64
+    holding a 27-token prompt."""
     from conftest import tiny_hf_model
 
     from engine.drafters.model import q4_weights
@@ -856,13 +872,15 @@ def _chain_model(weights: str, vocab: int = 512):
         model = Transformer(model.cfg, dict(hf.state_dict()), torch.float32, int8=True)
     if weights == "q4":
         model = q4_weights(model)
+    if weights == "q4-q4_1":
+        model = q4_weights(model, packing=cpu_kernels.PackedQ4_1Weight)
     cache = model.new_cache(64)
     assert model.greedy_chain_ready(cache)
     model.prefill(list(range(3, 30)), cache)
     return model, cache
 
 
-@pytest.mark.parametrize("weights", ["bf16", "int8", "q4"])
+@pytest.mark.parametrize("weights", ["bf16", "int8", "q4", "q4-q4_1"])
 def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
     """greedy_chain (a greedy drafter's n passes in one C call) gives, bit for bit, what n one-token
     run_pass calls at consecutive slots give, each fed the argmax of the last: the logits, the tokens and
@@ -970,7 +988,81 @@ def test_q4_1_reads_gguf_blocks():
     ).reshape(40, 60)
     from_raw = cpu_kernels.PackedQ4_1Weight.from_gguf_blocks(raw, 96)
     assert torch.equal(from_raw.data, cpu_kernels.PackedQ4_1Weight(q, d, m).data)
+    as_bytes = cpu_kernels.PackedQ4_1BWeight.from_gguf_blocks(raw, 96)
+    assert torch.equal(as_bytes.data, cpu_kernels.PackedQ4_1BWeight(q, d, m).data)
     assert torch.equal(cpu_kernels.dequantize_q4_1(raw, 96), _dequantised(q, d, m))
+
+
+# ---- Q4_1B weights: Q4_1's nibbles, the scales in bytes (the q4 drafter's) ------------------------
+
+
+@pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (5, 1536, 40), (16, 64, 200), (3, 96, 7)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_q4_1b_keeps_the_nibbles_and_codes_the_scales(variant, rows, n_in, n_out, with_bias):
+    """From Q4_1 blocks: the nibbles are Q4_1's, byte for byte; d is its row's step times a code within half a
+    step; the weights move by under 1% (rms over rms: m is re-fitted to the block's mean); and the product is
+    x (quantised per 16 inputs, as Q4_1's) times what unpack() gives, up to float32 rounding, on bf16 x
+    and with the fused RMSNorm alike."""
+    q, d, m = _q4_1_fields(n_out, n_in, seed=1, gguf_like=True)
+    b = _bf16(n_out, seed=3) if with_bias else None
+    packed = cpu_kernels.PackedQ4_1BWeight(q, d, m, b)
+    q4_1 = cpu_kernels.PackedQ4_1Weight(q, d, m, b)
+    assert torch.equal(packed.data[..., 32:], q4_1.data[..., 64:])  # [out/16, in/32, 256] nibble bytes
+    assert packed.nbytes == packed.data.numel() + 4 * packed.out_padded and packed.data.shape[2] == 288
+    codes = packed.data[..., :16].permute(0, 2, 1).reshape(packed.out_padded, -1)[:n_out].float()  # [out, in/32]
+    step = packed.dstep[:n_out, None]
+    assert bool(((codes * step - d.float()).abs() <= step * (0.5 + 1e-4)).all())
+    w = packed.unpack()
+    exact_w = _dequantised(q, d, m)
+    assert float((w - exact_w).norm() / exact_w.norm()) < 1e-2
+    x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.1, 30.0, n_in)
+    bias = b.double() if b is not None else 0
+    ref = _q4_product(x, w) + bias
+    got = cpu_kernels.skinny_gemm_q4_1b(x, packed)
+    assert got.dtype == torch.float32 and got.shape == (rows, n_out)
+    assert float((got.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    as_bf16 = cpu_kernels.skinny_gemm_q4_1b(x.to(torch.bfloat16), packed, out_dtype=torch.float32)
+    assert torch.equal(as_bf16, cpu_kernels.skinny_gemm_q4_1b(x.to(torch.bfloat16).float(), packed))
+    g = torch.rand(n_in, generator=torch.Generator().manual_seed(4)) + 0.5
+    normed = cpu_kernels.skinny_gemm_q4_1b(x, packed, norm_weight=g, eps=1e-5)
+    ref = _q4_product(torch.nn.functional.rms_norm(x, (n_in,), g, 1e-5), w) + bias
+    assert float((normed.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
+def test_q4_1b_quantises_any_matrix_and_pads_odd_widths(variant):
+    """Any matrix: per block the range [min(w, 0), max(w, 0)] in 15 steps of d rounded up to its code, so each
+    weight is within half a step (and m's rounding, d / 32) of its value; blocks of one sign and zero blocks
+    included; 70 inputs padded to 96."""
+    w = torch.randn(50, 70, generator=torch.Generator().manual_seed(5))
+    w[3] = w[3].abs() + 1.0  # a row of positive blocks
+    w[4] = -w[4].abs() - 1.0  # and of negative ones
+    w[5, :32] = 0.0  # a zero block
+    packed = cpu_kernels.PackedQ4_1BWeight.quantize(w)
+    deq = packed.unpack()
+    blocks = torch.nn.functional.pad(w, (0, 26)).view(50, 3, 32)
+    lo, hi = blocks.amin(2).clamp_max(0), blocks.amax(2).clamp_min(0)
+    d = packed.dstep[:50, None] * torch.ceil((hi - lo) / 15 / packed.dstep[:50, None])
+    bound = (0.5 + 1 / 32) * d.repeat_interleave(32, 1)[:, :70] + 1e-5
+    assert deq.shape == (50, 70) and bool(((deq - w).abs() <= bound).all())
+    assert bool((deq[5, :32] == 0).all())
+    x = torch.randn(3, 70, generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(
+        cpu_kernels.skinny_gemm_q4_1b(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_q4_1b_gives_the_same_bits_on_every_variant():
+    """As Q4_1's: integer sums and the same float ops per lane, whatever the instruction set."""
+    names = [n for n in cpu_kernels.VARIANTS if cpu_kernels.variant_support(n) is None]
+    if len(names) < 2:
+        pytest.skip(f"fewer than two variants here ({names})")
+    packed = cpu_kernels.PackedQ4_1BWeight(*_q4_1_fields(960, 576, seed=8, gguf_like=True), _bf16(960, seed=9))
+    x = torch.randn(7, 576, generator=torch.Generator().manual_seed(10)) * torch.linspace(0.1, 30.0, 576)
+    outs = []
+    for name in names:
+        with cpu_kernels.using(name):
+            outs.append(cpu_kernels.skinny_gemm_q4_1b(x, packed))
+    assert all(torch.equal(outs[0], other) for other in outs[1:]), names
 
 
 @pytest.mark.real_model

@@ -329,11 +329,14 @@ def int8_weights(target: Transformer) -> Transformer:
     return Transformer(target.cfg, _state_from_transformer(target), act_dtype, int8=True, device=target.device)
 
 
-def q4_weights(target: Transformer, gguf_path=None) -> Transformer:
-    """4-bit self-speculation: the target's weights in Q4_1 (GGUF's kind, 0.625 bytes per weight) on our
-    CPU kernels, the output projection included. gguf_path: the file the target was loaded from, whose own
-    Q4_1 blocks are used (the default model: its bf16 weights are those blocks dequantised, so the drafter
-    computes nearly the target's function); without one, every matrix is quantised here by llama.cpp's rule.
+def q4_weights(target: Transformer, gguf_path=None, packing: type | None = None) -> Transformer:
+    """4-bit self-speculation: the target's weights in 4-bit blocks on our CPU kernels, the output projection
+    included: `packing` PackedQ4_1BWeight (the default: Q4_1's nibbles with the scales in a byte each, 0.5625
+    bytes per weight; a draft pass of the default model reads 76 MB against Q4_1's 84, 1.11x quicker at the
+    same drafts: docs/kernels.md) or PackedQ4_1Weight (GGUF's Q4_1, 0.625). gguf_path: the file the target
+    was loaded from, whose own Q4_1 blocks are used (the default model: its bf16 weights are those blocks
+    dequantised, so the drafter computes nearly the target's function); without one, every matrix is
+    quantised here by the packing's rule.
 
     The output projection (tied to the embedding) is in Q4_1 with each row's 32 best outputs computed again
     in int8 (RescoredQ4Linear): 18 MB per pass for the default model, where int8 alone read 28 (and bf16 57).
@@ -348,12 +351,13 @@ def q4_weights(target: Transformer, gguf_path=None) -> Transformer:
     if target.device.type != "cpu" or not cpu_kernels.available():
         why = "it runs on the CPU only" if target.device.type != "cpu" else cpu_kernels.why_unavailable()
         raise ValueError(f"the q4 drafter needs SpecLens's CPU kernels ({why}); use int8 or a draft model")
+    packing = packing or cpu_kernels.PackedQ4_1BWeight
     state = _state_from_transformer(target)
     model = Transformer(target.cfg, state, torch.bfloat16, device=target.device)
-    swapped = use_gguf_q4_1(model, gguf_path) if gguf_path is not None else 0
+    swapped = use_gguf_q4_1(model, gguf_path, packing) if gguf_path is not None else 0
     if swapped < 4 * len(model.layers):  # matrices the file does not hold as Q4_1 (or no file)
-        quantize_q4_1(model)
-    model.lm_head = RescoredQ4Linear(target.lm_head.weight)
+        quantize_q4_1(model, packing)
+    model.lm_head = RescoredQ4Linear(target.lm_head.weight, packing=packing)
     # Its KV cache in bf16 (the kernels widen the rows exactly as they read them; keys and values rounded
     # once, as they are stored or taken from the target's cache): half the bytes a draft pass's attention
     # reads. Measured (2 Zen 4 cores, one process, interleaved): a draft pass 1.02x quicker at 150 cached

@@ -80,6 +80,7 @@ __all__ = [
     "VARIANTS",
     "LayerStack",
     "PackedInt8Weight",
+    "PackedQ4_1BWeight",
     "PackedQ4_1Weight",
     "PackedWeight",
     "RescoredQ4Head",
@@ -99,6 +100,7 @@ __all__ = [
     "skinny_gemm_bf16",
     "skinny_gemm_int8w",
     "skinny_gemm_q4_1",
+    "skinny_gemm_q4_1b",
     "using",
     "variant",
     "variant_support",
@@ -224,8 +226,10 @@ def _build(name: str) -> ctypes.CDLL:
     lib.skinny_gemm_int8w.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, flag, size, size, size, ptr, real]
     lib.skinny_gemm_q4_1.restype = None
     lib.skinny_gemm_q4_1.argtypes = [ptr, flag, ptr, ptr, ptr, flag, size, size, size, ptr, real]
+    lib.skinny_gemm_q4_1b.restype = None
+    lib.skinny_gemm_q4_1b.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, flag, size, size, size, ptr, real]
     lib.head_q4_rescored.restype = None
-    lib.head_q4_rescored.argtypes = [ptr, flag, ptr, ptr, ptr, ptr] + [size] * 5 + [ptr, real]
+    lib.head_q4_rescored.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, ptr] + [size] * 5 + [ptr, real]
     lib.rope_and_store.restype = None
     lib.rope_and_store.argtypes = [ptr] * 6 + [size] * 7
     lib.attend_few.restype = None
@@ -312,9 +316,7 @@ class PackedQ4_1Weight:
         qp[:out, :n_in] = q
         dp, mp = (np.zeros((self.out_padded, groups), dtype=np.float16) for _ in range(2))
         dp[:out], mp[:out] = d, m
-        # q[16 ob + l, 32 g + 16 h + 4 c + e] -> [ob, g, h, c, l, e]; low nibble h = 0, high h = 1
-        qv = qp.reshape(blocks, 16, groups, 2, 4, 4).transpose(0, 2, 3, 4, 1, 5)
-        nibbles = (qv[:, :, 0] | (qv[:, :, 1] << 4)).reshape(blocks, groups, 256)
+        nibbles = _q4_nibbles(qp)
         scales = [a.reshape(blocks, 16, groups).transpose(0, 2, 1).copy().view(np.uint8) for a in (dp, mp)]
         blocks_q4 = torch.from_numpy(np.concatenate([*scales, nibbles], axis=2))  # [out/16, in/32, 320]
         self.data = pages.copy_of(blocks_q4)  # streamed by every pass: on huge pages (pages.py)
@@ -367,6 +369,123 @@ class PackedQ4_1Weight:
         return self.data.numel()
 
 
+def _q4_nibbles(qp: np.ndarray) -> np.ndarray:
+    """q uint8 [out, in] in 0..15 (out a multiple of 16, in of 32) -> the blocks' nibble bytes [out/16, in/32,
+    256]: q[16 ob + l, 32 g + 16 h + 4 c + e] -> [ob, g, h, c, l, e], the low nibble h = 0, the high h = 1."""
+    out, n_in = qp.shape
+    blocks, groups = out // 16, n_in // Q4_GROUP
+    qv = qp.reshape(blocks, 16, groups, 2, 4, 4).transpose(0, 2, 3, 4, 1, 5)
+    return (qv[:, :, 0] | (qv[:, :, 1] << 4)).reshape(blocks, groups, 256)
+
+
+class PackedQ4_1BWeight:
+    """W [out, in] in Q4_1B: Q4_1's blocks (32 inputs, w = d * q + m, q in 0..15) with the two scales coded in
+    a byte each, d = dc * dstep[o] (dc in 0..255, one float32 step per output row: its largest d / 255) and
+    m = -d * mc / 16 (mc in 0..255: -15.94 <= m / d <= 0; every block of the default model has m / d in
+    [-14.6, -0.63]). 4.5 bits per weight against Q4_1's 5: packed for skinny_gemm_q4_1b as [out/16, in/32,
+    288 bytes], per 16 outputs x 32 inputs dc[16], mc[16], then Q4_1's 4 chunks of 64 nibble bytes
+    (PackedQ4_1Weight), and dstep float32 [out]. decode_kernels.c explains the product.
+
+    From Q4_1 blocks (the GGUF's: q, d, m), the nibbles are kept, d is rounded to its code and m re-fitted to
+    the block's mean given the rounded d (m + (d - d') * mean(q)), then coded: the default model's weights
+    move by 0.55% (rms over rms), a random probe's outputs by 0.6%. A block with m / d outside the codes'
+    range is clipped to it (the drafter's weights move; exactness never depends on them)."""
+
+    HEAD = 32  # bytes per block before its nibbles: dc[16], mc[16]
+
+    def __init__(self, q, d, m, bias: torch.Tensor | None = None):
+        q, d, m = (np.asarray(a.numpy() if isinstance(a, torch.Tensor) else a) for a in (q, d, m))
+        out, n_in = q.shape  # q uint8 [out, in] in 0..15; d, m [out, in / 32] (any float)
+        self.out, self.n_in = out, n_in
+        self.out_padded, self.in_padded = -(-out // 16) * 16, -(-n_in // Q4_GROUP) * Q4_GROUP
+        groups, blocks = self.in_padded // Q4_GROUP, self.out_padded // 16
+        qp = np.zeros((self.out_padded, self.in_padded), dtype=np.uint8)
+        qp[:out, :n_in] = q
+        d, m = d.astype(np.float32), m.astype(np.float32)
+        dc, mc, step = _q4_1b_codes(qp[:out].reshape(out, -1, Q4_GROUP)[:, : d.shape[1]], d, m)
+        dcp, mcp = (np.zeros((self.out_padded, groups), dtype=np.uint8) for _ in range(2))
+        dcp[:out, : dc.shape[1]], mcp[:out, : mc.shape[1]] = dc, mc
+        codes = [a.reshape(blocks, 16, groups).transpose(0, 2, 1) for a in (dcp, mcp)]
+        blocks_q4 = torch.from_numpy(np.ascontiguousarray(np.concatenate([*codes, _q4_nibbles(qp)], axis=2)))
+        self.data = pages.copy_of(blocks_q4)  # [out/16, in/32, 288], streamed by every pass: on huge pages
+        self.dstep = torch.zeros(self.out_padded, dtype=torch.float32)
+        self.dstep[:out] = torch.from_numpy(step)
+        self.bias = None
+        if bias is not None:
+            self.bias = torch.zeros(self.out_padded, dtype=torch.bfloat16)
+            self.bias[:out] = bias
+        self.sizes = (self.in_padded, self.out_padded)
+        self.args = (
+            self.data.data_ptr(),
+            self.dstep.data_ptr(),
+            self.bias.data_ptr() if self.bias is not None else None,
+        )
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedQ4_1BWeight:
+        """Q4_1B blocks of any matrix [out, in]: per 32 inputs the range [min(w, 0), max(w, 0)] (so that m / d
+        is in the codes' range) in 15 steps of d rounded up to its code, m = -d * mc / 16 with mc from the
+        range's low end, then q = round((w - m) / d) in 0..15; in is zero-padded to a multiple of 32."""
+        w = weight.detach().float().cpu().numpy()
+        out, n_in = w.shape
+        padded = -(-n_in // Q4_GROUP) * Q4_GROUP
+        w = np.pad(w, ((0, 0), (0, padded - n_in))).reshape(out, -1, Q4_GROUP)
+        lo, hi = np.minimum(w.min(axis=2), 0.0), np.maximum(w.max(axis=2), 0.0)
+        d = (hi - lo) / 15
+        step = _row_steps(d)
+        d = np.ceil(d / step[:, None]).clip(0, 255) * step[:, None]
+        mc = np.divide(-lo * 16, d, out=np.zeros_like(d), where=d > 0).round().clip(0, 255)
+        m = -d * mc / 16
+        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+        q = np.clip(np.rint((w - m[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
+        packed = cls(q.reshape(out, padded), d, m, bias)
+        packed.n_in = n_in  # the padded inputs multiply zero-padded x
+        return packed
+
+    @classmethod
+    def from_gguf_blocks(cls, raw, n_in: int, bias: torch.Tensor | None = None) -> PackedQ4_1BWeight:
+        """From a GGUF Q4_1 tensor's bytes, uint8 [out, in / 32 * 20] (PackedQ4_1Weight.from_gguf_blocks)."""
+        d, m, q = _q4_1_fields(raw, n_in)
+        return cls(q, d, m, bias)
+
+    def unpack(self) -> torch.Tensor:
+        """The dequantised matrix [out, in], float32: dc * dstep * (q - mc / 16), what the kernel multiplies."""
+        data = self.data.numpy()
+        blocks, groups = data.shape[:2]
+        step = self.dstep.numpy().reshape(blocks, 1, 16)
+        d = data[..., 0:16].astype(np.float32) * step  # [ob, g, l]
+        m = -d * (data[..., 16:32].astype(np.float32) / 16)
+        nib = data[..., 32:].reshape(blocks, groups, 4, 16, 4)  # [ob, g, c, l, e]
+        q = np.stack([nib & 15, nib >> 4], axis=2).astype(np.float32)  # [ob, g, h, c, l, e]
+        w = d[:, :, None, None, :, None] * q + m[:, :, None, None, :, None]
+        w = w.transpose(0, 4, 1, 2, 3, 5).reshape(self.out_padded, self.in_padded)
+        return torch.from_numpy(np.ascontiguousarray(w[: self.out, : self.n_in]))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() + 4 * self.dstep.numel()
+
+
+def _row_steps(d: np.ndarray) -> np.ndarray:
+    """Each row's step for d's codes: its largest d / 255 (1 for a row of zeros), float32 [out]."""
+    step = (d.max(axis=1) / 255).astype(np.float32)
+    return np.where(step > 0, step, np.float32(1.0))
+
+
+def _q4_1b_codes(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1B's codes of Q4_1 blocks: q uint8 [out, groups, 32], d, m float32 [out, groups] -> (dc, mc uint8
+    [out, groups], dstep float32 [out]). d rounded to the nearest code (at least 1 where d > 0); m re-fitted
+    to the block's mean given that d, m + (d - d') * mean(q) (least squares over the block's 32 weights), then
+    coded: mc = round(-16 m / d') clipped to 0..255."""
+    step = _row_steps(d)
+    dc = np.rint(d / step[:, None]).clip(0, 255)
+    dc = np.where((d > 0) & (dc == 0), 1, dc)
+    d2 = dc * step[:, None]
+    fit = m + (d - d2) * q.astype(np.float32).mean(axis=2)
+    mc = np.divide(-16 * fit, d2, out=np.zeros_like(fit), where=d2 > 0).round().clip(0, 255)
+    return dc.astype(np.uint8), mc.astype(np.uint8), step
+
+
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(Q int8 [out, in], scale float32 [out]): W ~= scale[:, None] * Q, symmetric per output channel (the
     int8 drafter's rule, Int8Linear)."""
@@ -376,15 +495,18 @@ def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class RescoredQ4Head:
-    """An output projection W [out, in] for ``head_q4_rescored``: W in Q4_1 (llama.cpp's rule) for the whole
-    product, and in int8 per channel (``int8_per_channel``, row-major, zero-padded like the Q4_1 blocks) for
-    each row's `top` best outputs, computed again (decode_kernels.c explains why). Reads the Q4_1 blocks and
-    `top` int8 rows per row of x: 18 MB + 18 KB for the default model's head against int8's 28 MB."""
+    """An output projection W [out, in] for ``head_q4_rescored``: W in Q4_1 (llama.cpp's rule) or Q4_1B
+    (`packing`: PackedQ4_1Weight or PackedQ4_1BWeight) for the whole product, and in int8 per channel
+    (``int8_per_channel``, row-major, zero-padded like the 4-bit blocks) for each row's `top` best outputs,
+    computed again (decode_kernels.c explains why). Reads the 4-bit blocks and `top` int8 rows per row of x:
+    18 MB (Q4_1; Q4_1B 16 MB) + 18 KB for the default model's head against int8's 28 MB."""
 
-    def __init__(self, weight: torch.Tensor, top: int):
+    def __init__(self, weight: torch.Tensor, top: int, packing: type = PackedQ4_1Weight):
         if not 1 <= top <= 1024:  # (the kernel keeps a row's candidates in a sorted list on the stack)
             raise ValueError(f"a re-scored head re-scores between 1 and 1024 outputs per row, got top={top}")
-        self.q4 = PackedQ4_1Weight.quantize(weight)
+        if packing not in (PackedQ4_1Weight, PackedQ4_1BWeight):
+            raise ValueError(f"a re-scored head packs its 4-bit blocks as Q4_1 or Q4_1B, not {packing!r}")
+        self.q4 = packing.quantize(weight)
         self.top = int(top)
         self.out, self.n_in = self.q4.out, self.q4.n_in
         self.out_padded, self.in_padded = self.q4.out_padded, self.q4.in_padded
@@ -404,9 +526,9 @@ def head_q4_rescored(
     x: torch.Tensor, head: RescoredQ4Head, norm_weight: torch.Tensor | None = None, eps: float = 1e-6, lib=None
 ) -> torch.Tensor:
     """y [rows, out] float32: x [rows, in] (float32 or bf16; float32 with norm_weight, RMS-normalised first)
-    through the Q4_1 head, each row's `head.top` best outputs overwritten with the int8 product's values:
+    through the 4-bit head, each row's `head.top` best outputs overwritten with the int8 product's values:
     those entries equal skinny_gemm_int8w's on the same int8 matrix bit for bit, the others
-    skinny_gemm_q4_1's (where `in` is not a multiple of 32, rows to normalise are normalised by torch first,
+    skinny_gemm_q4_1's (or skinny_gemm_q4_1b's, for Q4_1B blocks) (where `in` is not a multiple of 32, rows to normalise are normalised by torch first,
     as skinny_gemm_q4_1 does: the int8 product then on those rows)."""
     if lib is None:
         if not available():
@@ -425,6 +547,7 @@ def head_q4_rescored(
         x.data_ptr(),
         x.dtype == torch.float32,
         head.q4.data.data_ptr(),
+        head.q4.dstep.data_ptr() if isinstance(head.q4, PackedQ4_1BWeight) else None,
         head.w8.data_ptr(),
         head.scale8.data_ptr(),
         y.data_ptr(),
@@ -459,7 +582,7 @@ def dequantize_q4_1(raw, n_in: int) -> torch.Tensor:
 def _call(
     lib,
     x: torch.Tensor,
-    packed: PackedWeight | PackedInt8Weight | PackedQ4_1Weight,
+    packed: PackedWeight | PackedInt8Weight | PackedQ4_1Weight | PackedQ4_1BWeight,
     out_dtype: torch.dtype,
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
@@ -481,6 +604,8 @@ def _call(
         fn = lib.skinny_gemm_int8w
     elif isinstance(packed, PackedQ4_1Weight):
         fn = lib.skinny_gemm_q4_1
+    elif isinstance(packed, PackedQ4_1BWeight):
+        fn = lib.skinny_gemm_q4_1b
     else:
         fn = lib.skinny_gemm_bf16
     fn(x.data_ptr(), x_f32, *packed.args, y.data_ptr(), y_f32, rows, *packed.sizes, norm, eps)
@@ -509,13 +634,15 @@ def _self_check(lib) -> None:
             b,
         )
         checks.append((_call(lib, x.float(), q4, torch.float32), x.float() @ q4.unpack().t() + b.float()))
+        q4b = PackedQ4_1BWeight.quantize(w, b)
+        checks.append((_call(lib, x.float(), q4b, torch.float32), x.float() @ q4b.unpack().t() + b.float()))
         g = torch.rand(n_in, generator=gen) + 0.5
         xn = torch.nn.functional.rms_norm(x.float(), (n_in,), g, 1e-5)
         checks.append((_call(lib, x.float(), PackedWeight(w), torch.float32, g, 1e-5), xn @ w.float().t()))
         for got, ref in checks:
             if not torch.allclose(got.float(), ref, rtol=2e-2, atol=5e-2 * n_in**0.5):
                 raise RuntimeError(f"self-check failed at rows={rows} in={n_in} out={n_out}")
-        for p in (packed, packed_int8, q4):
+        for p in (packed, packed_int8, q4, q4b):
             full = _call(lib, x.float(), p, torch.float32)
             if not all(
                 torch.equal(_call(lib, x[r : r + 1].float(), p, torch.float32), full[r : r + 1]) for r in range(rows)
@@ -716,6 +843,18 @@ def skinny_gemm_q4_1(
     return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
 
 
+def skinny_gemm_q4_1b(
+    x: torch.Tensor,
+    packed: PackedQ4_1BWeight,
+    out_dtype: torch.dtype | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """y [rows, out] = x [rows, in] @ W^T (+ bias) with W in Q4_1B (``PackedQ4_1BWeight``): skinny_gemm_q4_1's
+    rows of x and integer sums, the byte-coded scales applied per group; norm_weight as in skinny_gemm_bf16."""
+    return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
+
+
 def kv_bf16(k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether a KV cache (k, v: one layer [Hkv, S, D] or all [L, Hkv, S, D], contiguous) is bf16, which the
     kernels read widened to float32 (a drafter's cache: ``KV_DTYPES``), rather than float32; ValueError for
@@ -828,6 +967,8 @@ def _mat_desc(packed) -> _MatDesc | None:
         return None
     if isinstance(packed, PackedInt8Weight):
         kind, (wp, scale, b) = 1, packed.args
+    elif isinstance(packed, PackedQ4_1BWeight):
+        kind, (wp, scale, b) = 3, packed.args  # (scale: the rows' steps of d)
     else:
         kind, (wp, b), scale = (2 if isinstance(packed, PackedQ4_1Weight) else 0), packed.args, None
     return _MatDesc(kind, 0, wp, scale, b, packed.n_in, packed.out)

@@ -301,7 +301,9 @@ def check_int8_device(device: torch.device | str, weight_dtype: torch.dtype) -> 
 
 class Q4Linear:
     """y = x W^T (+ b) with W in GGUF's Q4_1 kind (cpu_kernels.PackedQ4_1Weight: per 32
-    inputs w = d * q + m, q in 0..15, float16 d and m; 0.625 bytes per weight).
+    inputs w = d * q + m, q in 0..15, float16 d and m; 0.625 bytes per weight), or in
+    Q4_1B (cpu_kernels.PackedQ4_1BWeight: the same nibbles, d and m coded in a byte each;
+    0.5625 bytes per weight: the q4 drafter's).
 
     On our kernel (every variant, same numbers on each): each row of x quantised to
     int16, exact integer sums per 32-input group, the scales applied per group. The
@@ -341,17 +343,17 @@ class Q4Linear:
 
 
 class RescoredQ4Linear:
-    """The q4 drafter's output projection (no bias): Q4_1 for every output, each row's `top` best outputs
-    computed again in int8 (cpu_kernels.RescoredQ4Head, decode_kernels.c's head_q4_rescored): 18 MB read per
-    pass for the default model against 28 MB in int8, and the drafts int8 would make (measured, simulated in
+    """The q4 drafter's output projection (no bias): Q4_1 (or Q4_1B, `packing`: the q4 drafter's) for every
+    output, each row's `top` best outputs computed again in int8 (cpu_kernels.RescoredQ4Head, decode_kernels.c's
+    head_q4_rescored): 18 MB (Q4_1B 16 MB) read per pass for the default model against 28 MB in int8, and the drafts int8 would make (measured, simulated in
     float on 9 chat prompts, K = 6: 6.33 tokens per pass greedy with the top 8, 32 or 128 re-scored, as with
     the int8 head; 4.64 with Q4_1 alone). CPU kernels only. The drafter's precision never affects exactness:
     q can be any distribution."""
 
     TOP = 32  # outputs re-scored per row
 
-    def __init__(self, weight: torch.Tensor, top: int = TOP):
-        self.head = cpu_kernels.RescoredQ4Head(weight, top)
+    def __init__(self, weight: torch.Tensor, top: int = TOP, packing: type = cpu_kernels.PackedQ4_1Weight):
+        self.head = cpu_kernels.RescoredQ4Head(weight, top, packing)
         self.shape = (self.head.out, self.head.n_in)  # (out, in)
         self.bias = None
 
@@ -376,11 +378,11 @@ class RescoredQ4Linear:
         return self.head.nbytes
 
 
-def quantize_q4_1(model: Transformer) -> int:
-    """Quantise every layer matrix of `model` to Q4_1 blocks (llama.cpp's rule) on a
-    Q4Linear, for models that do not come from a Q4_1 GGUF (the default model has its
-    own blocks: use_gguf_q4_1). The embedding / output projection stays as loaded.
-    Returns how many fused matrices were quantised."""
+def quantize_q4_1(model: Transformer, packing: type = cpu_kernels.PackedQ4_1Weight) -> int:
+    """Quantise every layer matrix of `model` to Q4_1 blocks (llama.cpp's rule; `packing`
+    PackedQ4_1BWeight: Q4_1B's) on a Q4Linear, for models that do not come from a Q4_1
+    GGUF (the default model has its own blocks: use_gguf_q4_1). The embedding / output
+    projection stays as loaded. Returns how many fused matrices were quantised."""
     count = 0
     for layer in model.layers:
         for attr in ("qkv", "o", "gate_up", "down"):
@@ -388,15 +390,16 @@ def quantize_q4_1(model: Transformer) -> int:
             if isinstance(current, Q4Linear):
                 continue
             bias = current.bias.to(torch.bfloat16) if getattr(current, "bias", None) is not None else None
-            setattr(layer, attr, Q4Linear(cpu_kernels.PackedQ4_1Weight.quantize(current.weight, bias)))
+            setattr(layer, attr, Q4Linear(packing.quantize(current.weight, bias)))
             count += 1
     return count
 
 
-def use_gguf_q4_1(model: Transformer, gguf_path) -> int:
+def use_gguf_q4_1(model: Transformer, gguf_path, packing: type = cpu_kernels.PackedQ4_1Weight) -> int:
     """Swap every layer matrix of `model` that the GGUF file stores as Q4_1 for a
     Q4Linear on the file's own blocks (the default model: all 210 of them; its Q8_0
-    embedding / tied output projection stays as loaded). Returns how many fused
+    embedding / tied output projection stays as loaded); `packing` PackedQ4_1BWeight
+    keeps their nibbles with the scales in bytes (Q4_1B). Returns how many fused
     matrices were swapped. The file must hold the model's weights: each swapped
     matrix is checked against the loaded one (transformers' dequantisation of the
     same file) and a mismatch raises ValueError before anything is changed.
@@ -437,11 +440,12 @@ def use_gguf_q4_1(model: Transformer, gguf_path) -> int:
             current = getattr(layer, attr)
             raw = np.concatenate(raws)
             bias = current.bias.to(torch.bfloat16) if getattr(current, "bias", None) is not None else None
-            new = Q4Linear(cpu_kernels.PackedQ4_1Weight.from_gguf_blocks(raw, current.shape[1], bias))
+            new = Q4Linear(packing.from_gguf_blocks(raw, current.shape[1], bias))
             # One product each against the loaded matrix (transformers' dequantisation of the
             # same blocks, maybe rounded to bf16): a wrong file or row order is off by O(1) of the
             # largest output; bf16 rounding and the kernel's int8 rows (one scale per 16 inputs)
-            # by up to 0.8% on this random probe (the default model). (Comparing the matrices took
+            # by up to 0.8% on this random probe (the default model; Q4_1B's codes by up to 0.7%
+            # more). (Comparing the matrices took
             # 14 s on a busy 2-core host.)
             probe = torch.randn(1, current.shape[1], generator=torch.Generator().manual_seed(i))
             want, got = current(probe.to(model.act_dtype)).float(), new(probe.to(model.act_dtype)).float()

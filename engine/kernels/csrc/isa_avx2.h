@@ -268,3 +268,16 @@ static inline void q4_fold(acc_f32 *acc, const acc_i8 *lo, const acc_i8 *hi, con
         acc[h] = _mm256_fmadd_ps(m, vsum, acc[h]);
     }
 }
+/* Q4_1B's fold (decode_kernels.c; isa_avx512.h's q4b_fold): acc += float(dc) * (float(lo) * sx_lo + float(hi) *
+ * sx_hi - float(mc) * xsum / 16), dc and mc the block's head bytes. */
+static inline void q4b_fold(acc_f32 *acc, const acc_i8 *lo, const acc_i8 *hi, const uint8_t *block, const float *rec) {
+    const __m256 slo = _mm256_set1_ps(rec[0]), shi = _mm256_set1_ps(rec[1]), vsum = _mm256_set1_ps(rec[2] * 0.0625f);
+    for (int h = 0; h < 2; h++) {
+        const __m256 dc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(block + 8 * h))));
+        const __m256 mc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(block + 16 + 8 * h))));
+        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(lo[h]), slo);
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[h]), shi, t);
+        t = _mm256_fnmadd_ps(mc, vsum, t);
+        acc[h] = _mm256_fmadd_ps(dc, t, acc[h]);
+    }
+}

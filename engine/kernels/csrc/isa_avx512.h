@@ -265,3 +265,14 @@ static inline void q4_fold(acc_f32 *acc, const acc_i8 *lo, const acc_i8 *hi, con
     acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[0]), _mm512_mul_ps(d, _mm512_set1_ps(rec[1])), acc[0]);
     acc[0] = _mm512_fmadd_ps(m, _mm512_set1_ps(rec[2]), acc[0]);
 }
+/* Q4_1B's fold (decode_kernels.c): the block's head is dc[16], mc[16] bytes, d = dc * dstep (per output: the
+ * tile's scale applies dstep once at the end) and m = -d mc / 16, so acc += float(dc) * (float(lo) * sx_lo +
+ * float(hi) * sx_hi - float(mc) * xsum / 16). */
+static inline void q4b_fold(acc_f32 *acc, const acc_i8 *lo, const acc_i8 *hi, const uint8_t *block, const float *rec) {
+    const __m512 dc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)block)));
+    const __m512 mc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)(block + 16))));
+    __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(lo[0]), _mm512_set1_ps(rec[0]));
+    t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[0]), _mm512_set1_ps(rec[1]), t);
+    t = _mm512_fnmadd_ps(mc, _mm512_set1_ps(rec[2] * 0.0625f), t);
+    acc[0] = _mm512_fmadd_ps(dc, t, acc[0]);
+}
