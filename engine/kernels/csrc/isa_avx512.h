@@ -246,13 +246,22 @@ static inline void q4_nibbles(const uint8_t *chunk, wv_q4 *lo, wv_q4 *hi) {
     lo[0] = _mm512_and_si512(z, low4);
     hi[0] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
 }
-/* acc[l] += sum_e w[l][e] x[e], w in 0..15 and x in -127..127: exact in int32 (vpmaddubsw's
- * int16 pair sums stay below 2 * 15 * 127, far from saturating) */
+/* acc[l] += sum_e w[l][e] x[e], w in 0..15 and x in -127..127: exact in int32 on VNNI; without it as int16
+ * pair sums (vpmaddubsw's are at most 2 * 15 * 127 = 3810 in size, a half group's 4 chunks at most 15240:
+ * inside int16), widened to int32 once per group by q4_sum_ps (isa_avx2.h measured why). */
 static inline void dot_q4(acc_i8 *acc, xv_q4 x, const wv_q4 *w) {
 #ifdef __AVX512VNNI__
     acc[0] = _mm512_dpbusd_epi32(acc[0], w[0], x);
 #else
-    acc[0] = _mm512_add_epi32(acc[0], _mm512_madd_epi16(_mm512_maddubs_epi16(w[0], x), _mm512_set1_epi16(1)));
+    acc[0] = _mm512_add_epi16(acc[0], _mm512_maddubs_epi16(w[0], x));
+#endif
+}
+/* A half group's sums (dot_q4) as float32, one per output: exact. */
+static inline __m512 q4_sum_ps(__m512i sums) {
+#ifdef __AVX512VNNI__
+    return _mm512_cvtepi32_ps(sums);
+#else
+    return _mm512_cvtepi32_ps(_mm512_madd_epi16(sums, _mm512_set1_epi16(1)));
 #endif
 }
 /* acc += float(lo) * (d * sx_lo) + float(hi) * (d * sx_hi) + m * xsum, lo and hi the exact int32 sums of q * xq
@@ -261,8 +270,8 @@ static inline void dot_q4(acc_i8 *acc, xv_q4 x, const wv_q4 *w) {
 static inline void q4_fold(acc_f32 *acc, const acc_i8 *lo, const acc_i8 *hi, const uint8_t *block, const float *rec) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)block));
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(block + 32)));
-    acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[0]), _mm512_mul_ps(d, _mm512_set1_ps(rec[0])), acc[0]);
-    acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[0]), _mm512_mul_ps(d, _mm512_set1_ps(rec[1])), acc[0]);
+    acc[0] = _mm512_fmadd_ps(q4_sum_ps(lo[0]), _mm512_mul_ps(d, _mm512_set1_ps(rec[0])), acc[0]);
+    acc[0] = _mm512_fmadd_ps(q4_sum_ps(hi[0]), _mm512_mul_ps(d, _mm512_set1_ps(rec[1])), acc[0]);
     acc[0] = _mm512_fmadd_ps(m, _mm512_set1_ps(rec[2]), acc[0]);
 }
 /* Q4_1B's fold (decode_kernels.c): the block's head is dc[16], mc[16] bytes, d = dc * dstep (per output: the
@@ -271,8 +280,8 @@ static inline void q4_fold(acc_f32 *acc, const acc_i8 *lo, const acc_i8 *hi, con
 static inline void q4b_fold(acc_f32 *acc, const acc_i8 *lo, const acc_i8 *hi, const uint8_t *block, const float *rec) {
     const __m512 dc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)block)));
     const __m512 mc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)(block + 16))));
-    __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(lo[0]), _mm512_set1_ps(rec[0]));
-    t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[0]), _mm512_set1_ps(rec[1]), t);
+    __m512 t = _mm512_mul_ps(q4_sum_ps(lo[0]), _mm512_set1_ps(rec[0]));
+    t = _mm512_fmadd_ps(q4_sum_ps(hi[0]), _mm512_set1_ps(rec[1]), t);
     t = _mm512_fnmadd_ps(mc, _mm512_set1_ps(rec[2] * 0.0625f), t);
     acc[0] = _mm512_fmadd_ps(dc, t, acc[0]);
 }
