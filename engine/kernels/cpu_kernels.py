@@ -355,18 +355,24 @@ class PackedQ4_1Weight:
     def unpack(self) -> torch.Tensor:
         """The dequantised matrix [out, in], float32: d * q + m (exactly transformers')."""
         data = self.data.numpy()
-        blocks, groups = data.shape[:2]
         d = data[..., 0:32].copy().view(np.float16).astype(np.float32)  # [ob, g, l]
         m = data[..., 32:64].copy().view(np.float16).astype(np.float32)
-        nib = data[..., 64:].reshape(blocks, groups, 4, 16, 4)  # [ob, g, c, l, e]
-        q = np.stack([nib & 15, nib >> 4], axis=2).astype(np.float32)  # [ob, g, h, c, l, e]
-        w = d[:, :, None, None, :, None] * q + m[:, :, None, None, :, None]
-        w = w.transpose(0, 4, 1, 2, 3, 5).reshape(self.out_padded, self.in_padded)
-        return torch.from_numpy(np.ascontiguousarray(w[: self.out, : self.n_in]))
+        return _q4_unpack(data[..., 64:], d, m, (self.out, self.n_in))
 
     @property
     def nbytes(self) -> int:
         return self.data.numel()
+
+
+def _q4_unpack(nibbles: np.ndarray, d: np.ndarray, m: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
+    """A 4-bit matrix's weights d * q + m, float32 [out, in] (`shape`, the rest padding): nibbles uint8 [out/16,
+    in/32, 256] (``_q4_nibbles``), d and m float32 [out/16, in/32, 16] per block and output."""
+    blocks, groups = nibbles.shape[:2]
+    nib = nibbles.reshape(blocks, groups, 4, 16, 4)  # [ob, g, c, l, e]
+    q = np.stack([nib & 15, nib >> 4], axis=2).astype(np.float32)  # [ob, g, h, c, l, e]
+    w = d[:, :, None, None, :, None] * q + m[:, :, None, None, :, None]
+    w = w.transpose(0, 4, 1, 2, 3, 5).reshape(blocks * 16, groups * Q4_GROUP)
+    return torch.from_numpy(np.ascontiguousarray(w[: shape[0], : shape[1]]))
 
 
 def _q4_nibbles(qp: np.ndarray) -> np.ndarray:
@@ -451,15 +457,10 @@ class PackedQ4_1BWeight:
     def unpack(self) -> torch.Tensor:
         """The dequantised matrix [out, in], float32: dc * dstep * (q - mc / 16), what the kernel multiplies."""
         data = self.data.numpy()
-        blocks, groups = data.shape[:2]
-        step = self.dstep.numpy().reshape(blocks, 1, 16)
+        step = self.dstep.numpy().reshape(data.shape[0], 1, 16)
         d = data[..., 0:16].astype(np.float32) * step  # [ob, g, l]
         m = -d * (data[..., 16:32].astype(np.float32) / 16)
-        nib = data[..., 32:].reshape(blocks, groups, 4, 16, 4)  # [ob, g, c, l, e]
-        q = np.stack([nib & 15, nib >> 4], axis=2).astype(np.float32)  # [ob, g, h, c, l, e]
-        w = d[:, :, None, None, :, None] * q + m[:, :, None, None, :, None]
-        w = w.transpose(0, 4, 1, 2, 3, 5).reshape(self.out_padded, self.in_padded)
-        return torch.from_numpy(np.ascontiguousarray(w[: self.out, : self.n_in]))
+        return _q4_unpack(data[..., 32:], d, m, (self.out, self.n_in))
 
     @property
     def nbytes(self) -> int:

@@ -685,24 +685,9 @@ static void quantise_rows_q4(const void *x, int x_f32, const float *norm_w, floa
 /* y = x W^T (+ b), W Q4_1 packed [out/16, in/32, 320 bytes] (see Q4_BLOCK; in a
  * multiple of 32), b bf16 [out] or NULL. x float32 (x_f32) or bf16 [rows, in], RMS-
  * normalised first when norm_w != NULL; y float32 or bf16. */
-void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_t *b, void *y, int y_f32,
-                      int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
-    int8_t small[8192];
-    float small_info[1024];
-    const int64_t record = Q4_RECORD * (in / Q4_GROUP);
-    int8_t *xq = rows * in <= 8192 ? small : malloc(rows * in);
-    float *info = rows * record <= 1024 ? small_info : malloc(sizeof(float) * rows * record);
-    if (!xq || !info) abort();
-    quantise_rows_q4(x, x_f32, norm_w, eps, rows, in, xq, info);
-    run_q4(xq, info, wp, NULL, b, y, y_f32, rows, in, out);
-    if (xq != small) free(xq);
-    if (info != small_info) free(info);
-}
-
-/* y = x W^T (+ b), W Q4_1B packed [out/16, in/32, 288 bytes] (Q4_BYTES_q4b), dstep float32 [out]: see
- * q4b_fold in the ISA headers and PackedQ4_1BWeight (engine/kernels/cpu_kernels.py). Otherwise as
- * skinny_gemm_q4_1: the same rows of x, the same nibbles, the same exact integer sums per half group. */
-void skinny_gemm_q4_1b(const void *x, int x_f32, const uint8_t *wp, const float *dstep, const uint16_t *b, void *y,
+/* The 4-bit products' common part: x's rows quantised (quantise_rows_q4), then run_q4 (dstep == NULL: Q4_1
+ * blocks) or run_q4b (Q4_1B blocks, their rows' steps dstep). */
+static void q4_product(const void *x, int x_f32, const uint8_t *wp, const float *dstep, const uint16_t *b, void *y,
                        int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
     int8_t small[8192];
     float small_info[1024];
@@ -711,9 +696,25 @@ void skinny_gemm_q4_1b(const void *x, int x_f32, const uint8_t *wp, const float 
     float *info = rows * record <= 1024 ? small_info : malloc(sizeof(float) * rows * record);
     if (!xq || !info) abort();
     quantise_rows_q4(x, x_f32, norm_w, eps, rows, in, xq, info);
-    run_q4b(xq, info, wp, dstep, b, y, y_f32, rows, in, out);
+    if (dstep)
+        run_q4b(xq, info, wp, dstep, b, y, y_f32, rows, in, out);
+    else
+        run_q4(xq, info, wp, NULL, b, y, y_f32, rows, in, out);
     if (xq != small) free(xq);
     if (info != small_info) free(info);
+}
+
+void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_t *b, void *y, int y_f32,
+                      int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
+    q4_product(x, x_f32, wp, NULL, b, y, y_f32, rows, in, out, norm_w, eps);
+}
+
+/* y = x W^T (+ b), W Q4_1B packed [out/16, in/32, 288 bytes] (Q4_BYTES_q4b), dstep float32 [out]: see
+ * q4b_fold in the ISA headers and PackedQ4_1BWeight (engine/kernels/cpu_kernels.py). Otherwise as
+ * skinny_gemm_q4_1: the same rows of x, the same nibbles, the same exact integer sums per half group. */
+void skinny_gemm_q4_1b(const void *x, int x_f32, const uint8_t *wp, const float *dstep, const uint16_t *b, void *y,
+                       int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
+    q4_product(x, x_f32, wp, dstep, b, y, y_f32, rows, in, out, norm_w, eps);
 }
 
 /* ---- a drafter's output projection: Q4_1, its best candidates again in int8 -----------
@@ -792,10 +793,7 @@ static void rescore_rows(void *arg, int64_t begin, int64_t end) {
 void head_q4_rescored(const void *x, int x_f32, const uint8_t *wp, const float *dstep, const int8_t *w8,
                       const float *scale8, float *y, int64_t rows, int64_t in, int64_t out, int64_t n_out,
                       int64_t top, const float *norm_w, float eps) {
-    if (dstep)
-        skinny_gemm_q4_1b(x, x_f32, wp, dstep, NULL, y, 1, rows, in, out, norm_w, eps);
-    else
-        skinny_gemm_q4_1(x, x_f32, wp, NULL, y, 1, rows, in, out, norm_w, eps);
+    q4_product(x, x_f32, wp, dstep, NULL, y, 1, rows, in, out, norm_w, eps);
     if (top <= 0) return;
     int16_t small[4096];
     float small_sx[64];
