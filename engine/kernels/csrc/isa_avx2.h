@@ -13,9 +13,9 @@
  *         is sign-extended to int16 and vpmaddwd multiplies it by the broadcast
  *         input pair, adding both products into one int32 lane: exact, like vpdpwssd.
  *   Q4_1: x rows int8 per 16 inputs; vpmaddubsw multiplies the nibbles (unsigned
- *         bytes) by the broadcast quad of inputs in int16 pairs, vpmaddwd by ones adds
- *         the pairs into int32 lanes (exact), the float16 scales (F16C) applied once
- *         per 32-input group.
+ *         bytes) by the broadcast quad of inputs in int16 pairs, summed in int16 over a
+ *         half group and added into int32 lanes by vpmaddwd by ones once per group
+ *         (exact), the float16 scales (F16C; Q4_1B: bytes) applied once per 32-input group.
  */
 #include <immintrin.h>
 
