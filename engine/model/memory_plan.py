@@ -295,9 +295,8 @@ def plan_memory(
     drafter = _weights_of(drafter)
     if drafter == "q4":
         matrices = w["params"] - w["embed_params"]
-        # Q4_1B: 18 bytes per 32 weights (a float32 step per output row besides); the head in Q4_1B and in
-        # int8 with a scale per row (its best outputs re-scored); the embedding table kept in bf16
-        # (engine/drafters/model.py q4_weights)
+        # Q4_1B: 18 bytes per 32 weights, a float32 step per row; the head in Q4_1B and in int8 with a scale per
+        # row (its best outputs re-scored); the embedding kept in bf16 (engine/drafters/model.py q4_weights)
         drafter_bytes = (matrices + w["embed_params"]) * 18 // 32 + w["embed_params"] * (1 + 2) + 8 * w["vocab"]
         drafter_kv = kv_per_token // attn_bytes * 2 * context * concurrent_runs  # same layers, its own bf16 cache
         notes.append("q4 drafter: an estimate (Q4_1B layers and head, the head in int8 too, bf16 embedding)")
