@@ -113,9 +113,9 @@ FAMILY_TEXT = {
     "q4": (
         "**q4 self-drafting** is int8's idea in fewer bytes: the target's own layers in 4 bits (the GGUF file's "
         "Q4_1 nibbles, their scales in a byte each; the output projection too, its best few tokens re-scored in int8), reading the committed "
-        "tokens' keys and values from the target's cache. A forward pass reads about a third of the target's "
-        "bytes, and decoding on a CPU is paced "
-        "by the bytes read, so a draft token costs a third of a target pass or somewhat more (c, measured below: "
+        "tokens' keys and values from the target's cache. A forward pass reads a little over a quarter of the "
+        "target's bytes, and decoding on a CPU is paced "
+        "by the bytes read, so a draft token costs that share of a target pass or somewhat more (c, measured below: "
         "the work outside the matrices adds to it) while the target still agrees with most drafts."
     ),
     "eagle": (

@@ -137,7 +137,7 @@ DRAFTER_INFO = (
     "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. suffix copies from "
     "the prompt and from this session's earlier answers (ask a similar question twice). int8 is the target itself "
     "with int8 weights: a near copy that runs the whole network per guess. q4 is the same with the target's own 4-bit "
-    "weights: about a third of the target's bytes per guess, so a guess costs a fraction of a pass; q4+ngram lets "
+    "weights: a little over a quarter of the target's bytes per guess, so a guess costs a fraction of a pass; q4+ngram lets "
     "n-gram propose q4's own guesses, which q4 checks several at a time. suffix/q4 picks, each pass, suffix's "
     f"proposal (as deep as K) or q4's guesses (at most {HYBRID_DEPTH}), whichever this run has measured to give more "
     "tokens per ms. eagle is a tiny trained head that reads "

@@ -154,7 +154,7 @@ STEPS = [
         "answer": "The race's table shows about 6 tokens per pass, and its verdict gives the measured speedup with "
         f"its interval over the pairs ({_recorded('model-drafter')}; on a busy machine "
         "the interval widens and the verdict may be *no clear difference*). Unlike step 8's int8 tree, a q4 draft "
-        "reads about a third of the target's bytes, so its cost c is small enough that E ÷ (K·c + 1) stays above 1.",
+        "reads a little over a quarter of the target's bytes, so its cost c is small enough that E ÷ (K·c + 1) stays above 1.",
     },
     {
         "title": "10. Batch size, and greedy parity",
