@@ -172,11 +172,20 @@ def test_q4_reads_the_committed_keys_and_values_from_the_target(served_engine, m
     assert torch.equal(drafter.v[:, :, : prompt_len - 1], target.v[:, :, : prompt_len - 1].to(torch.bfloat16))
     int8 = served_engine.drafter("int8")
     assert not int8.needs.target_kv  # int8 computes its own (its recorded traces stay reproducible)
+    # its weights: the GGUF's nibbles in Q4_1B blocks (scales in bytes), the head too: 0.28 of the target's bytes
+    from engine.kernels import cpu_kernels
+
+    model = served_engine.drafter("q4").model
+    mats = [getattr(layer, attr) for layer in model.layers for attr in ("qkv", "o", "gate_up", "down")]
+    assert all(isinstance(m.packed, cpu_kernels.PackedQ4_1BWeight) for m in mats)
+    assert isinstance(model.lm_head.head.q4, cpu_kernels.PackedQ4_1BWeight)
+    read = sum(m.nbytes for m in mats) + model.lm_head.nbytes
+    assert 0.27 < read / served_engine.target.model.weight_bytes < 0.29, read
 
 
 def test_q4_of_a_target_without_a_gguf_quantises_it_and_keeps_greedy_parity(tiny_engine):
     """A target that does not come from a Q4_1 GGUF (here the tiny random one) gets its layers quantised by
-    llama.cpp's Q4_1 rule for the q4 drafter; greedy output is the baseline's; without our CPU kernels q4 is
+    Q4_1B's rule (PackedQ4_1BWeight.quantize) for the q4 drafter; greedy output is the baseline's; without our CPU kernels q4 is
     refused with a message that says why."""
     from engine.kernels import cpu_kernels
     from engine.model.transformer import Q4Linear

@@ -397,8 +397,6 @@ class PackedQ4_1BWeight:
     move by 0.55% (rms over rms), a random probe's outputs by 0.6%. A block with m / d outside the codes'
     range is clipped to it (the drafter's weights move; exactness never depends on them)."""
 
-    HEAD = 32  # bytes per block before its nibbles: dc[16], mc[16]
-
     def __init__(self, q, d, m, bias: torch.Tensor | None = None):
         q, d, m = (np.asarray(a.numpy() if isinstance(a, torch.Tensor) else a) for a in (q, d, m))
         out, n_in = q.shape  # q uint8 [out, in] in 0..15; d, m [out, in / 32] (any float)
