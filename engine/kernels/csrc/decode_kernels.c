@@ -187,9 +187,9 @@ static inline vf vf_exp_neg(vf x) {
  * than Q4_1's 320, for the layers and the head alike. Per group, y += dc (s_lo sx_lo + s_hi
  * sx_hi - mc sum(sx xq) / 16), the step applied once per output at the end (the tile's
  * scale). The codes move the default model's weights by 0.55% (rms, against their rms; m
- * re-fitted to the block's mean after d is rounded), and the q4 drafter's greedy drafts with
- * them: 6.31 / 6.44 tokens per pass on the chat / held-out chat prompts against 6.19 / 6.39
- * with the GGUF's float16 scales (K = 6, one run each: the drafts of a few prompts differ). */
+ * re-fitted to the block's mean after d is rounded), and the q4 drafter's greedy drafts hardly:
+ * 6.20 / 6.39 tokens per pass on the chat / held-out chat prompts against 6.19 / 6.39 on the
+ * GGUF's Q4_1 blocks (K = 6, docs/bench/q4_scales_ab.py), a draft pass 76.5 MB against 84. */
 typedef int16_t xel_i8;
 typedef int8_t xel_q4;
 typedef acc_f32 acc_q4;
