@@ -718,6 +718,24 @@ def _q4_product(x, w):
     return xd @ w.double().t()
 
 
+def _assert_q4_product(product, packed, w, x, bias) -> torch.Tensor:
+    """A 4-bit product's contract (skinny_gemm_q4_1 or _q4_1b): x [rows, in] quantised per 16 inputs times the
+    dequantised w [out, in] (+ bias), to float32 rounding; bf16 x as its float32 widening; the fused RMSNorm
+    alike. Returns the product of x."""
+    rows, n_in = x.shape
+    got = product(x, packed)
+    assert got.dtype == torch.float32 and got.shape == (rows, w.shape[0])
+    ref = _q4_product(x, w) + bias
+    assert float((got.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    as_bf16 = product(x.to(torch.bfloat16), packed, out_dtype=torch.float32)
+    assert torch.equal(as_bf16, product(x.to(torch.bfloat16).float(), packed))
+    g = torch.rand(n_in, generator=torch.Generator().manual_seed(4)) + 0.5
+    normed = product(x, packed, norm_weight=g, eps=1e-5)
+    ref = _q4_product(torch.nn.functional.rms_norm(x, (n_in,), g, 1e-5), w) + bias
+    assert float((normed.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    return got
+
+
 @pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (5, 1536, 40), (16, 64, 200), (3, 96, 7)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_q4_1_matches_the_dequantised_product(variant, rows, n_in, n_out, with_bias):
@@ -732,17 +750,9 @@ def test_q4_1_matches_the_dequantised_product(variant, rows, n_in, n_out, with_b
     assert torch.equal(packed.unpack(), w)
     x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.1, 30.0, n_in)
     bias = b.double() if b is not None else 0
-    ref, exact = _q4_product(x, w) + bias, x.double() @ w.double().t() + bias
-    got = cpu_kernels.skinny_gemm_q4_1(x, packed)
-    assert got.dtype == torch.float32 and got.shape == (rows, n_out)
-    assert float((got.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    got = _assert_q4_product(cpu_kernels.skinny_gemm_q4_1, packed, w, x, bias)
+    exact = x.double() @ w.double().t() + bias
     assert float((got.double() - exact).abs().max() / exact.abs().max()) < 2e-2
-    as_bf16 = cpu_kernels.skinny_gemm_q4_1(x.to(torch.bfloat16), packed, out_dtype=torch.float32)
-    assert torch.equal(as_bf16, cpu_kernels.skinny_gemm_q4_1(x.to(torch.bfloat16).float(), packed))
-    g = torch.rand(n_in, generator=torch.Generator().manual_seed(4)) + 0.5
-    normed = cpu_kernels.skinny_gemm_q4_1(x, packed, norm_weight=g, eps=1e-5)
-    ref = _q4_product(torch.nn.functional.rms_norm(x, (n_in,), g, 1e-5), w) + bias
-    assert float((normed.double() - ref).abs().max() / ref.abs().max()) < 1e-5
 
 
 def test_q4_1_quantises_any_matrix_and_pads_odd_widths(variant):
@@ -1017,16 +1027,7 @@ def test_q4_1b_keeps_the_nibbles_and_codes_the_scales(variant, rows, n_in, n_out
     assert float((w - exact_w).norm() / exact_w.norm()) < 1e-2
     x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.1, 30.0, n_in)
     bias = b.double() if b is not None else 0
-    ref = _q4_product(x, w) + bias
-    got = cpu_kernels.skinny_gemm_q4_1b(x, packed)
-    assert got.dtype == torch.float32 and got.shape == (rows, n_out)
-    assert float((got.double() - ref).abs().max() / ref.abs().max()) < 1e-5
-    as_bf16 = cpu_kernels.skinny_gemm_q4_1b(x.to(torch.bfloat16), packed, out_dtype=torch.float32)
-    assert torch.equal(as_bf16, cpu_kernels.skinny_gemm_q4_1b(x.to(torch.bfloat16).float(), packed))
-    g = torch.rand(n_in, generator=torch.Generator().manual_seed(4)) + 0.5
-    normed = cpu_kernels.skinny_gemm_q4_1b(x, packed, norm_weight=g, eps=1e-5)
-    ref = _q4_product(torch.nn.functional.rms_norm(x, (n_in,), g, 1e-5), w) + bias
-    assert float((normed.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    _assert_q4_product(cpu_kernels.skinny_gemm_q4_1b, packed, w, x, bias)
 
 
 def test_q4_1b_quantises_any_matrix_and_pads_odd_widths(variant):
