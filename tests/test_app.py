@@ -337,8 +337,10 @@ def test_the_playground_and_the_api_print_the_launch_command():
     code, notes = playground.launch_view("vllm", "SmolLM2-135M-Instruct", "ngram", 8, 1, 0, 0.0, False)
     assert code.value.startswith("vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config")
     assert '"num_speculative_tokens": 8' in code.value and notes == ""
-    code, notes = playground.launch_view("transformers", "SmolLM2-135M-Instruct", "int8", 4, 1, 0, 0.0, False)
-    assert code.value == "" and "no equivalent for int8" in notes
+    code, notes = playground.launch_view("transformers", "SmolLM2-135M-Instruct", "q4+ngram", 4, 1, 0, 0.0, False)
+    assert code.value == "" and "no equivalent for q4+ngram" in notes
+    code, notes = playground.launch_view("llama.cpp", "SmolLM2-135M-Instruct", "q4", 6, 1, 0, 0.0, False)
+    assert code.value.startswith("llama-server -m SmolLM2-135M-Instruct.bf16.gguf -md ") and "4 bits" in notes
     code, notes = playground.launch_view("vllm", "SmolLM2-135M-Instruct", "ngram", "x", 1, 0, 0.0, False)
     assert code.value == "" and "K" in notes  # a bad value: a message, not a crash
     result = api.api_launch_command("sglang", "eagle", 3, 2, 5)

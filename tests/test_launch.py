@@ -64,9 +64,39 @@ def test_llamacpp_and_transformers_take_their_own_flags():
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_where_there_is_no_equivalent_it_says_so(engine):
-    result = launch_command(engine, "int8")
+    result = launch_command(engine, "q4+ngram")
     assert result["command"] is None and not result["equivalent"]
-    assert "no equivalent for int8" in result["notes"][0]
+    assert "no equivalent for q4+ngram" in result["notes"][0]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("drafter,bits", [("q4", 4), ("int8", 8)])
+def test_quantised_self_drafting_is_a_quantised_copy_of_the_target_as_draft_model(engine, drafter, bits):
+    """int8 and q4 draft with the target's own weights in fewer bits: elsewhere, a draft model that is the target
+    quantised, a checkpoint (or file) of its own; the notes say so and what differs."""
+    result = launch_command(engine, drafter, k=6)
+    assert result["equivalent"] and any(f"quantised to {bits} bits" in note for note in result["notes"])
+    command = result["command"]
+    if engine == "vllm":
+        assert _vllm_spec(command) == {
+            "method": "draft_model",
+            "model": f"PATH/TO/{bits}-BIT-COPY-OF-THIS-TARGET",
+            "num_speculative_tokens": 6,
+        }
+    elif engine == "sglang":
+        argv = shlex.split(command)
+        assert argv[argv.index("--speculative-algorithm") + 1] == "STANDALONE"
+        assert argv[argv.index("--speculative-draft-model-path") + 1] == f"PATH/TO/{bits}-BIT-COPY-OF-THIS-TARGET"
+    elif engine == "llama.cpp":
+        argv = shlex.split(command)
+        assert argv[:3] == ["llama-server", "-m", "SmolLM2-135M-Instruct.bf16.gguf"]
+        draft = argv[argv.index("-md") + 1]
+        # q4 of the default model: the very file SpecLens's q4 drafter reads its 4-bit blocks from
+        assert draft.endswith("SmolLM2-135M-Instruct.Q4_1.gguf" if drafter == "q4" else ".Q8_0.gguf")
+        assert argv[argv.index("--draft-max") + 1] == "6"
+    else:
+        assert f"BitsAndBytesConfig(load_in_{bits}bit=True)" in command and "assistant_model=assistant" in command
+        compile(command, "<launch>", "exec")  # valid Python
 
 
 def test_the_block_rule_is_vllms_rejection_sample_method_and_a_note_elsewhere():
@@ -96,7 +126,7 @@ def test_the_cli_prints_the_command_and_exits_3_without_an_equivalent():
     assert out.returncode == 0 and out.stdout.startswith("vllm serve ")
     assert _vllm_spec(out.stdout.strip())["num_speculative_tokens"] == 5
     none = subprocess.run(
-        run[:5] + ["sglang", "--drafter", "int8"], capture_output=True, text=True, timeout=120, cwd=ROOT
+        run[:5] + ["sglang", "--drafter", "q4+ngram"], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert none.returncode == 3 and "no equivalent" in none.stdout
 
@@ -136,6 +166,7 @@ print(json.dumps(spec))
         ("ngram", "token"),
         ("ngram", "block"),
         ("model:SmolLM2-135M-Instruct", "token"),
+        ("q4", "token"),
         ("suffix", "token"),
         ("eagle", "token"),
     ],

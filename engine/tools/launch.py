@@ -26,6 +26,30 @@ ENGINES = ("vllm", "sglang", "llama.cpp", "transformers")
 NGRAM_MIN, NGRAM_MAX = 2, 6  # engine.drafters.ngram.NgramDrafter's defaults
 EAGLE_HEAD = "PATH/TO/EAGLE3-HEAD-FOR-THIS-TARGET"
 NO_TREE = "this method drafts a chain here: tree top-k and budget have no flag (the command drafts K in a row)"
+# SpecLens's quantised self-drafters: the target's own weights in fewer bits. Elsewhere the same drafting is a
+# draft model that is a quantised copy of the target: (bits, llama.cpp's quantisation type for the copy).
+QUANTISED_COPY = {"int8": (8, "Q8_0"), "q4": (4, "Q4_1")}
+
+
+def _copy_path(drafter: str) -> str:
+    """The placeholder where a command needs the quantised copy of the target as a checkpoint of its own."""
+    return f"PATH/TO/{QUANTISED_COPY[drafter][0]}-BIT-COPY-OF-THIS-TARGET"
+
+
+def _copy_note(drafter: str, engine: str) -> str:
+    """What differs when an engine drafts with a quantised copy of the target as a separate draft model."""
+    bits = QUANTISED_COPY[drafter][0]
+    if drafter == "q4":
+        return (
+            f"the draft model is the target itself quantised to {bits} bits, as a model of its own: {engine} runs it"
+            " with its own KV cache and prefill, where SpecLens's q4 reads the target's keys and values for the"
+            " tokens already committed and computes its head's best outputs again in int8; acceptance and speed"
+            " differ"
+        )
+    return (
+        f"the draft model is the target itself quantised to {bits} bits, as SpecLens's int8 is (its own rule: int8"
+        " per output channel, the rows of x in int16); acceptance and speed differ"
+    )
 
 
 def _hub_id(target: str) -> str:
@@ -59,6 +83,13 @@ def _vllm(model: str, drafter: str, k: int, topk: int, notes: list[str], verify:
         )
     elif drafter.startswith("model:"):
         spec = {"method": "draft_model", "model": _draft_id(drafter), "num_speculative_tokens": k}
+    elif drafter in QUANTISED_COPY:
+        bits = QUANTISED_COPY[drafter][0]
+        spec = {"method": "draft_model", "model": _copy_path(drafter), "num_speculative_tokens": k}
+        notes.append(
+            f"put a W{bits}A16 checkpoint of the target where the command says (llm-compressor{', AWQ' * (bits == 4)}"
+            " or GPTQ: vLLM reads the method from its config); " + _copy_note(drafter, "vLLM")
+        )
     elif drafter == "eagle":
         spec = {"method": "eagle3", "model": EAGLE_HEAD, "num_speculative_tokens": k}
         notes.append(
@@ -91,12 +122,14 @@ def _sglang(model: str, drafter: str, k: int, topk: int, budget: int, notes: lis
             "flags (their names changed between releases: see python -m sglang.launch_server --help)"
         )
         return _join(argv + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(budget + 1)])
-    if drafter.startswith("model:"):
-        return _join(
-            argv
-            + ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", _draft_id(drafter)]
-            + tree
-        )
+    if drafter.startswith("model:") or drafter in QUANTISED_COPY:
+        if drafter in QUANTISED_COPY:
+            notes.append(
+                f"put a {QUANTISED_COPY[drafter][0]}-bit checkpoint of the target where the command says; "
+                + _copy_note(drafter, "SGLang")
+            )
+        path = _draft_id(drafter) if drafter.startswith("model:") else _copy_path(drafter)
+        return _join(argv + ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", path] + tree)
     if drafter == "eagle":
         notes.append("SGLang needs an EAGLE-3 checkpoint trained for this target; SpecLens's head is its own format")
         return _join(argv + ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", EAGLE_HEAD] + tree)
@@ -121,6 +154,23 @@ def _llamacpp(target: str, drafter: str, k: int, topk: int, notes: list[str]) ->
         return _join(
             argv + ["-md", f"{_draft_id(drafter).split('/')[-1]}.gguf", "--draft-max", str(k), "--draft-min", "0"]
         )
+    if drafter in QUANTISED_COPY:
+        kind = QUANTISED_COPY[drafter][1]
+        name = _hub_id(target).split("/")[-1]
+        draft = f"{name}.{kind}.gguf"
+        if target == DEFAULT_MODEL and drafter == "q4":  # the file SpecLens's q4 drafts with: its Q4_1 blocks
+            draft = gguf
+        argv[2] = f"{name}.bf16.gguf"
+        notes.append(
+            f"the target as a bf16 GGUF (convert_hf_to_gguf.py --outtype bf16), the draft the same model in {kind}"
+            f" (llama-quantize); {_copy_note(drafter, 'llama.cpp')}; {renamed}"
+        )
+        if target == DEFAULT_MODEL:
+            notes.append(
+                f"SpecLens's default target is {DEFAULT_GGUF_FILE}'s blocks widened to bf16; a bf16 GGUF converted"
+                " from the Hub's model holds the original weights"
+            )
+        return _join(argv + ["-md", draft, "--draft-max", str(k), "--draft-min", "0"])
     if drafter == "ngram":
         notes.append(f"needs a llama-server with --spec-type (n-gram speculation, 2026); {renamed}")
         return _join(argv + ["--spec-type", "ngram-simple", "--draft-max", str(k)])
@@ -142,8 +192,20 @@ def _transformers(model: str, drafter: str, k: int, temperature: float, adaptive
         call = (
             f"model.generate(**inputs, prompt_lookup_num_tokens={k}, max_matching_ngram_size={NGRAM_MAX}, {sampling})"
         )
-    elif drafter.startswith("model:"):
-        lines.append(f"assistant = AutoModelForCausalLM.from_pretrained({_draft_id(drafter)!r})")
+    elif drafter.startswith("model:") or drafter in QUANTISED_COPY:
+        if drafter in QUANTISED_COPY:
+            bits = QUANTISED_COPY[drafter][0]
+            lines[0] += ", BitsAndBytesConfig"
+            lines.append(
+                f"assistant = AutoModelForCausalLM.from_pretrained({model!r}, "
+                f"quantization_config=BitsAndBytesConfig(load_in_{bits}bit=True))"
+            )
+            notes.append(
+                "bitsandbytes quantises the copy as it loads (pip install bitsandbytes; its kernels need a build "
+                "for your device); " + _copy_note(drafter, "transformers")
+            )
+        else:
+            lines.append(f"assistant = AutoModelForCausalLM.from_pretrained({_draft_id(drafter)!r})")
         schedule = "heuristic" if adaptive else "constant"  # heuristic: K + 2 after a full accept, K - 1 otherwise
         call = (
             f"model.generate(**inputs, assistant_model=assistant, num_assistant_tokens={k}, "
@@ -168,7 +230,8 @@ def launch_command(
 ) -> dict:
     """{"engine", "drafter", "command" (None where the engine has no equivalent), "equivalent", "notes"}.
 
-    drafter: SpecLens's spec (none, ngram, suffix, int8, eagle, model:<id>); k, topk, num_draft_tokens: the
+    drafter: SpecLens's spec (none, ngram, suffix, int8, q4, eagle, model:<id>: int8 and q4 as a draft model that is
+    the target quantised, a checkpoint of its own); k, topk, num_draft_tokens: the
     draft shape as generate takes it (num_draft_tokens None = K x topk); verify: the acceptance rule of sampled
     chains, "token" or "block" (vLLM's rejection_sample_method "block"; the other engines verify per token, said
     in the notes). Raises ValueError for an unknown engine, rule or a bad shape."""
@@ -216,10 +279,6 @@ def launch_command(
 
 def _no_equivalent(engine: str, drafter: str) -> str:
     why = {
-        "int8": "no engine drafts with a quantised copy of its own target; the closest is a small draft model "
-        "(model:<id>) or n-gram",
-        "q4": "no engine drafts with a 4-bit copy of its own target's weights; the closest is a small draft model "
-        "(model:<id>) or n-gram",
         "suffix": "suffix decoding is vLLM's (method suffix, with arctic-inference); this engine has no such method",
         "eagle": "this engine has no EAGLE-style head",
     }.get(drafter, f"SpecLens's drafter {drafter!r} has no counterpart here")
