@@ -113,11 +113,17 @@ def test_settings_validation_uses_engine_messages():
 
 
 def test_build_demo_registers_generate_endpoint():
+    import gradio as gr
+
     from app import build_demo
 
     demo = build_demo()
     names = [fn.api_name for fn in demo.fns.values()]
     assert "generate" in names and "race" in names
+    # Every code box on the page is one the layout named (a handler's update made while the page was built
+    # would be placed on it: the launch panel once showed a second, stale command).
+    codes = [b for b in demo.blocks.values() if isinstance(b, gr.Code)]
+    assert codes and all(b.elem_id for b in codes), [(b.label, b.elem_id) for b in codes]
 
 
 # ---------------------------------------------------------------------- real model, via HTTP

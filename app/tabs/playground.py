@@ -589,8 +589,15 @@ LAUNCH_ENGINES = [("vLLM", "vllm"), ("SGLang", "sglang"), ("llama.cpp", "llama.c
 
 
 def launch_view(engine_name, target, drafter, k, topk, budget, temperature, adaptive, verify="token"):
-    """The command that turns the current drafting on in a production engine (engine.tools.launch), and its
-    notes: what differs, or why there is no equivalent."""
+    """The command that turns the current drafting on in a production engine (engine.tools.launch), as the
+    Command box's update, and its notes: what differs, or why there is no equivalent."""
+    command, language, notes = launch_text(engine_name, target, drafter, k, topk, budget, temperature, adaptive, verify)
+    return gr.Code(value=command, language=language), notes
+
+
+def launch_text(engine_name, target, drafter, k, topk, budget, temperature, adaptive, verify="token"):
+    """(command, its language, notes markdown) for launch_view; the command "" where there is none. Plain values:
+    a component made while the page is built would be placed on it (the panel showed a second, stale box)."""
     from engine.tools.launch import launch_command
 
     try:
@@ -606,12 +613,10 @@ def launch_view(engine_name, target, drafter, k, topk, budget, temperature, adap
             verify or "token",
         )
     except (ValueError, gr.Error) as exc:
-        return gr.Code(value="", language="shell"), f"*{exc}*"
+        return "", "shell", f"*{exc}*"
     language = "python" if result["engine"] == "transformers" else "shell"
     notes = "\n".join(f"- {note}" for note in result["notes"])
-    if result["command"] is None:
-        return gr.Code(value="", language=language), notes
-    return gr.Code(value=result["command"], language=language), notes
+    return result["command"] or "", language, notes
 
 
 def _launch_controls(c: dict, start: dict, s: dict) -> None:
@@ -622,7 +627,7 @@ def _launch_controls(c: dict, start: dict, s: dict) -> None:
             label="Production engine",
             info="The command that gives it the drafting set above (SpecLens's own drafters where it has them).",
         )
-        code, notes = launch_view(
+        command, _, notes = launch_text(
             "vllm",
             DEFAULT_MODEL,
             start.get("drafter") or "ngram",
@@ -632,7 +637,7 @@ def _launch_controls(c: dict, start: dict, s: dict) -> None:
             s.get("temperature", 0.0),
             False,
         )
-        c["launch_code"] = gr.Code(value=code.value, language="shell", label="Command", elem_id="sl-launch", lines=3)
+        c["launch_code"] = gr.Code(value=command, language="shell", label="Command", elem_id="sl-launch", lines=3)
         c["launch_notes"] = gr.Markdown(notes, elem_id="sl-launch-notes")
 
 
