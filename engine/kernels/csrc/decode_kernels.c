@@ -273,6 +273,28 @@ typedef acc_f32 acc_q4b;
  * (chunk c: inputs 4c .. 4c + 3, low nibbles, and 16 + 4c .. 16 + 4c + 3, high nibbles), folded
  * into the float accumulators with the block's and the row's scales. sx is per row and group
  * [scale of inputs 0-15, scale of inputs 16-31, sum of the quantised x] (Q4_RECORD floats). */
+/* Chunk c of a group: its four inputs of each half, times every block's nibbles, into the sums s. */
+#define Q4_CHUNK(KIND, NB, NT, c)                                                                               \
+    {                                                                                                           \
+        xv_q4 xlo[NT], xhi[NT];                                                                                 \
+        _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                                 \
+            xlo[j] = xload_q4(xr[j] + gi * Q4_GROUP + 4 * (c));                                                 \
+            xhi[j] = xload_q4(xr[j] + gi * Q4_GROUP + Q4_GROUP / 2 + 4 * (c));                                  \
+        }                                                                                                       \
+        _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
+            wv_q4 lo[ACC_VECS], hi[ACC_VECS];                                                                   \
+            q4_nibbles(blocks[g] + Q4_HEAD_##KIND + 64 * (c), lo, hi);                                          \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                             \
+                dot_q4(s[0][g][j], xlo[j], lo);                                                                 \
+                dot_q4(s[1][g][j], xhi[j], hi);                                                                 \
+            }                                                                                                   \
+        }                                                                                                       \
+    }
+/* How far a one-row, one-block tile (a draft pass's: STREAM_ROWS) unrolls its four chunks: the ISA header's
+ * choice, else all four. */
+#ifndef Q4_ONE_UNROLL
+#define Q4_ONE_UNROLL _Pragma("GCC unroll 4")
+#endif
 #define Q4_LOOP(KIND, NB, NT)                                                                                   \
     const int64_t groups = in / Q4_GROUP;                                                                       \
     const uint8_t *w = (const uint8_t *)wp;                                                                     \
@@ -296,20 +318,10 @@ typedef acc_f32 acc_q4b;
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
                 _Pragma("GCC unroll 2") for (int h = 0; h < ACC_VECS; h++) s[0][g][j][h] = s[1][g][j][h] = acc_zero_i8(); \
         }                                                                                                       \
-        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {                                                  \
-            xv_q4 xlo[NT], xhi[NT];                                                                             \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                             \
-                xlo[j] = xload_q4(xr[j] + gi * Q4_GROUP + 4 * c);                                               \
-                xhi[j] = xload_q4(xr[j] + gi * Q4_GROUP + Q4_GROUP / 2 + 4 * c);                                \
-            }                                                                                                   \
-            _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                             \
-                wv_q4 lo[ACC_VECS], hi[ACC_VECS];                                                               \
-                q4_nibbles(blocks[g] + Q4_HEAD_##KIND + 64 * c, lo, hi);                                             \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                         \
-                    dot_q4(s[0][g][j], xlo[j], lo);                                                             \
-                    dot_q4(s[1][g][j], xhi[j], hi);                                                             \
-                }                                                                                               \
-            }                                                                                                   \
+        if (NB * NT == 1) { /* (see Q4_ONE_UNROLL) */                                                          \
+            Q4_ONE_UNROLL for (int c = 0; c < 4; c++) Q4_CHUNK(KIND, NB, NT, c)                                 \
+        } else {                                                                                                \
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) Q4_CHUNK(KIND, NB, NT, c)                       \
         }                                                                                                       \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++)                                                   \
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++)                                               \
