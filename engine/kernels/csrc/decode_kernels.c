@@ -269,10 +269,6 @@ typedef acc_f32 acc_q4b;
                 }                                                                                               \
         }                                                                                                       \
     }
-/* Q4_1 and Q4_1B (KIND q4, q4b: only a block's head and its fold differ): per 32-input group, exact int32 sums over each half of the group's inputs in order
- * (chunk c: inputs 4c .. 4c + 3, low nibbles, and 16 + 4c .. 16 + 4c + 3, high nibbles), folded
- * into the float accumulators with the block's and the row's scales. sx is per row and group
- * [scale of inputs 0-15, scale of inputs 16-31, sum of the quantised x] (Q4_RECORD floats). */
 /* Chunk c of a group: its four inputs of each half, times every block's nibbles, into the sums s. */
 #define Q4_CHUNK(KIND, NB, NT, c)                                                                               \
     {                                                                                                           \
@@ -295,6 +291,10 @@ typedef acc_f32 acc_q4b;
 #ifndef Q4_ONE_UNROLL
 #define Q4_ONE_UNROLL _Pragma("GCC unroll 4")
 #endif
+/* Q4_1 and Q4_1B (KIND q4, q4b: only a block's head and its fold differ): per 32-input group, exact int32 sums over each half of the group's inputs in order
+ * (chunk c: inputs 4c .. 4c + 3, low nibbles, and 16 + 4c .. 16 + 4c + 3, high nibbles), folded
+ * into the float accumulators with the block's and the row's scales. sx is per row and group
+ * [scale of inputs 0-15, scale of inputs 16-31, sum of the quantised x] (Q4_RECORD floats). */
 #define Q4_LOOP(KIND, NB, NT)                                                                                   \
     const int64_t groups = in / Q4_GROUP;                                                                       \
     const uint8_t *w = (const uint8_t *)wp;                                                                     \

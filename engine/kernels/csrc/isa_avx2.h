@@ -37,7 +37,7 @@
 #define Q4_T_TILE 1
 #endif
 /* A one-row tile's four chunks per group unrolled by two, not four: four kept every chunk's nibbles and
- * products live at once and GCC spilled 13 of them to the stack per group (16 ymm registers). Measured on
+ * products live at once and GCC spilled a dozen of them to the stack per group (16 ymm registers). Measured on
  * one Zen 4 core, a 1536 x 576 Q4_1B product from L2 (one row, the tile's own rate): 13.3-13.5 against
  * 14.8-15.1 us (36.8-37.5 against 32.9-33.7 GB/s); the tiles of 4 and 7 rows kept four (8.2 against 9.4
  * GB/s at 4 rows unrolled by two); avx512 holds them in its 32 registers (51-52 GB/s either way). */
