@@ -69,6 +69,8 @@ def test_quick_bench_reports_every_system_and_workload(served_engine):
     for key in ("cpu", "threads", "dtype", "weights", "torch", "transformers", "copy_bandwidth_gbs"):
         assert machine[key], key
     assert machine["roofline_passes_per_s"] > 0 and "cpu_kernel" in machine and "cpu_flags" in machine
+    assert machine["copy_bandwidth_gbs_after"] > 0  # measured again after the runs: the drift during them
+    assert f"copy {machine['copy_bandwidth_gbs_after']:.1f} GB/s after the runs" in format_table(report)
     events = report["event_overhead"]
     assert set(events["tok_per_s"]) == {"off", "reduced", "full"}
     costs = report["pass_cost_ms"]

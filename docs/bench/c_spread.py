@@ -6,11 +6,12 @@ Default: the reports of 2026-12-06 (docs/bench/2026-12-06-*.json), the q4 drafte
 head re-scored in int8 and the target's keys and values shared; earlier reports ran earlier drafters.
 
 For every `python -m engine bench --json` report with an `engine-baseline` and an `engine-q4` row on a workload
-(chat and held-out chat by default), one line: the report, its CPU kernel variant, the copy bandwidth measured
-at its start, the baseline's mean one-token pass (ms), q4's drafting ms per drafted token, c (their ratio, as the
-bench computes it) and q4's speedup on that workload. Lines are sorted by the baseline's pass, per kernel
-variant; each variant's lines are then split at the median pass and the two halves' median c and speedup are
-printed. Reads the reports only: every figure is recomputable from them.
+(chat and held-out chat by default), one line: the report, its CPU kernel variant, the copy bandwidth measured at
+its start (and after its runs, `start>after`, where the report has it), the baseline's mean one-token pass (ms),
+q4's drafting ms per drafted token, c (their ratio, as the bench computes it) and q4's speedup on that workload.
+Lines are sorted by the baseline's pass, per kernel variant; each variant's lines are then split at the median pass
+and the two halves' median c and speedup are printed. Reads the reports only: every figure is recomputable from
+them.
 """
 
 import glob
@@ -42,6 +43,7 @@ def lines_of(path: str) -> list[dict]:
                 "report": path.rsplit("/", 1)[-1],
                 "kernel": machine.get("cpu_kernel") or "?",
                 "copy_gbs": machine.get("copy_bandwidth_gbs"),
+                "copy_after": machine.get("copy_bandwidth_gbs_after"),
                 "workload": workload,
                 "pass_ms": base["pass_ms"],
                 "draft_ms": q4["draft_ms_per_token"],
@@ -62,12 +64,13 @@ def main(paths: list[str]) -> None:
             if not mine:
                 continue
             print(f"\n{kernel}, {workload}: {len(mine)} reports")
-            print(f"{'report':62} {'copy GB/s':>9} {'pass ms':>8} {'draft ms':>9} {'c':>6} {'speedup':>8}")
+            print(f"{'report':62} {'copy GB/s':>11} {'pass ms':>8} {'draft ms':>9} {'c':>6} {'speedup':>8}")
             for x in mine:
-                copy = f"{x['copy_gbs']:.1f}" if x["copy_gbs"] else "?"
+                copy = f"{x['copy_gbs']:.0f}" if x["copy_gbs"] else "?"
+                copy += f">{x['copy_after']:.0f}" if x["copy_after"] else ""
                 speed = f"{x['speedup']:.2f}x" if x["speedup"] else "?"
                 print(
-                    f"{x['report'][:62]:62} {copy:>9} {x['pass_ms']:8.2f} {x['draft_ms']:9.2f} {x['c']:6.3f} {speed:>8}"
+                    f"{x['report'][:62]:62} {copy:>11} {x['pass_ms']:8.2f} {x['draft_ms']:9.2f} {x['c']:6.3f} {speed:>8}"
                 )
             half = len(mine) // 2
             if half:

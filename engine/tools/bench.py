@@ -169,6 +169,12 @@ def machine_info(engine: SpeculativeEngine) -> dict:
     }
 
 
+def _copy_bandwidth_now(engine: SpeculativeEngine) -> float:
+    """machine_info's copy bandwidth (GB/s), measured now."""
+    device = engine.target.model.device
+    return round(_cuda_copy_bandwidth_gbs(device) if device.type == "cuda" else copy_bandwidth_gbs(), 2)
+
+
 def launches_per_pass(engine: SpeculativeEngine) -> dict:
     """{"eager": n, "cuda-graph": m}: CUDA launch calls the host makes for one one-token strict pass over a
     128-token prefix (kernel launches and graph launches, counted by torch's profiler), each path warmed up."""
@@ -428,13 +434,15 @@ def run_bench(
     # vLLM servers started for the vLLM rows are stopped whatever happens below.
     try:
         samples, outputs = _interleaved_runs(engine, setup, progress)
+        # The same copy measured again once every system has run: how far the machine's memory drifted meanwhile.
+        machine = {**setup["machine"], "copy_bandwidth_gbs_after": _copy_bandwidth_now(engine)}
         events = _event_overhead(engine, workloads, repeats, max_new, progress) if events_check else None
         pass_cost = pass_cost_ms(engine) if pass_costs else None
         rules = _verify_rules(engine, workloads, max_new, progress) if verify_rules else None
         return {
-            "machine": setup["machine"],
+            "machine": machine,
             "settings": {"max_new_tokens": max_new, "repeats": repeats, "quick": quick, "greedy": True, "batch": 1},
-            "rows": _aggregate(samples, setup["machine"], setup["plain"]),
+            "rows": _aggregate(samples, machine, setup["plain"]),
             "greedy_mismatches": _greedy_mismatches(outputs),
             "event_overhead": events,
             "pass_cost_ms": pass_cost,
@@ -798,7 +806,12 @@ def format_table(report: dict) -> str:
         + (f", memory on {m['memory_pages']}" if m.get("memory_pages") else ""),
         f"roofline: {m['weight_bytes_per_pass'] / 1e6:.0f} MB of weights per pass / {m['copy_bandwidth_gbs']:.1f} GB/s copy bandwidth"
         f" = {m['roofline_passes_per_s']:.1f} passes/s"
-        + (f" (read-only bandwidth {m['read_bandwidth_gbs']:.1f} GB/s)" if m.get("read_bandwidth_gbs") else ""),
+        + (f" (read-only bandwidth {m['read_bandwidth_gbs']:.1f} GB/s)" if m.get("read_bandwidth_gbs") else "")
+        + (
+            f"; copy {m['copy_bandwidth_gbs_after']:.1f} GB/s after the runs"
+            if m.get("copy_bandwidth_gbs_after")
+            else ""
+        ),
         f"settings: greedy, batch 1, {report['settings']['max_new_tokens']} new tokens, median of {report['settings']['repeats']}",
         "",
         f"{'system':<{NAME_WIDTH}} {'workload':<10} {'tok/s':>7} {'tok/pass':>8} {'accept':>7} {'vs base':>8} {'vs hf':>7} {'roofline':>8} {'pass':>5}",
