@@ -133,14 +133,9 @@ def machine_info(engine: SpeculativeEngine) -> dict:
 
     device = engine.target.model.device
     weight_bytes = engine.target.model.weight_bytes
-    if device.type == "cuda":
-        bandwidth = _cuda_copy_bandwidth_gbs(device)
-        read_bw = None
-        accel = torch.cuda.get_device_name(device)
-    else:
-        bandwidth = copy_bandwidth_gbs()
-        read_bw = round(read_bandwidth_gbs(), 2)
-        accel = None
+    bandwidth = _copy_bandwidth_now(engine)
+    read_bw = None if device.type == "cuda" else round(read_bandwidth_gbs(), 2)
+    accel = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {
         "cpu": cpu_name(),
         "device": str(device),
@@ -161,7 +156,7 @@ def machine_info(engine: SpeculativeEngine) -> dict:
         # the pages the kernels' weights and caches live on (2 MB where Linux allows: engine/kernels/pages.py)
         "memory_pages": pages.describe() if device.type == "cpu" else None,
         "weight_bytes_per_pass": weight_bytes,
-        "copy_bandwidth_gbs": round(bandwidth, 2),
+        "copy_bandwidth_gbs": bandwidth,
         "read_bandwidth_gbs": read_bw,
         "roofline_passes_per_s": round(bandwidth * 1e9 / weight_bytes, 2),
         # Host-side launches per one-token target pass, eager and replayed (CUDA only): what graphs remove.
@@ -170,7 +165,8 @@ def machine_info(engine: SpeculativeEngine) -> dict:
 
 
 def _copy_bandwidth_now(engine: SpeculativeEngine) -> float:
-    """machine_info's copy bandwidth (GB/s), measured now."""
+    """The copy bandwidth (GB/s, two decimals) of the target's device, measured now: at the start (machine_info)
+    and again after the runs."""
     device = engine.target.model.device
     return round(_cuda_copy_bandwidth_gbs(device) if device.type == "cuda" else copy_bandwidth_gbs(), 2)
 
