@@ -132,7 +132,7 @@ def test_int8_linear_runs_on_the_kernel(variant):
     assert rel < 0.03, float(rel)
 
 
-@pytest.mark.parametrize("kind", ["bf16", "bf16-float32-normed", "int8", "q4_1", "q4_1b"])
+@pytest.mark.parametrize("kind", ["bf16", "bf16-float32-normed", "int8", "q4_1", "q4_1b", "q2b"])
 def test_rows_are_shape_invariant(variant, kind):
     """Each row of a 16-row product equals its one-row product bit for bit, whatever tiles
     the rows and outputs land in (3072 outputs: full tiles, 200: tails on each thread).
@@ -150,6 +150,9 @@ def test_rows_are_shape_invariant(variant, kind):
             x = x.float() * torch.linspace(0.1, 30.0, 576)
         elif kind == "q4_1b":
             packed = cpu_kernels.PackedQ4_1BWeight(*_q4_1_fields(n_out, 576, seed=7, gguf_like=True), b)
+            x = x.float() * torch.linspace(0.1, 30.0, 576)
+        elif kind == "q2b":
+            packed = cpu_kernels.PackedQ2BWeight(*_q2b_fields(n_out, 576, seed=7), b)
             x = x.float() * torch.linspace(0.1, 30.0, 576)
         else:
             packed = cpu_kernels.PackedWeight(w, b)
@@ -783,11 +786,11 @@ def test_q4_1_gives_the_same_bits_on_every_variant():
     assert all(torch.equal(outs[0], other) for other in outs[1:]), names
 
 
-@pytest.mark.parametrize("packing", ["Q4_1", "Q4_1B"])
+@pytest.mark.parametrize("packing", ["Q4_1", "Q4_1B", "Q2B"])
 @pytest.mark.parametrize("rows,n_in,n_out,top", [(1, 576, 960, 32), (7, 576, 200, 8), (3, 70, 50, 64), (2, 64, 40, 1)])
 def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n_in, n_out, top, packing):
-    """head_q4_rescored's contract, bit for bit: each row's `top` best outputs of the 4-bit product (Q4_1 or
-    Q4_1B: its own blocks' product; value
+    """head_q4_rescored's contract, bit for bit: each row's `top` best outputs of the 4-bit (or 2-bit) product
+    (Q4_1, Q4_1B or Q2B: its own blocks' product; value
     descending, the lower index first among equals) hold the int8 product's values (x quantised per row to
     int16, as skinny_gemm_int8w), every other output the Q4_1 product's; fused RMSNorm and bf16 x alike;
     a row's result does not depend on the other rows; top >= n_out re-scores every output (the whole int8
@@ -797,7 +800,11 @@ def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n
     w[:, :3] *= 8.0  # a few strong inputs, as a model's output projection has
     x = torch.randn(rows, n_in, generator=gen) * torch.linspace(0.2, 3.0, n_in)
     x[0, 5] = 40.0  # an outlier: the int16 rows' scale follows it
-    packing = {"Q4_1": cpu_kernels.PackedQ4_1Weight, "Q4_1B": cpu_kernels.PackedQ4_1BWeight}[packing]
+    packing = {
+        "Q4_1": cpu_kernels.PackedQ4_1Weight,
+        "Q4_1B": cpu_kernels.PackedQ4_1BWeight,
+        "Q2B": cpu_kernels.PackedQ2BWeight,
+    }[packing]
     head = cpu_kernels.RescoredQ4Head(w, top, packing)
     assert isinstance(head.q4, packing)
     q, scale = cpu_kernels.int8_per_channel(w)
@@ -819,7 +826,7 @@ def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n
             assert torch.equal(cpu_kernels.head_q4_rescored(xin[t : t + 1], head, norm, 1e-5)[0], got[t])
     whole = cpu_kernels.RescoredQ4Head(w, n_out + 5, packing)
     assert torch.equal(cpu_kernels.head_q4_rescored(x, whole), cpu_kernels.skinny_gemm_int8w(x, int8, torch.float32))
-    with pytest.raises(ValueError, match="as Q4_1 or Q4_1B"):
+    with pytest.raises(ValueError, match="as Q4_1, Q4_1B or Q2B"):
         cpu_kernels.RescoredQ4Head(w, 4, cpu_kernels.PackedInt8Weight)
     for bad in (0, 1025):
         with pytest.raises(ValueError, match="between 1 and 1024"):
@@ -869,8 +876,8 @@ def test_top_rows_are_the_best_entries_lower_index_first(variant):
 
 def _chain_model(weights: str, vocab: int = 512):
     """A tiny model all on our kernels, its weights bf16, int8 (float32 activations, as the int8 drafter's),
-    q4 (the q4 drafter's: Q4_1B blocks) or q4-q4_1 (the q4 drafter's on Q4_1 blocks), and a cache of 64
-    holding a 27-token prompt."""
+    q4 (the q4 drafter's: Q4_1B blocks), q4-q4_1 (the q4 drafter's on Q4_1 blocks) or q4-q2b (Q4_1B layers,
+    the head in Q2B with its best 128 re-scored), and a cache of 64 holding a 27-token prompt."""
     from conftest import tiny_hf_model
 
     from engine.drafters.model import q4_weights
@@ -884,13 +891,16 @@ def _chain_model(weights: str, vocab: int = 512):
         model = q4_weights(model)
     if weights == "q4-q4_1":
         model = q4_weights(model, packing=cpu_kernels.PackedQ4_1Weight)
+    if weights == "q4-q2b":
+        model = q4_weights(model, head_packing=cpu_kernels.PackedQ2BWeight, head_top=128)
+        assert isinstance(model.lm_head.head.q4, cpu_kernels.PackedQ2BWeight) and model.lm_head.head.top == 128
     cache = model.new_cache(64)
     assert model.greedy_chain_ready(cache)
     model.prefill(list(range(3, 30)), cache)
     return model, cache
 
 
-@pytest.mark.parametrize("weights", ["bf16", "int8", "q4", "q4-q4_1"])
+@pytest.mark.parametrize("weights", ["bf16", "int8", "q4", "q4-q4_1", "q4-q2b"])
 def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
     """greedy_chain (a greedy drafter's n passes in one C call) gives, bit for bit, what n one-token
     run_pass calls at consecutive slots give, each fed the argmax of the last: the logits, the tokens and
@@ -930,7 +940,7 @@ def _inverse_cdf(q: torch.Tensor, u: float) -> int:
     return index_at(q, cdf, cdf[-1].item(), u)
 
 
-@pytest.mark.parametrize("weights,vocab", [("bf16", 512), ("int8", 512), ("q4", 512), ("bf16", 528)])
+@pytest.mark.parametrize("weights,vocab", [("bf16", 512), ("int8", 512), ("q4", 512), ("q4-q2b", 512), ("bf16", 528)])
 def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights, vocab):
     """sampled_chain (a sampled drafter's n passes in one C call, temperature alone): its logits are, bit for
     bit, n one-token run_pass calls' fed the chain's own tokens, and so is the cache; each q row is
@@ -1063,6 +1073,96 @@ def test_q4_1b_gives_the_same_bits_on_every_variant():
     for name in names:
         with cpu_kernels.using(name):
             outs.append(cpu_kernels.skinny_gemm_q4_1b(x, packed))
+    assert all(torch.equal(outs[0], other) for other in outs[1:]), names
+
+
+# ---- Q2B weights: 2-bit, Q4_1B's byte scales (the q4 drafter's output projection) ------------------
+
+
+def _q2b_fields(n_out, n_in, seed):
+    """Random Q2B blocks: q uint8 [out, in] in 0..3, d float32 [out, in / 32] (a row's largest at most 9x its
+    smallest) and m = -d * (0.1 .. 3.1)."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = n_in // 32
+    q = torch.randint(0, 4, (n_out, n_in), generator=gen, dtype=torch.uint8)
+    d = torch.rand(n_out, groups, generator=gen) / 8 + 1 / 64
+    return q, d, -d * (0.1 + 3 * torch.rand(n_out, groups, generator=gen))
+
+
+@pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (5, 1536, 40), (16, 64, 200), (3, 96, 7)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_q2b_packs_crumbs_and_multiplies_what_it_unpacks(variant, rows, n_in, n_out, with_bias):
+    """The layout, byte for byte: per block dc[16], mc[16] (d = dc * the row's step, its largest d / 255; m =
+    -d * mc / 16), then chunk c byte [l][e] = q[4c + e] | q[4c + 8 + e] << 2 | q[16 + 4c + e] << 4 |
+    q[16 + 4c + 8 + e] << 6 of output l; unpack() is dc * step * (q - mc / 16); and the product is x
+    (quantised per 16 inputs, as Q4_1's) times that, up to float32 rounding, bf16 x and the fused RMSNorm
+    alike."""
+    q, d, m = _q2b_fields(n_out, n_in, seed=1)
+    b = _bf16(n_out, seed=3) if with_bias else None
+    packed = cpu_kernels.PackedQ2BWeight(q, d, m, b)
+    assert (
+        packed.data.shape == (packed.out_padded // 16, n_in // 32, 160)
+        and packed.nbytes == packed.data.numel() + 4 * packed.out_padded
+    )
+    step = d.max(dim=1).values / 255  # [out]
+    dc = torch.round(d / step[:, None])
+    mc = torch.round(-16 * m / (dc * step[:, None])).clamp(0, 255)
+    blocks, groups = packed.data.shape[:2]
+    codes = packed.data[..., :32].reshape(blocks, groups, 2, 16).permute(0, 3, 2, 1)  # [ob, l, dc / mc, g]
+    codes = codes.reshape(packed.out_padded, 2, groups)[:n_out]
+    assert torch.equal(codes[:, 0].float(), dc) and torch.equal(codes[:, 1].float(), mc)
+    qp = torch.nn.functional.pad(q, (0, 0, 0, packed.out_padded - n_out)).long()
+    qv = qp.view(-1, 16, n_in // 32, 2, 2, 2, 4)  # [ob, l, g, h, k, c, e]
+    crumbs = qv[:, :, :, 0, 0] | qv[:, :, :, 0, 1] << 2 | qv[:, :, :, 1, 0] << 4 | qv[:, :, :, 1, 1] << 6
+    assert torch.equal(packed.data[..., 32:].long(), crumbs.permute(0, 2, 3, 1, 4).reshape(-1, n_in // 32, 128))
+    d2 = (dc * step[:, None]).repeat_interleave(32, 1)
+    w = d2 * (q.float() - (mc / 16).repeat_interleave(32, 1))
+    torch.testing.assert_close(packed.unpack(), w, rtol=1e-6, atol=1e-7)
+    x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.1, 30.0, n_in)
+    bias = b.double() if b is not None else 0
+    _assert_q4_product(cpu_kernels.skinny_gemm_q2b, packed, packed.unpack(), x, bias)
+
+
+def test_q2b_fits_any_matrix_by_weighted_least_squares(variant):
+    """quantize: odd widths padded (70 inputs to 96), a zero block stays zero, blocks of one sign keep m in the
+    codes' range; the fit beats the plain range rule's error, and weighting inputs by `importance` lowers the
+    error where it is large (the inputs an output projection after an RMSNorm leans on) at the others' cost;
+    the product multiplies what unpack() gives. A negative or NaN importance is refused."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(64, 70, generator=gen)
+    w[3] = w[3].abs() + 1.0  # a row of positive blocks
+    w[4] = -w[4].abs() - 1.0  # and of negative ones
+    w[5, :32] = 0.0  # a zero block
+    plain = cpu_kernels.PackedQ2BWeight.quantize(w, rounds=0)  # the range in 3 steps, nothing fitted
+    fitted = cpu_kernels.PackedQ2BWeight.quantize(w)
+    deq = fitted.unpack()
+    assert deq.shape == (64, 70) and bool((deq[5, :32] == 0).all())
+    err = lambda p, cols=slice(None): float((p.unpack() - w)[:, cols].square().mean())  # noqa: E731
+    assert err(fitted) < 0.9 * err(plain)
+    importance = torch.ones(70)
+    importance[:8] = 100.0
+    weighted = cpu_kernels.PackedQ2BWeight.quantize(w, importance=importance)
+    assert err(weighted, slice(0, 8)) < 0.7 * err(fitted, slice(0, 8))
+    x = torch.randn(3, 70, generator=gen)
+    torch.testing.assert_close(
+        cpu_kernels.skinny_gemm_q2b(x, fitted).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
+    )
+    for bad in (torch.full((70,), -1.0), torch.full((70,), float("nan"))):
+        with pytest.raises(ValueError, match="finite and non-negative"):
+            cpu_kernels.PackedQ2BWeight.quantize(w, importance=bad)
+
+
+def test_q2b_gives_the_same_bits_on_every_variant():
+    """As Q4_1B's: integer sums and the same float ops per lane, whatever the instruction set."""
+    names = [n for n in cpu_kernels.VARIANTS if cpu_kernels.variant_support(n) is None]
+    if len(names) < 2:
+        pytest.skip(f"fewer than two variants here ({names})")
+    packed = cpu_kernels.PackedQ2BWeight(*_q2b_fields(960, 576, seed=8), _bf16(960, seed=9))
+    x = torch.randn(7, 576, generator=torch.Generator().manual_seed(10)) * torch.linspace(0.1, 30.0, 576)
+    outs = []
+    for name in names:
+        with cpu_kernels.using(name):
+            outs.append(cpu_kernels.skinny_gemm_q2b(x, packed))
     assert all(torch.equal(outs[0], other) for other in outs[1:]), names
 
 

@@ -329,7 +329,13 @@ def int8_weights(target: Transformer) -> Transformer:
     return Transformer(target.cfg, _state_from_transformer(target), act_dtype, int8=True, device=target.device)
 
 
-def q4_weights(target: Transformer, gguf_path=None, packing: type | None = None) -> Transformer:
+def q4_weights(
+    target: Transformer,
+    gguf_path=None,
+    packing: type | None = None,
+    head_packing: type | None = None,
+    head_top: int | None = None,
+) -> Transformer:
     """4-bit self-speculation: the target's weights in 4-bit blocks on our CPU kernels, the output projection
     included: `packing` PackedQ4_1BWeight (the default: Q4_1's nibbles with the scales in a byte each, 0.5625
     bytes per weight; a draft pass of the default model reads 76 MB against Q4_1's 84, 1.11x quicker at the
@@ -342,8 +348,12 @@ def q4_weights(target: Transformer, gguf_path=None, packing: type | None = None)
     in int8 (RescoredQ4Linear): 18 MB per pass for the default model, where int8 alone read 28 (and bf16 57).
     In Q4_1 alone, acceptance fell from 0.98-1.00 to 0.72-0.84 on three chat prompts (the head's rows are
     not the layers' blocks); re-scoring the few tokens that matter gives int8's drafts (measured on 9 chat
-    prompts, greedy K = 6: 6.36 tokens per pass either way; the draft pass 7% quicker). The drafter's
-    precision does not affect exactness: q can be anything; it only moves acceptance. Its KV cache is bf16."""
+    prompts, greedy K = 6: 6.36 tokens per pass either way; the draft pass 7% quicker). `head_packing` (default:
+    `packing`) and `head_top` (default RescoredQ4Linear.TOP, 32) choose the head's blocks and how many outputs a
+    row re-scores: PackedQ2BWeight with 256 gives a 2-bit head (9 MB, fitted with the final norm's weight
+    squared as each input's importance) with the same drafts, measured no faster end to end (docs/kernels.md).
+    The drafter's precision does not affect exactness: q can be anything; it only moves acceptance. Its KV
+    cache is bf16."""
     from engine.kernels import cpu_kernels
     from engine.model.loading import _state_from_transformer
     from engine.model.transformer import RescoredQ4Linear, quantize_q4_1, use_gguf_q4_1
@@ -357,7 +367,11 @@ def q4_weights(target: Transformer, gguf_path=None, packing: type | None = None)
     swapped = use_gguf_q4_1(model, gguf_path, packing) if gguf_path is not None else 0
     if swapped < 4 * len(model.layers):  # matrices the file does not hold as Q4_1 (or no file)
         quantize_q4_1(model, packing)
-    model.lm_head = RescoredQ4Linear(target.lm_head.weight, packing=packing)
+    # (a Q2B head's fit weights each input by the final norm's weight squared: the head multiplies RMSNorm(x) * g)
+    importance = target.norm.detach().float().cpu().square()
+    model.lm_head = RescoredQ4Linear(
+        target.lm_head.weight, head_top or RescoredQ4Linear.TOP, head_packing or packing, importance
+    )
     # Its KV cache in bf16 (the kernels widen the rows exactly as they read them; keys and values rounded
     # once, as they are stored or taken from the target's cache): half the bytes a draft pass's attention
     # reads. Measured (2 Zen 4 cores, one process, interleaved): a draft pass 1.02x quicker at 150 cached

@@ -80,6 +80,7 @@ __all__ = [
     "VARIANTS",
     "LayerStack",
     "PackedInt8Weight",
+    "PackedQ2BWeight",
     "PackedQ4_1BWeight",
     "PackedQ4_1Weight",
     "PackedWeight",
@@ -101,6 +102,7 @@ __all__ = [
     "skinny_gemm_int8w",
     "skinny_gemm_q4_1",
     "skinny_gemm_q4_1b",
+    "skinny_gemm_q2b",
     "using",
     "variant",
     "variant_support",
@@ -229,7 +231,9 @@ def _build(name: str) -> ctypes.CDLL:
     lib.skinny_gemm_q4_1b.restype = None
     lib.skinny_gemm_q4_1b.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, flag, size, size, size, ptr, real]
     lib.head_q4_rescored.restype = None
-    lib.head_q4_rescored.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, ptr] + [size] * 5 + [ptr, real]
+    lib.skinny_gemm_q2b.restype = None
+    lib.skinny_gemm_q2b.argtypes = [ptr, flag, ptr, ptr, ptr, ptr, flag, size, size, size, ptr, real]
+    lib.head_q4_rescored.argtypes = [ptr, flag, ctypes.c_int, ptr, ptr, ptr, ptr, ptr] + [size] * 5 + [ptr, real]
     lib.rope_and_store.restype = None
     lib.rope_and_store.argtypes = [ptr] * 6 + [size] * 7
     lib.attend_few.restype = None
@@ -485,6 +489,151 @@ def _q4_1b_codes(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarra
     return dc.astype(np.uint8), mc.astype(np.uint8), step
 
 
+class PackedQ2BWeight:
+    """W [out, in] in Q2B: 2-bit weights per 32 inputs, w = d * q + m with q in 0..3, the scales coded as Q4_1B's
+    (PackedQ4_1BWeight: d = dc * dstep[o], m = -d * mc / 16, a byte each). Packed for skinny_gemm_q2b as
+    [out/16, in/32, 160 bytes]: per 16 outputs x 32 inputs dc[16], mc[16], then 2 chunks of 64 bytes, chunk c
+    byte [l][e] = q[l][4c + e] | q[l][4c + 8 + e] << 2 | q[l][16 + 4c + e] << 4 | q[l][16 + 4c + 8 + e] << 6
+    (decode_kernels.c explains the product); 2.5 bits per weight, 0.3125 bytes. Rows padded to a multiple of 16
+    and inputs to a multiple of 32 with zero weights.
+
+    Coarse on purpose: the q4 drafter's output projection uses it only to rank the vocabulary, and computes its
+    best `top` outputs again in int8 (RescoredQ4Head); its 8.8 MB for the default model's head are read by
+    every draft pass where Q4_1B's are 15.9 MB."""
+
+    def __init__(self, q, d, m, bias: torch.Tensor | None = None):
+        q, d, m = (np.asarray(a.numpy() if isinstance(a, torch.Tensor) else a) for a in (q, d, m))
+        out, n_in = q.shape  # q uint8 [out, in] in 0..3; d, m [out, in / 32]: d = dc * step, m = -d * mc / 16
+        self.out, self.n_in = out, n_in
+        self.out_padded, self.in_padded = -(-out // 16) * 16, -(-n_in // Q4_GROUP) * Q4_GROUP
+        groups, blocks = self.in_padded // Q4_GROUP, self.out_padded // 16
+        qp = np.zeros((self.out_padded, self.in_padded), dtype=np.uint8)
+        qp[:out, :n_in] = q
+        d, m = d.astype(np.float32), m.astype(np.float32)
+        step = _row_steps(d)
+        dc = np.rint(d / step[:, None]).clip(0, 255)
+        mc = np.divide(-16 * m, dc * step[:, None], out=np.zeros_like(m), where=dc > 0).round().clip(0, 255)
+        dcp, mcp = (np.zeros((self.out_padded, groups), dtype=np.uint8) for _ in range(2))
+        dcp[:out, : dc.shape[1]], mcp[:out, : mc.shape[1]] = dc, mc
+        codes = [a.reshape(blocks, 16, groups).transpose(0, 2, 1) for a in (dcp, mcp)]
+        packed = np.ascontiguousarray(np.concatenate([*codes, _q2_crumbs(qp)], axis=2))
+        self.data = pages.copy_of(torch.from_numpy(packed))  # [out/16, in/32, 160]: on huge pages
+        self.dstep = torch.zeros(self.out_padded, dtype=torch.float32)
+        self.dstep[:out] = torch.from_numpy(step)
+        self.bias = None
+        if bias is not None:
+            self.bias = torch.zeros(self.out_padded, dtype=torch.bfloat16)
+            self.bias[:out] = bias
+        self.sizes = (self.in_padded, self.out_padded)
+        self.args = (
+            self.data.data_ptr(),
+            self.dstep.data_ptr(),
+            self.bias.data_ptr() if self.bias is not None else None,
+        )
+
+    @classmethod
+    def quantize(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        importance: torch.Tensor | None = None,
+        rounds: int = 3,
+    ) -> PackedQ2BWeight:
+        """Q2B blocks of any matrix [out, in], fitted per 32 inputs by weighted least squares: minimise
+        sum_i a_i (w_i - d q_i - m)^2 with a = `importance` ([in], how much an error in input i moves the
+        outputs: an output projection after an RMSNorm takes the norm's weight squared; default all ones).
+        From the range [min(w, 0), max(w, 0)] in 3 steps, and from it widened and narrowed by 15%, `rounds`
+        times: q = round((w - m) / d) in 0..3, then d, m solved for those q (m clipped to the codes' range
+        [-15.9 d, 0]); each block keeps the start with the smallest error. Then d and m are coded (the row's
+        step, a byte each) and q assigned once more to the coded d, m; in is zero-padded to a multiple of 32.
+
+        Measured on the default model's head over 991 positions of the target's greedy answers to the chat and
+        held-out chat prompts (the int8 head's best output, its rank in the Q2B product): unweighted, 99% within
+        the 67 best and at worst 1564th; weighted by the final norm's weight squared, 99% within 35, at worst
+        139th (each row's 256 best re-scored hold it every time: the q4 drafter's greedy drafts are int8's)."""
+        w = weight.detach().float().cpu()
+        out, n_in = w.shape
+        padded = -(-n_in // Q4_GROUP) * Q4_GROUP
+        w = torch.nn.functional.pad(w, (0, padded - n_in)).reshape(out, -1, Q4_GROUP)  # [out, groups, 32]
+        a = torch.ones(padded)
+        if importance is not None:
+            a[:n_in] = importance.detach().float().cpu().reshape(n_in)
+        if not (torch.isfinite(a).all() and (a >= 0).all()):
+            raise ValueError("a Q2B fit's importance must be finite and non-negative")
+        a = a.reshape(1, -1, Q4_GROUP)  # [1, groups, 32], broadcast over the rows
+
+        def assign(w, d, m):  # q [rows, groups, 32] in 0..3 (float)
+            inv = torch.where(d > 0, 1.0 / d.clamp_min(1e-30), 0.0)
+            return torch.clamp(torch.round((w - m[..., None]) * inv[..., None]), 0, 3)
+
+        def fit(w):  # (d, m) [rows, groups] of rows w [rows, groups, 32]
+            sa, saw = a.sum(dim=2).expand(w.shape[0], -1), (a * w).sum(dim=2)  # [rows, groups]
+            lo, hi = w.amin(dim=2).clamp_max(0.0), w.amax(dim=2).clamp_min(0.0)
+            best = None
+            for widen in (1.0, 0.85, 1.15):
+                d, m = (hi - lo) * widen / 3, lo
+                for _ in range(rounds):
+                    q = assign(w, d, m)
+                    aq = a * q
+                    saq, saq2, saqw = aq.sum(dim=2), (aq * q).sum(dim=2), (aq * w).sum(dim=2)
+                    det = sa * saq2 - saq * saq
+                    ok = det > 1e-20
+                    d_new = (sa * saqw - saq * saw) / torch.where(ok, det, 1.0)
+                    d = torch.where(ok & (d_new > 0), d_new, d)
+                    m = torch.where(ok & (sa > 0), (saw - d * saq) / sa.clamp_min(1e-30), m)
+                    m = torch.minimum(torch.maximum(m, -d * 255 / 16), torch.zeros_like(m))
+                e = (a * (w - d[..., None] * assign(w, d, m) - m[..., None]).square()).sum(dim=2)
+                if best is None:
+                    best = d, m, e
+                else:
+                    keep = e < best[2]
+                    best = torch.where(keep, d, best[0]), torch.where(keep, m, best[1]), torch.where(keep, e, best[2])
+            return best[0], best[1]
+
+        # (1024 rows at a time: the fit's temporaries stay in cache, where whole-matrix ones were memory bound)
+        fits = [fit(w[r : r + 1024]) for r in range(0, out, 1024)]
+        best = torch.cat([f[0] for f in fits]), torch.cat([f[1] for f in fits])
+        d, m = best[0].numpy(), best[1].numpy()
+        step = _row_steps(d)
+        dc = np.rint(d / step[:, None]).clip(0, 255)
+        dc = np.where((d > 0) & (dc == 0), 1, dc)
+        d = (dc * step[:, None]).astype(np.float32)
+        mc = np.divide(-16 * m, d, out=np.zeros_like(m), where=d > 0).round().clip(0, 255)
+        m = -d * mc / 16
+        q = assign(w, torch.from_numpy(d), torch.from_numpy(m)).to(torch.uint8).numpy()
+        packed = cls(q.reshape(out, padded), d, m, bias)
+        packed.n_in = n_in  # the padded inputs multiply zero-padded x
+        return packed
+
+    def unpack(self) -> torch.Tensor:
+        """The dequantised matrix [out, in], float32: dc * dstep * (q - mc / 16), what the kernel multiplies."""
+        data = self.data.numpy()
+        blocks, groups = data.shape[:2]
+        step = self.dstep.numpy().reshape(blocks, 1, 16)
+        d = data[..., 0:16].astype(np.float32) * step  # [ob, g, l]
+        m = -d * (data[..., 16:32].astype(np.float32) / 16)
+        crumbs = data[..., 32:].reshape(blocks, groups, 2, 16, 4)  # [ob, g, c, l, e]
+        q = np.stack([(crumbs >> s) & 3 for s in (0, 2, 4, 6)], axis=2)  # [ob, g, (h, k), c, l, e]
+        q = q.reshape(blocks, groups, 2, 2, 2, 16, 4).astype(np.float32)  # [ob, g, h, k, c, l, e]
+        w = d[:, :, None, None, None, :, None] * q + m[:, :, None, None, None, :, None]
+        w = w.transpose(0, 5, 1, 2, 3, 4, 6).reshape(blocks * 16, groups * Q4_GROUP)
+        return torch.from_numpy(np.ascontiguousarray(w[: self.out, : self.n_in]))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() + 4 * self.dstep.numel()
+
+
+def _q2_crumbs(qp: np.ndarray) -> np.ndarray:
+    """q uint8 [out, in] in 0..3 (out a multiple of 16, in of 32) -> the blocks' crumb bytes [out/16, in/32, 128]:
+    q[16 ob + l, 32 g + 16 h + 8 k + 4 c + e] -> byte [ob, g, c, l, e], bits 4 h + 2 k."""
+    out, n_in = qp.shape
+    blocks, groups = out // 16, n_in // Q4_GROUP
+    qv = qp.reshape(blocks, 16, groups, 2, 2, 2, 4).transpose(0, 2, 5, 1, 3, 4, 6)  # [ob, g, c, l, h, k, e]
+    crumbs = qv[..., 0, 0, :] | qv[..., 0, 1, :] << 2 | qv[..., 1, 0, :] << 4 | qv[..., 1, 1, :] << 6
+    return crumbs.reshape(blocks, groups, 128)
+
+
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(Q int8 [out, in], scale float32 [out]): W ~= scale[:, None] * Q, symmetric per output channel (the
     int8 drafter's rule, Int8Linear)."""
@@ -494,18 +643,28 @@ def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class RescoredQ4Head:
-    """An output projection W [out, in] for ``head_q4_rescored``: W in Q4_1 (llama.cpp's rule) or Q4_1B
-    (`packing`: PackedQ4_1Weight or PackedQ4_1BWeight) for the whole product, and in int8 per channel
-    (``int8_per_channel``, row-major, zero-padded like the 4-bit blocks) for each row's `top` best outputs,
-    computed again (decode_kernels.c explains why). Reads the 4-bit blocks and `top` int8 rows per row of x:
-    18 MB (Q4_1; Q4_1B 16 MB) + 18 KB for the default model's head against int8's 28 MB."""
+    """An output projection W [out, in] for ``head_q4_rescored``: W in Q4_1 (llama.cpp's rule), Q4_1B or Q2B
+    (`packing`: PackedQ4_1Weight, PackedQ4_1BWeight or PackedQ2BWeight, the last fitted with `importance`) for
+    the whole product, and in int8 per channel (``int8_per_channel``, row-major, zero-padded like the 4-bit
+    blocks) for each row's `top` best outputs, computed again (decode_kernels.c explains why). Reads the blocks and `top`
+    int8 rows per row of x: for the default model's head 18 MB (Q4_1; Q4_1B 16 MB, Q2B 9 MB) + 18 KB per 32
+    rows re-scored, against int8's 28 MB."""
 
-    def __init__(self, weight: torch.Tensor, top: int, packing: type = PackedQ4_1Weight):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        top: int,
+        packing: type = PackedQ4_1Weight,
+        importance: torch.Tensor | None = None,
+    ):
         if not 1 <= top <= 1024:  # (the kernel keeps a row's candidates in a sorted list on the stack)
             raise ValueError(f"a re-scored head re-scores between 1 and 1024 outputs per row, got top={top}")
-        if packing not in (PackedQ4_1Weight, PackedQ4_1BWeight):
-            raise ValueError(f"a re-scored head packs its 4-bit blocks as Q4_1 or Q4_1B, not {packing!r}")
-        self.q4 = packing.quantize(weight)
+        if packing not in (PackedQ4_1Weight, PackedQ4_1BWeight, PackedQ2BWeight):
+            raise ValueError(f"a re-scored head packs its blocks as Q4_1, Q4_1B or Q2B, not {packing!r}")
+        # (importance: Q2B's fit weights each input's error by it, PackedQ2BWeight.quantize; the 4-bit rules need none)
+        self.q4 = (
+            packing.quantize(weight, importance=importance) if packing is PackedQ2BWeight else packing.quantize(weight)
+        )
         self.top = int(top)
         self.out, self.n_in = self.q4.out, self.q4.n_in
         self.out_padded, self.in_padded = self.q4.out_padded, self.q4.in_padded
@@ -525,10 +684,10 @@ def head_q4_rescored(
     x: torch.Tensor, head: RescoredQ4Head, norm_weight: torch.Tensor | None = None, eps: float = 1e-6, lib=None
 ) -> torch.Tensor:
     """y [rows, out] float32: x [rows, in] (float32 or bf16; float32 with norm_weight, RMS-normalised first)
-    through the 4-bit head, each row's `head.top` best outputs overwritten with the int8 product's values:
-    those entries equal skinny_gemm_int8w's on the same int8 matrix bit for bit, the others
-    skinny_gemm_q4_1's (or skinny_gemm_q4_1b's, for Q4_1B blocks) (where `in` is not a multiple of 32, rows to normalise are normalised by torch first,
-    as skinny_gemm_q4_1 does: the int8 product then on those rows)."""
+    through the head's blocks, each row's `head.top` best outputs overwritten with the int8 product's values:
+    those entries equal skinny_gemm_int8w's on the same int8 matrix bit for bit, the others the blocks' product
+    (skinny_gemm_q4_1's, skinny_gemm_q4_1b's or skinny_gemm_q2b's) (where `in` is not a multiple of 32, rows to normalise are normalised by torch first, as skinny_gemm_q4_1 does: the
+    int8 product then on those rows)."""
     if lib is None:
         if not available():
             raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")
@@ -545,8 +704,9 @@ def head_q4_rescored(
     lib.head_q4_rescored(
         x.data_ptr(),
         x.dtype == torch.float32,
+        _kind(head.q4),
         head.q4.data.data_ptr(),
-        head.q4.dstep.data_ptr() if isinstance(head.q4, PackedQ4_1BWeight) else None,
+        head.q4.dstep.data_ptr() if _kind(head.q4) > 2 else None,
         head.w8.data_ptr(),
         head.scale8.data_ptr(),
         y.data_ptr(),
@@ -605,6 +765,8 @@ def _call(
         fn = lib.skinny_gemm_q4_1
     elif isinstance(packed, PackedQ4_1BWeight):
         fn = lib.skinny_gemm_q4_1b
+    elif isinstance(packed, PackedQ2BWeight):
+        fn = lib.skinny_gemm_q2b
     else:
         fn = lib.skinny_gemm_bf16
     fn(x.data_ptr(), x_f32, *packed.args, y.data_ptr(), y_f32, rows, *packed.sizes, norm, eps)
@@ -635,13 +797,15 @@ def _self_check(lib) -> None:
         checks.append((_call(lib, x.float(), q4, torch.float32), x.float() @ q4.unpack().t() + b.float()))
         q4b = PackedQ4_1BWeight.quantize(w, b)
         checks.append((_call(lib, x.float(), q4b, torch.float32), x.float() @ q4b.unpack().t() + b.float()))
+        q2b = PackedQ2BWeight.quantize(w, b)
+        checks.append((_call(lib, x.float(), q2b, torch.float32), x.float() @ q2b.unpack().t() + b.float()))
         g = torch.rand(n_in, generator=gen) + 0.5
         xn = torch.nn.functional.rms_norm(x.float(), (n_in,), g, 1e-5)
         checks.append((_call(lib, x.float(), PackedWeight(w), torch.float32, g, 1e-5), xn @ w.float().t()))
         for got, ref in checks:
             if not torch.allclose(got.float(), ref, rtol=2e-2, atol=5e-2 * n_in**0.5):
                 raise RuntimeError(f"self-check failed at rows={rows} in={n_in} out={n_out}")
-        for p in (packed, packed_int8, q4, q4b):
+        for p in (packed, packed_int8, q4, q4b, q2b):
             full = _call(lib, x.float(), p, torch.float32)
             if not all(
                 torch.equal(_call(lib, x[r : r + 1].float(), p, torch.float32), full[r : r + 1]) for r in range(rows)
@@ -854,6 +1018,18 @@ def skinny_gemm_q4_1b(
     return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
 
 
+def skinny_gemm_q2b(
+    x: torch.Tensor,
+    packed: PackedQ2BWeight,
+    out_dtype: torch.dtype | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """y [rows, out] = x [rows, in] @ W^T (+ bias) with W in Q2B (``PackedQ2BWeight``): skinny_gemm_q4_1b's
+    product with 2-bit weights; norm_weight as in skinny_gemm_bf16."""
+    return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
+
+
 def kv_bf16(k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether a KV cache (k, v: one layer [Hkv, S, D] or all [L, Hkv, S, D], contiguous) is bf16, which the
     kernels read widened to float32 (a drafter's cache: ``KV_DTYPES``), rather than float32; ValueError for
@@ -960,16 +1136,21 @@ class _LayerDesc(ctypes.Structure):
     ]
 
 
+def _kind(packed) -> int:
+    """decode_kernels.c's mat_desc kind of a packed matrix: 0 bf16, 1 int8, 2 Q4_1, 3 Q4_1B, 4 Q2B."""
+    kinds = ((PackedInt8Weight, 1), (PackedQ4_1Weight, 2), (PackedQ4_1BWeight, 3), (PackedQ2BWeight, 4))
+    return next((kind for cls, kind in kinds if isinstance(packed, cls)), 0)
+
+
 def _mat_desc(packed) -> _MatDesc | None:
     """A packed matrix as decode_layers reads it, or None where it cannot (padding)."""
     if packed.in_padded != packed.n_in or packed.out_padded != packed.out:
         return None
-    if isinstance(packed, PackedInt8Weight):
-        kind, (wp, scale, b) = 1, packed.args
-    elif isinstance(packed, PackedQ4_1BWeight):
-        kind, (wp, scale, b) = 3, packed.args  # (scale: the rows' steps of d)
+    kind = _kind(packed)
+    if kind in (1, 3, 4):
+        wp, scale, b = packed.args  # (scale: int8's per row; Q4_1B's and Q2B's the rows' steps of d)
     else:
-        kind, (wp, b), scale = (2 if isinstance(packed, PackedQ4_1Weight) else 0), packed.args, None
+        (wp, b), scale = packed.args, None
     return _MatDesc(kind, 0, wp, scale, b, packed.n_in, packed.out)
 
 

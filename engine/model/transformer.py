@@ -352,8 +352,14 @@ class RescoredQ4Linear:
 
     TOP = 32  # outputs re-scored per row
 
-    def __init__(self, weight: torch.Tensor, top: int = TOP, packing: type = cpu_kernels.PackedQ4_1Weight):
-        self.head = cpu_kernels.RescoredQ4Head(weight, top, packing)
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        top: int = TOP,
+        packing: type = cpu_kernels.PackedQ4_1Weight,
+        importance: torch.Tensor | None = None,
+    ):
+        self.head = cpu_kernels.RescoredQ4Head(weight, top, packing, importance)
         self.shape = (self.head.out, self.head.n_in)  # (out, in)
         self.bias = None
 

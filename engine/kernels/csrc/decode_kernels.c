@@ -5,7 +5,8 @@
  *   skinny_gemm_int8w: y = (x Q^T) * scale (+ b), Q int8 per output channel (the int8 drafter)
  *   skinny_gemm_q4_1:  y = x W^T (+ b), W in GGUF's Q4_1 (the q4 drafter)
  *   skinny_gemm_q4_1b: the same with Q4_1B blocks: Q4_1's nibbles, its scales in bytes (the q4 drafter)
- *   head_q4_rescored:  the q4 drafter's output projection: Q4_1 or Q4_1B, its best outputs again in int8
+ *   skinny_gemm_q2b:   the same with Q2B blocks: 2-bit weights, Q4_1B's byte scales (the q4 drafter's head)
+ *   head_q4_rescored:  the q4 drafter's output projection: Q4_1, Q4_1B or Q2B, its best outputs again in int8
  *   attend_few:        attention of a pass's new tokens over the KV cache (causal or tree mask)
  *   rope_and_store:    rotary embedding + KV-cache write
  *   swiglu_rows:       silu(gate) * up
@@ -129,6 +130,7 @@ static inline vf vf_exp_neg(vf x) {
 #define TAIL_NB_i8 1
 #define TAIL_NB_q4 1
 #define TAIL_NB_q4b 1
+#define TAIL_NB_q2b 1
 #define ACC_VECS_i8 ACC_VECS
 #define W_PARTS_i8 1
 #define wload_part_i8(line, part) wload_i8(line)
@@ -141,6 +143,9 @@ static inline vf vf_exp_neg(vf x) {
 #define ACC_VECS_q4b ACC_VECS
 #define NB_TILE_q4b Q4_NB_TILE
 #define T_TILE_q4b Q4_T_TILE
+#define ACC_VECS_q2b ACC_VECS
+#define NB_TILE_q2b Q4_NB_TILE
+#define T_TILE_q2b Q4_T_TILE
 
 /* The three kinds of weights share one tiled loop; the ISA header says what a line
  * of W does for each (KIND = bf16, i8 or q4):
@@ -190,6 +195,16 @@ static inline vf vf_exp_neg(vf x) {
  * re-fitted to the block's mean after d is rounded), and the q4 drafter's greedy drafts hardly:
  * 6.20 / 6.39 tokens per pass on the chat / held-out chat prompts against 6.19 / 6.39 on the
  * GGUF's Q4_1 blocks (K = 6, docs/bench/q4_scales_ab.py), a draft pass 76.5 MB against 84. */
+/* Q2B (the q4 drafter's output projection: PackedQ2BWeight) is Q4_1B with 2-bit weights: w = d q + m, q in
+ * 0..3, the same dc[16], mc[16] bytes per block of 16 outputs x 32 inputs and the same fold (q4b_fold), then
+ * 2 chunks of 64 bytes of crumbs: chunk c byte [l][e] = q[l][4c + e] | q[l][4c + 8 + e] << 2 |
+ * q[l][16 + 4c + e] << 4 | q[l][16 + 4c + 8 + e] << 6. Byte pairs (shift 0, 4) and (2, 6) of a chunk are then
+ * what Q4_1's nibbles of chunks c and c + 2 are, its low and high half group (four inputs of one output per
+ * 32-bit lane): q2_crumbs in the ISA headers takes chunk c & 1 shifted by 2 (c >> 1) where q4_nibbles takes
+ * chunk c, and everything else is Q4_1B's: the rows of x, the exact int32 sums per half group (smaller:
+ * q <= 3), the fold. 160 bytes per block, 0.3125 bytes per weight: the default model's head (49152 x 576)
+ * 8.8 MB against Q4_1B's 15.9. Its ranking only picks the candidates that are re-scored in int8
+ * (head_q4_rescored): why a head this coarse still drafts what int8 would, see PackedQ2BWeight. */
 typedef int16_t xel_i8;
 typedef int8_t xel_q4;
 typedef acc_f32 acc_q4;
@@ -199,6 +214,10 @@ typedef int8_t xel_q4b;
 typedef acc_f32 acc_q4b;
 #define acc_zero_q4b acc_zero_f32
 #define acc_to_blk_q4b acc_to_blk_f32
+typedef int8_t xel_q2b;
+typedef acc_f32 acc_q2b;
+#define acc_zero_q2b acc_zero_f32
+#define acc_to_blk_q2b acc_to_blk_f32
 #define W_ELEM_bf16 uint16_t
 #define W_ELEM_i8 int8_t
 #define Q4_GROUP 32                               /* inputs per Q4_1 block */
@@ -209,8 +228,15 @@ typedef acc_f32 acc_q4b;
 #define Q4_BYTES_q4 Q4_BLOCK
 #define Q4_HEAD_q4b (2 * LANES)                   /* Q4_1B: dc, mc bytes */
 #define Q4_BYTES_q4b (2 * LANES + LANES * Q4_GROUP / 2) /* 288 */
+#define Q4_HEAD_q2b (2 * LANES)                   /* Q2B: dc, mc bytes as Q4_1B's */
+#define Q4_BYTES_q2b (2 * LANES + LANES * Q4_GROUP / 4) /* 160 */
 #define q4_fold_q4 q4_fold
 #define q4_fold_q4b q4b_fold
+#define q4_fold_q2b q4b_fold
+/* Chunk c's weights of a block (its bytes after the head): the low and high half group's four inputs. */
+#define Q4_WEIGHTS_q4(p, c, lo, hi) q4_nibbles((p) + 64 * (c), lo, hi)
+#define Q4_WEIGHTS_q4b Q4_WEIGHTS_q4
+#define Q4_WEIGHTS_q2b(p, c, lo, hi) q2_crumbs((p) + 64 * ((c) & 1), 2 * ((c) >> 1), lo, hi)
 
 /* Passes of a few rows are compute bound on the widening variants, and the weights must still
  * come from memory: left to the hardware prefetchers the two did not overlap (a 5-token pass
@@ -235,6 +261,7 @@ typedef acc_f32 acc_q4b;
 #define STREAM_ROWS_q4 1
 #endif
 #define STREAM_ROWS_q4b STREAM_ROWS_q4 /* (the same nibbles and tiles: measured alike) */
+#define STREAM_ROWS_q2b STREAM_ROWS_q4
 #ifndef PREFETCH_LOCALITY /* __builtin_prefetch's: 2 = prefetcht1 (L2); 1 the same within noise, 3 and 0 slower (docs/kernels.md) */
 #define PREFETCH_LOCALITY 2
 #endif
@@ -279,7 +306,7 @@ typedef acc_f32 acc_q4b;
         }                                                                                                       \
         _Pragma("GCC unroll 8") for (int g = 0; g < NB; g++) {                                                 \
             wv_q4 lo[ACC_VECS], hi[ACC_VECS];                                                                   \
-            q4_nibbles(blocks[g] + Q4_HEAD_##KIND + 64 * (c), lo, hi);                                          \
+            Q4_WEIGHTS_##KIND(blocks[g] + Q4_HEAD_##KIND, c, lo, hi);                                          \
             _Pragma("GCC unroll 8") for (int j = 0; j < NT; j++) {                                             \
                 dot_q4(s[0][g][j], xlo[j], lo);                                                                 \
                 dot_q4(s[1][g][j], xhi[j], hi);                                                                 \
@@ -331,6 +358,7 @@ typedef acc_f32 acc_q4b;
 #define LOOP_i8 PAIR_LOOP
 #define LOOP_q4 Q4_LOOP
 #define LOOP_q4b Q4_LOOP
+#define LOOP_q2b Q4_LOOP
 
 /* One tile: the kind's loop, then y = acc (* sx[t]) (* scale) (+ b), float32 or
  * rounded to bf16. A macro stamps one function per (KIND, NB, NT) so that the loops
@@ -489,13 +517,14 @@ typedef struct {
         pool_for(out / LANES, GEMM_TASKS_PER_THREAD, blocks_##KIND, &job);                                      \
     }
 
-#if T_TILE_bf16 < 1 || T_TILE_bf16 > 8 || T_TILE_i8 < 1 || T_TILE_i8 > 8 || T_TILE_q4 < 1 || T_TILE_q4 > 8 || T_TILE_q4b != T_TILE_q4
+#if T_TILE_bf16 < 1 || T_TILE_bf16 > 8 || T_TILE_i8 < 1 || T_TILE_i8 > 8 || T_TILE_q4 < 1 || T_TILE_q4 > 8 || T_TILE_q4b != T_TILE_q4 || T_TILE_q2b != T_TILE_q4
 #error "rows per tile must be 1-8: the tile functions go up to 8"
 #endif
 DEFINE_TILES(bf16, 1)
 DEFINE_TILES(i8, 1)
 DEFINE_TILES(q4, 1)
 DEFINE_TILES(q4b, 1)
+DEFINE_TILES(q2b, 1)
 #if NB_TILE_bf16 > 1 /* the 1-block tiles double as the tails */
 DEFINE_TILES(bf16, NB_TILE_bf16)
 #endif
@@ -508,11 +537,13 @@ DEFINE_TILES(i8, NB_TILE_i8)
 #if NB_TILE_q4 > 1
 DEFINE_TILES(q4, NB_TILE_q4)
 DEFINE_TILES(q4b, NB_TILE_q4b)
+DEFINE_TILES(q2b, NB_TILE_q2b)
 #endif
 DEFINE_DRIVER(bf16, NB_TILE_bf16, T_TILE_bf16)
 DEFINE_DRIVER(i8, NB_TILE_i8, T_TILE_i8)
 DEFINE_DRIVER(q4, NB_TILE_q4, T_TILE_q4)
 DEFINE_DRIVER(q4b, NB_TILE_q4b, T_TILE_q4b)
+DEFINE_DRIVER(q2b, NB_TILE_q2b, T_TILE_q2b)
 
 /* RMSNorm of one float32 row into `dst` (float32, may be x): dst = x / sqrt(mean(x^2) + eps) * g.
  * The sum of squares runs in VL lanes, then a fixed reduction, then the scalar tail:
@@ -697,10 +728,11 @@ static void quantise_rows_q4(const void *x, int x_f32, const float *norm_w, floa
 /* y = x W^T (+ b), W Q4_1 packed [out/16, in/32, 320 bytes] (see Q4_BLOCK; in a
  * multiple of 32), b bf16 [out] or NULL. x float32 (x_f32) or bf16 [rows, in], RMS-
  * normalised first when norm_w != NULL; y float32 or bf16. */
-/* The 4-bit products' common part: x's rows quantised (quantise_rows_q4), then run_q4 (dstep == NULL: Q4_1
- * blocks) or run_q4b (Q4_1B blocks, their rows' steps dstep). */
-static void q4_product(const void *x, int x_f32, const uint8_t *wp, const float *dstep, const uint16_t *b, void *y,
-                       int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
+/* The 4-bit (and 2-bit) products' common part: x's rows quantised (quantise_rows_q4), then run_q4 (kind 2: Q4_1
+ * blocks), run_q4b (3: Q4_1B blocks, their rows' steps dstep) or run_q2b (4: Q2B, its rows' steps dstep): the
+ * kinds of mat_desc. */
+static void q4_product(int kind, const void *x, int x_f32, const uint8_t *wp, const float *dstep, const uint16_t *b,
+                       void *y, int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
     int8_t small[8192];
     float small_info[1024];
     const int64_t record = Q4_RECORD * (in / Q4_GROUP);
@@ -708,7 +740,9 @@ static void q4_product(const void *x, int x_f32, const uint8_t *wp, const float 
     float *info = rows * record <= 1024 ? small_info : malloc(sizeof(float) * rows * record);
     if (!xq || !info) abort();
     quantise_rows_q4(x, x_f32, norm_w, eps, rows, in, xq, info);
-    if (dstep)
+    if (kind == 4)
+        run_q2b(xq, info, wp, dstep, b, y, y_f32, rows, in, out);
+    else if (kind == 3)
         run_q4b(xq, info, wp, dstep, b, y, y_f32, rows, in, out);
     else
         run_q4(xq, info, wp, NULL, b, y, y_f32, rows, in, out);
@@ -718,7 +752,7 @@ static void q4_product(const void *x, int x_f32, const uint8_t *wp, const float 
 
 void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_t *b, void *y, int y_f32,
                       int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
-    q4_product(x, x_f32, wp, NULL, b, y, y_f32, rows, in, out, norm_w, eps);
+    q4_product(2, x, x_f32, wp, NULL, b, y, y_f32, rows, in, out, norm_w, eps);
 }
 
 /* y = x W^T (+ b), W Q4_1B packed [out/16, in/32, 288 bytes] (Q4_BYTES_q4b), dstep float32 [out]: see
@@ -726,7 +760,14 @@ void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_
  * skinny_gemm_q4_1: the same rows of x, the same nibbles, the same exact integer sums per half group. */
 void skinny_gemm_q4_1b(const void *x, int x_f32, const uint8_t *wp, const float *dstep, const uint16_t *b, void *y,
                        int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
-    q4_product(x, x_f32, wp, dstep, b, y, y_f32, rows, in, out, norm_w, eps);
+    q4_product(3, x, x_f32, wp, dstep, b, y, y_f32, rows, in, out, norm_w, eps);
+}
+
+/* y = x W^T (+ b), W Q2B packed [out/16, in/32, 160 bytes] (Q4_BYTES_q2b: see Q2B above), dstep float32 [out]:
+ * skinny_gemm_q4_1b's product with 2-bit weights. */
+void skinny_gemm_q2b(const void *x, int x_f32, const uint8_t *wp, const float *dstep, const uint16_t *b, void *y,
+                     int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
+    q4_product(4, x, x_f32, wp, dstep, b, y, y_f32, rows, in, out, norm_w, eps);
 }
 
 /* ---- a drafter's output projection: Q4_1, its best candidates again in int8 -----------
@@ -741,10 +782,10 @@ void skinny_gemm_q4_1b(const void *x, int x_f32, const uint8_t *wp, const float 
  * skinny_gemm_int8w gives, the rest what skinny_gemm_q4_1 gives. The re-scoring reads
  * top rows of w8 ([out, in] int8, row-major: 18 KB for 32 rows), not the packed layout.
  *
- * Finding them: a row's candidates are kept sorted in a list of `top`; once it is full, a
- * block of 64 outputs is looked at one by one only if its maximum beats the list's last
+ * Finding them: a row's candidates are kept in a heap of `top` (head_candidates); once it is full, a
+ * block of 64 outputs is looked at one by one only if its maximum beats the heap's lowest
  * (a vector max per block: after the first few thousand outputs almost no block does).
- * NaN is never a candidate. The rows are independent tasks. */
+ * NaN is never a candidate. The rows are independent tasks, and so are the candidates' re-scorings. */
 #define HEAD_BLOCK 64
 
 typedef struct {
@@ -753,9 +794,37 @@ typedef struct {
     const float *sx, *scale;
     const int8_t *w8;
     int64_t in, out, n_out, top;
+    int64_t *idx, *count; /* [rows, top] candidates and [rows] their counts (find_rows' output) */
 } rescore_job;
 
-/* The indices of the best `top` of y[0, n) (value descending, lower index first), into idx; returns their count. */
+/* Whether candidate (va, ia) ranks below (vb, ib): a smaller value, or an equal one at a higher index. */
+static inline int cand_below(float va, int64_t ia, float vb, int64_t ib) {
+    return va < vb || (va == vb && ia > ib);
+}
+/* The heap's entry at `at` moved down to where it belongs (its children rank above it). */
+static void cand_sift_down(float *val, int64_t *idx, int64_t count, int64_t at) {
+    const float v = val[at];
+    const int64_t i = idx[at];
+    for (;;) {
+        int64_t child = 2 * at + 1;
+        if (child >= count) break;
+        if (child + 1 < count && cand_below(val[child + 1], idx[child + 1], val[child], idx[child])) child++;
+        if (!cand_below(val[child], idx[child], v, i)) break;
+        val[at] = val[child];
+        idx[at] = idx[child];
+        at = child;
+    }
+    val[at] = v;
+    idx[at] = i;
+}
+
+/* The indices of the best `top` of y[0, n) (value descending, the lower index first among equals), into idx in
+ * that order; returns their count. A heap keeps the best seen so far with the lowest-ranked at its root:
+ * an output enters when it beats the root (scanned in index order, an equal value never does: the earlier one
+ * stays ahead); once the heap is full, a block of HEAD_BLOCK outputs is looked at one by one only when its vector
+ * maximum beats the root. (A sorted list did the same with an insertion that moved up to `top` entries: with the
+ * best 128 or 256 kept, the search cost more than the re-scoring.) Then the heap is sorted in place: its lowest
+ * swapped to the end, one at a time. */
 static int64_t head_candidates(const float *y, int64_t n, int64_t top, int64_t *idx) {
     float val[top];
     int64_t count = 0;
@@ -764,54 +833,94 @@ static int64_t head_candidates(const float *y, int64_t n, int64_t top, int64_t *
         if (count == top && i1 - i0 == HEAD_BLOCK) {
             vf m = vf_load(y + i0);
             for (int64_t j = VL; j < HEAD_BLOCK; j += VL) m = vf_max(m, vf_load(y + i0 + j));
-            if (!(vf_reduce_max(m) > val[top - 1])) continue; /* (a NaN lane is passed over too) */
+            if (!(vf_reduce_max(m) > val[0])) continue; /* (a NaN lane is passed over too) */
         }
         for (int64_t i = i0; i < i1; i++) {
             const float v = y[i];
-            if (v != v || (count == top && !(v > val[top - 1]))) continue;
-            int64_t at = count < top ? count++ : top - 1; /* the last one drops out when full */
-            while (at > 0 && val[at - 1] < v) { /* strictly: an equal earlier value stays ahead */
-                val[at] = val[at - 1];
-                idx[at] = idx[at - 1];
-                at--;
+            if (v != v) continue;
+            if (count < top) { /* sift up */
+                int64_t at = count++;
+                while (at > 0) {
+                    const int64_t parent = (at - 1) / 2;
+                    if (!cand_below(v, i, val[parent], idx[parent])) break;
+                    val[at] = val[parent];
+                    idx[at] = idx[parent];
+                    at = parent;
+                }
+                val[at] = v;
+                idx[at] = i;
+            } else if (v > val[0]) {
+                val[0] = v;
+                idx[0] = i;
+                cand_sift_down(val, idx, count, 0);
             }
-            val[at] = v;
-            idx[at] = i;
         }
+    }
+    for (int64_t last = count - 1; last > 0; last--) {
+        const float v = val[0];
+        const int64_t i = idx[0];
+        val[0] = val[last];
+        idx[0] = idx[last];
+        val[last] = v;
+        idx[last] = i;
+        cand_sift_down(val, idx, last, 0);
     }
     return count;
 }
 
-static void rescore_rows(void *arg, int64_t begin, int64_t end) {
+/* Each row's candidates. */
+static void find_rows(void *arg, int64_t begin, int64_t end) {
     const rescore_job *j = arg;
-    int64_t idx[j->top];
-    for (int64_t t = begin; t < end; t++) {
-        float *yr = j->y + t * j->out;
+    for (int64_t t = begin; t < end; t++)
+        j->count[t] = head_candidates(j->y + t * j->out, j->n_out, j->top, j->idx + t * j->top);
+}
+
+/* Candidates [begin, end) of all rows' (row t's are items t * top .. t * top + count[t] - 1), re-scored: their
+ * int8 rows requested first (one row is 9 lines at in = 576: fetched side by side rather than one row's
+ * latency after another's), then each one's exact dot with the row of x. */
+static void rescore_items(void *arg, int64_t begin, int64_t end) {
+    const rescore_job *j = arg;
+    for (int64_t k = begin; k < end; k++) {
+        const int64_t t = k / j->top, c = k % j->top;
+        if (c >= j->count[t]) continue;
+        const int8_t *wr = j->w8 + j->idx[k] * j->in;
+        for (int64_t b = 0; b < j->in; b += 64) __builtin_prefetch(wr + b, 0, 3);
+    }
+    for (int64_t k = begin; k < end; k++) {
+        const int64_t t = k / j->top, c = k % j->top;
+        if (c >= j->count[t]) continue;
+        const int64_t o = j->idx[k];
         const int16_t *xr = j->xq + t * j->in;
-        const int64_t count = head_candidates(yr, j->n_out, j->top, idx);
-        for (int64_t c = 0; c < count; c++) {
-            const int8_t *wr = j->w8 + idx[c] * j->in;
-            int32_t dot = 0; /* exact: |xq| * 127 * in < 2^31 (quantise_rows' xmax) */
-            for (int64_t i = 0; i < j->in; i++) dot += (int32_t)xr[i] * (int32_t)wr[i];
-            yr[idx[c]] = ((float)dot * j->sx[t]) * j->scale[idx[c]];
-        }
+        const int8_t *wr = j->w8 + o * j->in;
+        int32_t dot = 0; /* exact: |xq| * 127 * in < 2^31 (quantise_rows' xmax) */
+        for (int64_t i = 0; i < j->in; i++) dot += (int32_t)xr[i] * (int32_t)wr[i];
+        j->y[t * j->out + o] = ((float)dot * j->sx[t]) * j->scale[o];
     }
 }
 
-/* y [rows, out] float32 = the Q4_1 product of x (wp, as skinny_gemm_q4_1; RMS-normalised first
- * when norm_w != NULL), or the Q4_1B product where dstep != NULL (skinny_gemm_q4_1b), then each
+/* y [rows, out] float32 = the product of x with the blocks wp of mat_desc's `kind` (2: Q4_1, as
+ * skinny_gemm_q4_1; 3: Q4_1B, skinny_gemm_q4_1b; 4: Q2B, skinny_gemm_q2b; dstep the rows' steps of the last
+ * two) (RMS-normalised first when norm_w != NULL), then each
  * row's `top` best of its first n_out outputs overwritten with the int8 product's values (w8
  * [out, in] int8 row-major, scale8 [out] float32, no bias). */
-void head_q4_rescored(const void *x, int x_f32, const uint8_t *wp, const float *dstep, const int8_t *w8,
+void head_q4_rescored(const void *x, int x_f32, int kind, const uint8_t *wp, const float *dstep, const int8_t *w8,
                       const float *scale8, float *y, int64_t rows, int64_t in, int64_t out, int64_t n_out,
                       int64_t top, const float *norm_w, float eps) {
-    q4_product(x, x_f32, wp, dstep, NULL, y, 1, rows, in, out, norm_w, eps);
+    q4_product(kind, x, x_f32, wp, dstep, NULL, y, 1, rows, in, out, norm_w, eps);
     if (top <= 0) return;
     int16_t small[4096];
     float small_sx[64];
     const int16_rows r = int16_rows_of(x, x_f32, norm_w, eps, rows, in, small, small_sx); /* as skinny_gemm_int8w */
-    rescore_job job = {y, r.xq, r.sx, scale8, w8, in, out, n_out, top < n_out ? top : n_out};
-    pool_for(rows, 1, rescore_rows, &job);
+    const int64_t kept = top < n_out ? top : n_out;
+    int64_t small_idx[1024], small_count[8];
+    int64_t *idx = rows * kept <= 1024 ? small_idx : malloc(sizeof(int64_t) * rows * kept);
+    int64_t *count = rows <= 8 ? small_count : malloc(sizeof(int64_t) * rows);
+    if (!idx || !count) abort();
+    rescore_job job = {y, r.xq, r.sx, scale8, w8, in, out, n_out, kept, idx, count};
+    pool_for(rows, 1, find_rows, &job);
+    pool_for(rows * kept, 1, rescore_items, &job); /* (a one-row pass's candidates split across the threads) */
+    if (idx != small_idx) free(idx);
+    if (count != small_count) free(count);
     int16_rows_free(r, small, small_sx);
 }
 
@@ -1218,7 +1327,7 @@ void swiglu_rows(const float *gu, float *h, int64_t rows, int64_t inter) {
 }
 
 /* One matrix of a layer: kind 0 = bf16 (wp, b), 1 = int8 (wp, scale, b), 2 = Q4_1 (wp, b), 3 = Q4_1B
- * (wp, scale = dstep, b),
+ * (wp, scale = dstep, b), 4 = Q2B (wp, scale = dstep, b),
  * packed as for the products above (in, out already padded). */
 typedef struct {
     int32_t kind, unused;
@@ -1239,6 +1348,8 @@ static void mat_rows(const mat_desc *m, const float *x, const float *norm_w, flo
         skinny_gemm_q4_1(x, 1, m->wp, m->b, y, 1, rows, m->in, m->out, norm_w, eps);
     else if (m->kind == 3)
         skinny_gemm_q4_1b(x, 1, m->wp, m->scale, m->b, y, 1, rows, m->in, m->out, norm_w, eps);
+    else if (m->kind == 4)
+        skinny_gemm_q2b(x, 1, m->wp, m->scale, m->b, y, 1, rows, m->in, m->out, norm_w, eps);
     else
         skinny_gemm_bf16(x, 1, m->wp, m->b, y, 1, rows, m->in, m->out, norm_w, eps);
 }
@@ -1381,8 +1492,7 @@ static void chain_pass(int64_t token, int64_t i, const void *embed, int embed_f3
     decode_layers(x, 1, layers, n_layers, eps, cos + i * D, sin + i * D, k, v, start + i, H, Hkv, S, D, kvb,
                   start + i + 1, NULL, scale);
     if (top > 0)
-        head_q4_rescored(x, 1, head->wp, head->kind == 3 ? head->scale : NULL, w8, scale8, y, 1, E, V, V, top,
-                         norm_w, eps);
+        head_q4_rescored(x, 1, head->kind, head->wp, head->scale, w8, scale8, y, 1, E, V, V, top, norm_w, eps);
     else
         mat_rows(head, x, norm_w, eps, y, 1);
 }
