@@ -771,18 +771,26 @@ def test_q4_1_quantises_any_matrix_and_pads_odd_widths(variant):
     )
 
 
-def test_q4_1_gives_the_same_bits_on_every_variant():
-    """Integer sums, one quantisation of x (per 16 inputs) and the same float ops per lane: the Q4_1
-    product does not depend on the instruction set (bf16's does, in the last bits)."""
+@pytest.mark.parametrize("kind", ["q4_1", "q4_1b", "q2b"])
+def test_4_and_2_bit_products_give_the_same_bits_on_every_variant(kind):
+    """Integer sums, one quantisation of x (per 16 inputs) and the same float ops per lane: the Q4_1, Q4_1B and
+    Q2B products do not depend on the instruction set (bf16's does, in the last bits)."""
     names = [n for n in cpu_kernels.VARIANTS if cpu_kernels.variant_support(n) is None]
     if len(names) < 2:
         pytest.skip(f"fewer than two variants here ({names})")
-    packed = cpu_kernels.PackedQ4_1Weight(*_q4_1_fields(960, 576, seed=8), _bf16(960, seed=9))
+    b = _bf16(960, seed=9)
+    if kind == "q4_1":
+        packed, product = cpu_kernels.PackedQ4_1Weight(*_q4_1_fields(960, 576, seed=8), b), cpu_kernels.skinny_gemm_q4_1
+    elif kind == "q4_1b":
+        packed = cpu_kernels.PackedQ4_1BWeight(*_q4_1_fields(960, 576, seed=8, gguf_like=True), b)
+        product = cpu_kernels.skinny_gemm_q4_1b
+    else:
+        packed, product = cpu_kernels.PackedQ2BWeight(*_q2b_fields(960, 576, seed=8), b), cpu_kernels.skinny_gemm_q2b
     x = torch.randn(7, 576, generator=torch.Generator().manual_seed(10)) * torch.linspace(0.1, 30.0, 576)
     outs = []
     for name in names:
         with cpu_kernels.using(name):
-            outs.append(cpu_kernels.skinny_gemm_q4_1(x, packed))
+            outs.append(product(x, packed))
     assert all(torch.equal(outs[0], other) for other in outs[1:]), names
 
 
@@ -1062,20 +1070,6 @@ def test_q4_1b_quantises_any_matrix_and_pads_odd_widths(variant):
     )
 
 
-def test_q4_1b_gives_the_same_bits_on_every_variant():
-    """As Q4_1's: integer sums and the same float ops per lane, whatever the instruction set."""
-    names = [n for n in cpu_kernels.VARIANTS if cpu_kernels.variant_support(n) is None]
-    if len(names) < 2:
-        pytest.skip(f"fewer than two variants here ({names})")
-    packed = cpu_kernels.PackedQ4_1BWeight(*_q4_1_fields(960, 576, seed=8, gguf_like=True), _bf16(960, seed=9))
-    x = torch.randn(7, 576, generator=torch.Generator().manual_seed(10)) * torch.linspace(0.1, 30.0, 576)
-    outs = []
-    for name in names:
-        with cpu_kernels.using(name):
-            outs.append(cpu_kernels.skinny_gemm_q4_1b(x, packed))
-    assert all(torch.equal(outs[0], other) for other in outs[1:]), names
-
-
 # ---- Q2B weights: 2-bit, Q4_1B's byte scales (the q4 drafter's output projection) ------------------
 
 
@@ -1150,20 +1144,6 @@ def test_q2b_fits_any_matrix_by_weighted_least_squares(variant):
     for bad in (torch.full((70,), -1.0), torch.full((70,), float("nan"))):
         with pytest.raises(ValueError, match="finite and non-negative"):
             cpu_kernels.PackedQ2BWeight.quantize(w, importance=bad)
-
-
-def test_q2b_gives_the_same_bits_on_every_variant():
-    """As Q4_1B's: integer sums and the same float ops per lane, whatever the instruction set."""
-    names = [n for n in cpu_kernels.VARIANTS if cpu_kernels.variant_support(n) is None]
-    if len(names) < 2:
-        pytest.skip(f"fewer than two variants here ({names})")
-    packed = cpu_kernels.PackedQ2BWeight(*_q2b_fields(960, 576, seed=8), _bf16(960, seed=9))
-    x = torch.randn(7, 576, generator=torch.Generator().manual_seed(10)) * torch.linspace(0.1, 30.0, 576)
-    outs = []
-    for name in names:
-        with cpu_kernels.using(name):
-            outs.append(cpu_kernels.skinny_gemm_q2b(x, packed))
-    assert all(torch.equal(outs[0], other) for other in outs[1:]), names
 
 
 @pytest.mark.real_model

@@ -402,32 +402,7 @@ class PackedQ4_1BWeight:
     range is clipped to it (the drafter's weights move; exactness never depends on them)."""
 
     def __init__(self, q, d, m, bias: torch.Tensor | None = None):
-        q, d, m = (np.asarray(a.numpy() if isinstance(a, torch.Tensor) else a) for a in (q, d, m))
-        out, n_in = q.shape  # q uint8 [out, in] in 0..15; d, m [out, in / 32] (any float)
-        self.out, self.n_in = out, n_in
-        self.out_padded, self.in_padded = -(-out // 16) * 16, -(-n_in // Q4_GROUP) * Q4_GROUP
-        groups, blocks = self.in_padded // Q4_GROUP, self.out_padded // 16
-        qp = np.zeros((self.out_padded, self.in_padded), dtype=np.uint8)
-        qp[:out, :n_in] = q
-        d, m = d.astype(np.float32), m.astype(np.float32)
-        dc, mc, step = _q4_1b_codes(qp[:out].reshape(out, -1, Q4_GROUP)[:, : d.shape[1]], d, m)
-        dcp, mcp = (np.zeros((self.out_padded, groups), dtype=np.uint8) for _ in range(2))
-        dcp[:out, : dc.shape[1]], mcp[:out, : mc.shape[1]] = dc, mc
-        codes = [a.reshape(blocks, 16, groups).transpose(0, 2, 1) for a in (dcp, mcp)]
-        blocks_q4 = torch.from_numpy(np.ascontiguousarray(np.concatenate([*codes, _q4_nibbles(qp)], axis=2)))
-        self.data = pages.copy_of(blocks_q4)  # [out/16, in/32, 288], streamed by every pass: on huge pages
-        self.dstep = torch.zeros(self.out_padded, dtype=torch.float32)
-        self.dstep[:out] = torch.from_numpy(step)
-        self.bias = None
-        if bias is not None:
-            self.bias = torch.zeros(self.out_padded, dtype=torch.bfloat16)
-            self.bias[:out] = bias
-        self.sizes = (self.in_padded, self.out_padded)
-        self.args = (
-            self.data.data_ptr(),
-            self.dstep.data_ptr(),
-            self.bias.data_ptr() if self.bias is not None else None,
-        )
+        _init_coded(self, q, d, m, bias, _q4_1b_codes, _q4_nibbles)  # q uint8 [out, in] in 0..15; d, m [out, in / 32]
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedQ4_1BWeight:
@@ -469,6 +444,50 @@ class PackedQ4_1BWeight:
         return self.data.numel() + 4 * self.dstep.numel()
 
 
+def _init_coded(packed, q, d, m, bias, codes, weight_bytes) -> None:
+    """A PackedQ4_1BWeight's or PackedQ2BWeight's fields from q uint8 [out, in], d, m [out, in / 32] (any float):
+    sizes padded (outputs to 16, inputs to 32), per block the codes dc[16], mc[16] (`codes`: q [out, groups, 32],
+    d, m float32 -> dc, mc [out, groups], dstep [out]) and then `weight_bytes(qp)` (the padded q's nibbles or
+    crumbs [out/16, in/32, n]); dstep, the bias (bf16, padded) and the kernel's arguments."""
+    q, d, m = (np.asarray(a.numpy() if isinstance(a, torch.Tensor) else a) for a in (q, d, m))
+    out, n_in = q.shape
+    packed.out, packed.n_in = out, n_in
+    packed.out_padded, packed.in_padded = -(-out // 16) * 16, -(-n_in // Q4_GROUP) * Q4_GROUP
+    groups, blocks = packed.in_padded // Q4_GROUP, packed.out_padded // 16
+    qp = np.zeros((packed.out_padded, packed.in_padded), dtype=np.uint8)
+    qp[:out, :n_in] = q
+    d, m = d.astype(np.float32), m.astype(np.float32)
+    dc, mc, step = codes(qp[:out].reshape(out, -1, Q4_GROUP)[:, : d.shape[1]], d, m)
+    dcp, mcp = (np.zeros((packed.out_padded, groups), dtype=np.uint8) for _ in range(2))
+    dcp[:out, : dc.shape[1]], mcp[:out, : mc.shape[1]] = dc, mc
+    heads = [a.reshape(blocks, 16, groups).transpose(0, 2, 1) for a in (dcp, mcp)]
+    data = np.ascontiguousarray(np.concatenate([*heads, weight_bytes(qp)], axis=2))
+    packed.data = pages.copy_of(torch.from_numpy(data))  # [out/16, in/32, bytes], streamed by every pass: huge pages
+    packed.dstep = torch.zeros(packed.out_padded, dtype=torch.float32)
+    packed.dstep[:out] = torch.from_numpy(step)
+    packed.bias = None
+    if bias is not None:
+        packed.bias = torch.zeros(packed.out_padded, dtype=torch.bfloat16)
+        packed.bias[:out] = bias
+    packed.sizes = (packed.in_padded, packed.out_padded)
+    packed.args = (
+        packed.data.data_ptr(),
+        packed.dstep.data_ptr(),
+        packed.bias.data_ptr() if packed.bias is not None else None,
+    )
+
+
+def _q2b_codes(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q2B's codes of blocks whose d, m are already fitted (PackedQ2BWeight.quantize): (dc, mc uint8 [out,
+    groups], dstep float32 [out]), d rounded to the nearest code (at least 1 where d > 0), mc = round(-16 m / d')
+    clipped to 0..255 (q unused: m is not re-fitted)."""
+    step = _row_steps(d)
+    dc = np.rint(d / step[:, None]).clip(0, 255)
+    dc = np.where((d > 0) & (dc == 0), 1, dc)
+    mc = np.divide(-16 * m, dc * step[:, None], out=np.zeros_like(m), where=dc > 0).round().clip(0, 255)
+    return dc.astype(np.uint8), mc.astype(np.uint8), step
+
+
 def _row_steps(d: np.ndarray) -> np.ndarray:
     """Each row's step for d's codes: its largest d / 255 (1 for a row of zeros), float32 [out]."""
     step = (d.max(axis=1) / 255).astype(np.float32)
@@ -502,34 +521,7 @@ class PackedQ2BWeight:
     every draft pass where Q4_1B's are 15.9 MB."""
 
     def __init__(self, q, d, m, bias: torch.Tensor | None = None):
-        q, d, m = (np.asarray(a.numpy() if isinstance(a, torch.Tensor) else a) for a in (q, d, m))
-        out, n_in = q.shape  # q uint8 [out, in] in 0..3; d, m [out, in / 32]: d = dc * step, m = -d * mc / 16
-        self.out, self.n_in = out, n_in
-        self.out_padded, self.in_padded = -(-out // 16) * 16, -(-n_in // Q4_GROUP) * Q4_GROUP
-        groups, blocks = self.in_padded // Q4_GROUP, self.out_padded // 16
-        qp = np.zeros((self.out_padded, self.in_padded), dtype=np.uint8)
-        qp[:out, :n_in] = q
-        d, m = d.astype(np.float32), m.astype(np.float32)
-        step = _row_steps(d)
-        dc = np.rint(d / step[:, None]).clip(0, 255)
-        mc = np.divide(-16 * m, dc * step[:, None], out=np.zeros_like(m), where=dc > 0).round().clip(0, 255)
-        dcp, mcp = (np.zeros((self.out_padded, groups), dtype=np.uint8) for _ in range(2))
-        dcp[:out, : dc.shape[1]], mcp[:out, : mc.shape[1]] = dc, mc
-        codes = [a.reshape(blocks, 16, groups).transpose(0, 2, 1) for a in (dcp, mcp)]
-        packed = np.ascontiguousarray(np.concatenate([*codes, _q2_crumbs(qp)], axis=2))
-        self.data = pages.copy_of(torch.from_numpy(packed))  # [out/16, in/32, 160]: on huge pages
-        self.dstep = torch.zeros(self.out_padded, dtype=torch.float32)
-        self.dstep[:out] = torch.from_numpy(step)
-        self.bias = None
-        if bias is not None:
-            self.bias = torch.zeros(self.out_padded, dtype=torch.bfloat16)
-            self.bias[:out] = bias
-        self.sizes = (self.in_padded, self.out_padded)
-        self.args = (
-            self.data.data_ptr(),
-            self.dstep.data_ptr(),
-            self.bias.data_ptr() if self.bias is not None else None,
-        )
+        _init_coded(self, q, d, m, bias, _q2b_codes, _q2_crumbs)  # q uint8 [out, in] in 0..3; d, m [out, in / 32]
 
     @classmethod
     def quantize(
