@@ -477,10 +477,10 @@ def _init_coded(packed, q, d, m, bias, codes, weight_bytes) -> None:
     )
 
 
-def _q2b_codes(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _q2b_codes(q, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q2B's codes of blocks whose d, m are already fitted (PackedQ2BWeight.quantize): (dc, mc uint8 [out,
     groups], dstep float32 [out]), d rounded to the nearest code (at least 1 where d > 0), mc = round(-16 m / d')
-    clipped to 0..255 (q unused: m is not re-fitted)."""
+    clipped to 0..255 (q unused: m is not re-fitted; the signature is _init_coded's)."""
     step = _row_steps(d)
     dc = np.rint(d / step[:, None]).clip(0, 255)
     dc = np.where((d > 0) & (dc == 0), 1, dc)
@@ -585,13 +585,9 @@ class PackedQ2BWeight:
         # (1024 rows at a time: the fit's temporaries stay in cache, where whole-matrix ones were memory bound)
         fits = [fit(w[r : r + 1024]) for r in range(0, out, 1024)]
         best = torch.cat([f[0] for f in fits]), torch.cat([f[1] for f in fits])
-        d, m = best[0].numpy(), best[1].numpy()
-        step = _row_steps(d)
-        dc = np.rint(d / step[:, None]).clip(0, 255)
-        dc = np.where((d > 0) & (dc == 0), 1, dc)
-        d = (dc * step[:, None]).astype(np.float32)
-        mc = np.divide(-16 * m, d, out=np.zeros_like(m), where=d > 0).round().clip(0, 255)
-        m = -d * mc / 16
+        dc, mc, step = _q2b_codes(None, best[0].numpy(), best[1].numpy())
+        d = dc * step[:, None]  # [out, groups] float32, as coded
+        m = -d * (mc / np.float32(16))
         q = assign(w, torch.from_numpy(d), torch.from_numpy(m)).to(torch.uint8).numpy()
         packed = cls(q.reshape(out, padded), d, m, bias)
         packed.n_in = n_in  # the padded inputs multiply zero-padded x
@@ -638,9 +634,9 @@ class RescoredQ4Head:
     """An output projection W [out, in] for ``head_q4_rescored``: W in Q4_1 (llama.cpp's rule), Q4_1B or Q2B
     (`packing`: PackedQ4_1Weight, PackedQ4_1BWeight or PackedQ2BWeight, the last fitted with `importance`) for
     the whole product, and in int8 per channel (``int8_per_channel``, row-major, zero-padded like the 4-bit
-    blocks) for each row's `top` best outputs, computed again (decode_kernels.c explains why). Reads the blocks and `top`
-    int8 rows per row of x: for the default model's head 18 MB (Q4_1; Q4_1B 16 MB, Q2B 9 MB) + 18 KB per 32
-    rows re-scored, against int8's 28 MB."""
+    blocks) for each row's `top` best outputs, computed again (decode_kernels.c explains why). Reads the blocks
+    and `top` int8 rows per row of x: for the default model's head 18 MB (Q4_1; Q4_1B 16 MB, Q2B 9 MB) + 18 KB
+    per 32 rows re-scored, against int8's 28 MB."""
 
     def __init__(
         self,
@@ -678,8 +674,8 @@ def head_q4_rescored(
     """y [rows, out] float32: x [rows, in] (float32 or bf16; float32 with norm_weight, RMS-normalised first)
     through the head's blocks, each row's `head.top` best outputs overwritten with the int8 product's values:
     those entries equal skinny_gemm_int8w's on the same int8 matrix bit for bit, the others the blocks' product
-    (skinny_gemm_q4_1's, skinny_gemm_q4_1b's or skinny_gemm_q2b's) (where `in` is not a multiple of 32, rows to normalise are normalised by torch first, as skinny_gemm_q4_1 does: the
-    int8 product then on those rows)."""
+    (skinny_gemm_q4_1's, skinny_gemm_q4_1b's or skinny_gemm_q2b's). Where `in` is not a multiple of 32, rows to
+    normalise are normalised by torch first, as skinny_gemm_q4_1 does: the int8 product then on those rows."""
     if lib is None:
         if not available():
             raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")
