@@ -10,6 +10,7 @@
 | SPECLENS_ALLOW_ANY_MODEL | 0 | 1 = any Hub id or local folder may be loaded |
 | SPECLENS_TRUST_REMOTE_CODE | 0 | 1 = pass trust_remote_code=True to transformers (only with any-model) |
 | SPECLENS_PRELOAD | 1 | `python app.py` loads the default model in the background at start (0 = on first Run) |
+| SPECLENS_MCP_SERVER | 1 | `python app.py` also serves the API as MCP tools at /gradio_api/mcp/ (0 = off) |
 | GRADIO_SERVER_NAME | 127.0.0.1 | address `python app.py` serves on |
 | GRADIO_SERVER_PORT | 7860 | port `python app.py` serves on |
 | SPECLENS_VLLM_URL | unset | a vLLM server with speculation: the Playground offers it as the drafter "vllm" |
@@ -40,6 +41,7 @@ __all__ = [
     "MAX_LAB_SAMPLES",
     "MAX_NEW_TOKENS",
     "MAX_PROMPT_TOKENS",
+    "MCP_SERVER",
     "PRELOAD",
     "SERVER_NAME",
     "SERVER_PORT",
@@ -82,6 +84,7 @@ MAX_NEW_TOKENS = _int_env("SPECLENS_MAX_NEW_TOKENS", 256)
 MAX_LAB_SAMPLES = _int_env("SPECLENS_MAX_LAB_SAMPLES", 2000, low=LAB_SAMPLES_FLOOR)
 MAX_CONCURRENT_RUNS = _int_env("SPECLENS_MAX_CONCURRENT_RUNS", 2)
 PRELOAD = _flag_env("SPECLENS_PRELOAD", "1")
+MCP_SERVER = _flag_env("SPECLENS_MCP_SERVER", "1")
 SERVER_NAME = os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")
 SERVER_PORT = _int_env("GRADIO_SERVER_PORT", 7860)
 # A production engine driven through its API (engine.vllm.backend): unset = the vLLM views stay hidden.

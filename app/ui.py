@@ -113,4 +113,13 @@ def build_demo() -> gr.Blocks:
         workshop.wire(class_steps, tabs, play, steps, races)
         api.register()
         demo.load(missing_model_banner, None, [missing], show_progress="hidden", queue=False)
+    _only_the_api_public(demo)
     return demo
+
+
+def _only_the_api_public(demo: gr.Blocks) -> None:
+    """The page's own events serve the page: private, so that the API page, gradio_client and the MCP tool list
+    show the API of tabs/api.py alone, whatever a tab forgot to mark."""
+    for fn in demo.fns.values():
+        if fn.api_visibility == "public" and fn.api_name not in api.ENDPOINTS:
+            fn.api_visibility = "private"

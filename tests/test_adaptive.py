@@ -564,7 +564,7 @@ def test_cli_adaptive_generates_and_records_the_depth(tmp_path):
 def test_app_and_api_pass_the_switch():
     from app.engine_access import make_settings
     from app.tabs import playground
-    from app.tabs.api import api_generate
+    from app.tabs.api import generate as api_generate
 
     assert make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 8, True).adaptive is True
     assert make_settings(4, 1, 0, 0.0, 1.0, 0, 0, 8).adaptive is False

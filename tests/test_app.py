@@ -251,7 +251,7 @@ def test_concurrent_int8_runs_do_not_share_drafter_state():
     tests/test_prompt_safety.py)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from app.tabs.api import api_generate
+    from app.tabs.api import generate as api_generate
 
     prompts = ["Name three colours.", "Write one sentence about cats."]
     alone = [list(api_generate(p, "int8", 3, 0.0, 1.0, 0, 0, 10))[-1]["text"] for p in prompts]
@@ -349,10 +349,10 @@ def test_the_playground_and_the_api_print_the_launch_command():
     assert code.value.startswith("llama-server -m SmolLM2-135M-Instruct.bf16.gguf -md ") and "4 bits" in notes
     code, notes = playground.launch_view("vllm", "SmolLM2-135M-Instruct", "ngram", "x", 1, 0, 0.0, False)
     assert code.value == "" and "K" in notes  # a bad value: a message, not a crash
-    result = api.api_launch_command("sglang", "eagle", 3, 2, 5)
+    result = api.launch_command("sglang", "eagle", 3, 2, 5)
     assert "--speculative-num-draft-tokens 6" in result["command"] and result["equivalent"]
     with pytest.raises(gr.Error, match="engine must be one of"):
-        api.api_launch_command("tgi")
+        api.launch_command("tgi")
 
 
 def test_the_drafter_help_says_where_each_recorded_cost_was_measured():

@@ -125,7 +125,7 @@ def test_limits_refuse_disallowed_models_and_long_prompts(monkeypatch):
     import gradio as gr
 
     from app import config
-    from app.tabs.api import api_generate
+    from app.tabs.api import generate as api_generate
 
     with pytest.raises(ValueError, match="not allowed"):
         config.check_model_allowed("someone/huge-model")

@@ -427,7 +427,7 @@ def test_the_probe_times_plain_and_speculative_passes_and_the_lab_reads_the_serv
     print(f"\n[validation grid, small]\n{grid_markdown(table)}")
     window, message = deployment.scrape_window(ngram_server.url, 1)
     assert window is not None and not message
-    status = deployment.analyze_window(window, deployment._pass_text(costs))[0]
+    status = deployment.analyze_window(window, deployment.pass_costs_text(costs))[0]
     assert "too few drafts in the window" in status
     with pytest.raises(AnalyzeError, match="no speculative decoding counters"):
         probe_pass_costs(baseline_server.url, max_batch=1, repeats=2)

