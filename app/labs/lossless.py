@@ -14,13 +14,12 @@ import gradio as gr
 
 from engine.tools.exactness import (
     TEST_LEVEL,
-    as_distribution,
     chi_square_test,
     exactness_verdict,
-    pair_distribution,
+    first_tokens_law,
     verify_children_ignoring_q,
 )
-from engine.tools.samples import next_token_distribution, sample_next_tokens
+from engine.tools.samples import sample_next_tokens
 from visuals.lab_figures import fmt_pvalue, lossless_figure
 
 from ..config import LAB_SAMPLES_FLOOR, MAX_LAB_SAMPLES
@@ -234,13 +233,8 @@ def _label(engine, key) -> str:
 def exact_p(engine, prompt: str, tokens: int, seed: int, settings: dict) -> dict:
     """The target's exact law of the first token (tokens = 1) or pair (2) after the prompt, with the sampling
     settings (temperature, top_k): {token or (token, token): probability} (the Shortcuts lab uses it too)."""
-
-    def after(prefix: list[int]) -> dict[int, float]:
-        return as_distribution(next_token_distribution(engine, prompt, prefix, seed=seed, **settings))
-
     try:
-        first = after([])
-        return first if tokens == 1 else pair_distribution(first, lambda x1: after([x1]))
+        return first_tokens_law(engine, prompt, tokens, seed=seed, **settings)
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
 

@@ -9,7 +9,8 @@ claim empirically, and this module holds the parts that are mathematics rather t
   drafts and tokens resampled from the residual.
 * ``overlap``: Σ min(p, q), the probability that a single draft x ~ q is accepted.
 * ``as_distribution``: a [V] probability tensor as {token: probability} over its support.
-* ``pair_distribution``: the exact joint law of the first two tokens, p(x1, x2) = p(x1) p(x2 | x1).
+* ``pair_distribution``: the exact joint law of the first two tokens, p(x1, x2) = p(x1) p(x2 | x1);
+  ``first_tokens_law``: the law of the first token or pair for a real target and prompt.
 * ``chi_square_test``: goodness of fit of sampled counts against an exact p, with the total
   variation distance; ``chi_square_sf`` its p-value; ``TEST_LEVEL`` is the one significance level the
   labs use.
@@ -96,6 +97,23 @@ def pair_distribution(first: dict[int, float], second_given) -> dict[tuple[int, 
     and the second draft position are handled exactly.
     """
     return {(x1, x2): p1 * p2 for x1, p1 in first.items() for x2, p2 in second_given(x1).items()}
+
+
+def first_tokens_law(engine, prompt: str | list[int], tokens: int = 2, **filters) -> dict:
+    """The target's exact law of the first token (tokens = 1: {x1: p}) or the first two (tokens = 2:
+    {(x1, x2): p}) after `prompt` under the sampling settings (temperature, top_k, top_p, seed): its p after
+    the prompt, and for pairs ``pair_distribution`` with its p after the prompt plus each x1 (one forward pass
+    each). What the Lossless and Shortcuts labs, ``selfcheck`` and the tour notebook test samples against."""
+    from engine.tools.samples import next_token_distribution
+
+    if tokens not in (1, 2):
+        raise ValueError(f"tokens must be 1 or 2, got {tokens!r}")
+
+    def after(prefix: list[int]) -> dict[int, float]:
+        return as_distribution(next_token_distribution(engine, prompt, prefix, **filters))
+
+    first = after([])
+    return first if tokens == 1 else pair_distribution(first, lambda x1: after([x1]))
 
 
 def _pooled_cells(counts: dict[int, int], p: dict[int, float], n: int) -> list[list[float]]:

@@ -32,14 +32,13 @@ from collections.abc import Callable
 
 from engine.tools.exactness import (
     TEST_LEVEL,
-    as_distribution,
     chi_square_test,
     exactness_verdict,
-    pair_distribution,
+    first_tokens_law,
     verify_children_ignoring_q,
 )
 from engine.tools.parity import parity_check
-from engine.tools.samples import next_token_distribution, sample_next_tokens
+from engine.tools.samples import sample_next_tokens
 
 __all__ = ["EXACTNESS", "PARITY", "format_report", "run_selfcheck", "selfcheck"]
 
@@ -124,11 +123,8 @@ def _exactness(engine, seed: int, log: Callable[[str], None]) -> dict:
     cfg = EXACTNESS
     filters = {"temperature": cfg["temperature"], "top_k": cfg["top_k"]}
 
-    def after(prefix: list[int]) -> dict[int, float]:
-        return as_distribution(next_token_distribution(engine, cfg["prompt"], prefix, **filters))
-
     t0 = time.perf_counter()
-    law = pair_distribution(after([]), lambda x1: after([x1]))
+    law = first_tokens_law(engine, cfg["prompt"], **filters)
     law_seconds = round(time.perf_counter() - t0, 2)
     n = cfg["n_samples"]
     tests = {}
