@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import time
+import urllib.request
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -204,3 +209,41 @@ def assert_run_stopped(stamps: list[float], gone_at: float) -> None:
     quiet_since = time.monotonic()
     time.sleep(1.0)
     assert not [t for t in stamps if t > quiet_since], "the run kept going after the client went away"
+
+
+def serve_app_py(python: str, env: dict, timeout_s: float = 300) -> tuple[subprocess.Popen, str, float, float]:
+    """`python app.py` from the repository as a Space runs it, on a free loopback port, in its own process group:
+    (process, url, when it was started (perf_counter), seconds until it served the page). Stop it with
+    ``stop_process_group``."""
+    port = free_port()
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [python, "app.py"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**env, "GRADIO_SERVER_PORT": str(port)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    while time.perf_counter() < started + timeout_s:
+        if proc.poll() is not None:
+            raise AssertionError(f"app.py exited: {proc.stderr.read().decode()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return proc, url, started, time.perf_counter() - started
+        except OSError:
+            time.sleep(0.5)
+    stop_process_group(proc)
+    raise AssertionError(f"app.py did not serve within {timeout_s:.0f} s")
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """Stop a server started in its own session, and its children, by its process group id."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)

@@ -11,16 +11,14 @@ from __future__ import annotations
 import ast
 import inspect
 import os
-import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import serve_app_py, stop_process_group
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = {"generate", "race", "launch_command", "analyze_metrics"}
@@ -29,39 +27,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 
 def _start(env_extra: dict) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "HF_HUB_OFFLINE": "1", **env_extra}
-    proc = subprocess.Popen(
-        [sys.executable, "app.py"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"app.py exited: {proc.stderr.read().decode()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.5)
-    _stop(proc)
-    raise AssertionError("app.py did not serve within 240 s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop the server by its process group id."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **env_extra}
+    proc, url, _, _ = serve_app_py(sys.executable, env, timeout_s=240)
+    return proc, url
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +38,7 @@ def app_server():
     try:
         yield url
     finally:
-        _stop(proc)
+        stop_process_group(proc)
 
 
 def _mcp(url: str, calls: list[tuple[str, dict]]) -> tuple[list, list]:
@@ -171,4 +139,4 @@ def test_the_mcp_server_can_be_turned_off():
         with urllib.request.urlopen(url, timeout=10) as page:
             assert page.status == 200
     finally:
-        _stop(proc)
+        stop_process_group(proc)

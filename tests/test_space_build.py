@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import serve_app_py, stop_process_group
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -42,50 +40,10 @@ def space_venv(tmp_path_factory):
     return venv
 
 
-def _serve(venv: Path, cache: Path, extra_env: dict | None = None):
-    """`python app.py` from the repository, as a Space runs it; returns (process, url, when it was started
-    (perf_counter), seconds until it served the page)."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "GRADIO_SERVER_PORT": str(port),
-        "SPECLENS_CACHE": str(cache),
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": "",
-        **(extra_env or {}),
-    }
-    started = time.perf_counter()
-    proc = subprocess.Popen(
-        [str(venv / "bin" / "python"), "app.py"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = started + 300
-    while time.perf_counter() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"app.py exited: {proc.stderr.read().decode()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return proc, url, started, time.perf_counter() - started
-        except OSError:
-            time.sleep(0.5)
-    _stop(proc)
-    raise AssertionError("app.py did not serve within 300 s")
-
-
-def _stop(proc) -> None:
-    """Stop the server and its children by process group id."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+def _serve(venv: Path, cache: Path):
+    """`python app.py` from the repository with the Space's venv, as a Space runs it (conftest.serve_app_py)."""
+    env = {**os.environ, "SPECLENS_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    return serve_app_py(str(venv / "bin" / "python"), env)
 
 
 def test_a_clean_space_build_serves_and_says_what_is_missing(space_venv, tmp_path):
@@ -106,7 +64,7 @@ def test_a_clean_space_build_serves_and_says_what_is_missing(space_venv, tmp_pat
             banner = page.locator("#sl-missing-model").inner_text()
             browser.close()
     finally:
-        _stop(proc)
+        stop_process_group(proc)
     assert "not installed" in banner and "Hub is not reachable" in banner, banner
     print(f"\n[space build] requirements.txt only: page served {served_s:.1f} s after python app.py")
 
@@ -129,7 +87,7 @@ def test_the_cold_start_to_a_first_answer_is_measured(space_venv, tmp_path):
         client.predict("Say hello.", "ngram", 4, 0.0, 1.0, 0, 0, 8, api_name="/generate")
         warm_s = time.perf_counter() - again
     finally:
-        _stop(proc)
+        stop_process_group(proc)
     assert result["metrics"]["new_tokens"] >= 1
     kernels = sorted(p.name for p in (cache / "kernels").glob("*.so"))
     assert kernels, "no compiled kernels in the cache folder"  # named by instruction set: decode_kernels-<isa>-...
@@ -198,7 +156,7 @@ def test_every_first_action_runs_in_a_clean_space_build(space_venv, tmp_path):
                 pressed.append(tab)
             browser.close()
     finally:
-        _stop(proc)
+        stop_process_group(proc)
         log = proc.stderr.read().decode(errors="replace")
     assert pressed == [tab for tab, *_ in FIRST_ACTIONS]
     assert not IMPORT_ERRORS.search(log), log[-3000:]
