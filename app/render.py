@@ -187,7 +187,7 @@ def stats_line(trace: list[dict], running: bool = False) -> str:
 
 
 def recorded_on(trace: list[dict]) -> str:
-    """A recorded run's date and machine, short enough for a chart title: "recorded 2026-11-30 on AMD EPYC"."""
+    """A recorded run's date and machine, short enough for a chart title: "recorded <date> on <CPU>"."""
     start = start_event(trace or [])
     host = start.get("host") or {}
     machine = host.get("gpu") or host.get("cpu") or start.get("device", "?")

@@ -52,10 +52,9 @@ __all__ = [
     "measured_on",
 ]
 
-# What one call is allowed, from the H200 check (docs/bench/2026-11-30-gpu-check-h200.md): the eager target
-# pass took 12-14 ms there. A call loads the target from the safetensors cache and records the pass graphs
-# (GPU_LOAD_S), then needs at most one pass per requested token; 50 ms a token is ~4x that pass, for a
-# slower slice and the drafter's own passes.
+# What one call is allowed: loading the target from the safetensors cache and recording the pass graphs
+# (GPU_LOAD_S), then at most one pass per requested token, with room for a slower slice and the drafter's own
+# passes. Chosen from the eager target pass the H200 check measured (docs/bench/2026-12-07-notes-from-app.md).
 GPU_LOAD_S = 20
 GPU_SECONDS_PER_TOKEN = 0.05
 MAX_GPU_S = 120

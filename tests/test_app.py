@@ -326,28 +326,28 @@ def test_workshop_steps_load_their_settings_and_open_existing_tabs():
 
 
 def test_model_panel_memory_plan_says_what_a_run_needs():
-    from app.tabs import playground
+    from app.tabs import run_panels
 
-    text = playground.memory_plan("SmolLM2-135M-Instruct", "int8", "auto", 4, 2, 0, 64)
+    text = run_panels.memory_plan("SmolLM2-135M-Instruct", "int8", "auto", 4, 2, 0, 64)
     assert "needs" in text and "GiB" in text and "fits" in text and "int8" in text
-    assert "nothing is loaded here" in playground.memory_plan("SmolLM2-135M-Instruct", "vllm", "auto", 4, 1, 0, 64)
-    assert "Cannot plan" in playground.memory_plan("nope/not-allowed", "int8", "auto", 4, 1, 0, 64)
+    assert "nothing is loaded here" in run_panels.memory_plan("SmolLM2-135M-Instruct", "vllm", "auto", 4, 1, 0, 64)
+    assert "Cannot plan" in run_panels.memory_plan("nope/not-allowed", "int8", "auto", 4, 1, 0, 64)
 
 
 def test_the_playground_and_the_api_print_the_launch_command():
     """'Turn it on in your engine' from the current settings (no model runs), and /launch_command."""
     import gradio as gr
 
-    from app.tabs import api, playground
+    from app.tabs import api, run_panels
 
-    code, notes = playground.launch_view("vllm", "SmolLM2-135M-Instruct", "ngram", 8, 1, 0, 0.0, False)
+    code, notes = run_panels.launch_view("vllm", "SmolLM2-135M-Instruct", "ngram", 8, 1, 0, 0.0, False)
     assert code.value.startswith("vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config")
     assert '"num_speculative_tokens": 8' in code.value and notes == ""
-    code, notes = playground.launch_view("transformers", "SmolLM2-135M-Instruct", "q4+ngram", 4, 1, 0, 0.0, False)
+    code, notes = run_panels.launch_view("transformers", "SmolLM2-135M-Instruct", "q4+ngram", 4, 1, 0, 0.0, False)
     assert code.value == "" and "no equivalent for q4+ngram" in notes
-    code, notes = playground.launch_view("llama.cpp", "SmolLM2-135M-Instruct", "q4", 6, 1, 0, 0.0, False)
+    code, notes = run_panels.launch_view("llama.cpp", "SmolLM2-135M-Instruct", "q4", 6, 1, 0, 0.0, False)
     assert code.value.startswith("llama-server -m SmolLM2-135M-Instruct.bf16.gguf -md ") and "4 bits" in notes
-    code, notes = playground.launch_view("vllm", "SmolLM2-135M-Instruct", "ngram", "x", 1, 0, 0.0, False)
+    code, notes = run_panels.launch_view("vllm", "SmolLM2-135M-Instruct", "ngram", "x", 1, 0, 0.0, False)
     assert code.value == "" and "K" in notes  # a bad value: a message, not a crash
     result = api.launch_command("sglang", "eagle", 3, 2, 5)
     assert "--speculative-num-draft-tokens 6" in result["command"] and result["equivalent"]
@@ -360,8 +360,8 @@ def test_the_drafter_help_says_where_each_recorded_cost_was_measured():
     date it was recorded on (a q4 figure from one host must not lend its host to an eagle figure from another)."""
     import re
 
+    from app.drafter_help import drafter_info
     from app.examples import load_examples
-    from app.tabs.playground import drafter_info
 
     text = drafter_info()
     for example in load_examples():

@@ -169,3 +169,31 @@ def test_the_vllm_backend_imports_no_triton():
     chain = "engine modules loaded: " + ", ".join(m for m in loaded if m.split(".")[0] == "engine")
     assert "triton" not in loaded, chain
     assert "engine.kernels.batched_verifier" not in loaded, chain
+
+
+LAB_SHARED = {"panels", "durations", "last_run"}  # app/labs/ modules every lab may use
+MAX_APP_FILE_LINES = 600
+
+
+def test_no_lab_imports_another_lab():
+    """A lab is one module; what two labs share lives in panels, durations or last_run."""
+    labs = ROOT / "app" / "labs"
+    names = {path.stem for path in labs.glob("*.py")} - {"__init__"} - LAB_SHARED
+    for name in sorted(names):
+        tree = ast.parse((labs / f"{name}.py").read_text(encoding="utf-8"))
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imported |= {node.module} if node.module else {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app.labs."):
+                imported.add(node.module.split(".")[2])
+        assert not imported & (names - {name}), (name, sorted(imported & names))
+
+
+def test_no_app_file_is_too_big_to_hold_in_ones_head():
+    big = {
+        str(path.relative_to(ROOT)): n
+        for path in (ROOT / "app").rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_APP_FILE_LINES
+    }
+    assert not big, big

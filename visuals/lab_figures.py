@@ -72,7 +72,7 @@ def race_figure(
     baseline: list[dict] | None, speculative: list[dict] | None, drafter: str = "", recorded: str = ""
 ) -> go.Figure:
     """Tokens produced vs measured time for both runs, on one time axis (a step plot: one step per target pass).
-    recorded: where and when a recorded race ran ("recorded 2026-11-30 on AMD EPYC"), in its title; "" for a
+    recorded: where and when a recorded race ran ("recorded <date> on <CPU>"), in its title; "" for a
     race run now."""
     fig = go.Figure()
     runs = [

@@ -148,7 +148,7 @@ def _batch_table(result: dict) -> list[list]:
 
 
 def _speedup_cell(ratio: float, bound) -> str:
-    """The speedup with the spread of the repeats' pairings beside it ("0.81× [0.62–1.05]"): a row whose spread
+    """The speedup with the spread of the repeats' pairings beside it ("ratio× [low–high]"): a row whose spread
     straddles 1× reads as no verdict, as the headline says."""
     if not bound or bound[0] is None or bound[0] == bound[1]:
         return f"{ratio:.2f}×"

@@ -16,38 +16,38 @@ from engine.tools.exactness import (
     TEST_LEVEL,
     chi_square_test,
     exactness_verdict,
-    first_tokens_law,
     verify_children_ignoring_q,
 )
 from engine.tools.samples import sample_next_tokens
 from visuals.lab_figures import fmt_pvalue, lossless_figure
 
-from ..config import LAB_SAMPLES_FLOOR, MAX_LAB_SAMPLES
+from ..config import MAX_LAB_SAMPLES
 from ..engine_access import get_engine, is_loaded, use_drafter
 from ..inputs import number, seed_or_random
 from ..stopping import ProgressReporter, Stopped
-from ..wiring import run_stop_buttons
 from . import durations
-from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
+from .panels import (
+    MIN_SAMPLES,
+    TOKENS_TESTED,
+    WaitingStatus,
+    draft_shape_controls,
+    exact_law,
+    lab_tab,
+    results_table,
+    sampling_controls,
+    sampling_results,
+    wire_sampling_lab,
+)
 
-__all__ = ["LOSSLESS_DEFAULTS", "SAMPLERS", "TOKENS_TESTED", "build_tab", "exact_p", "run_lossless"]
+__all__ = ["LOSSLESS_DEFAULTS", "SAMPLERS", "build_tab", "run_lossless"]
 
-# The run"s inputs (controls, in the order the run takes them) and outputs (results).
+# The run's inputs (controls, in the order the run takes them) and outputs (results).
 INPUTS = ["prompt", "temperature", "top_k", "drafter", "k", "topk", "n", "seed", "samplers", "tokens"]
 OUTPUTS = ["status", "plot", "table"]
 
 LOSSLESS_PROMPTS = ["Hi!", "What colour is the sky?", "Name a colour.", "Name a planet."]
-LOSSLESS_DEFAULTS = {
-    "prompt": "Hi!",
-    "temperature": 1.0,
-    "top_k": 8,
-    "drafter": "int8",
-    "k": 2,
-    "topk": 2,
-    "n": 300,
-    "tokens": 2,
-}
-TOKENS_TESTED = {1: "the first token", 2: "the first two tokens, jointly (pairs)"}
+LOSSLESS_DEFAULTS = {"prompt": "Hi!", "temperature": 1.0, "top_k": 8, "drafter": "int8", "k": 2, "topk": 2, "n": 300}
+LOSSLESS_DEFAULTS["tokens"] = 2  # pairs: the second position tested too
 SHOWN_PAIRS = 9  # the chart shows the most likely cells (tokens or pairs), the rest pooled; the test uses all
 # (10 cells of upright labels fit a histogram panel of a phone's figure side by side; 12 touched, 16 overlapped)
 SAMPLERS = {
@@ -60,13 +60,11 @@ DEFAULT_SAMPLERS = ("plain", "exact", "broken")  # block verification is ticked 
 PLAIN_SHAPE = {"k": 1, "topk": 1}  # plain sampling drafts nothing: one target pass per sample
 # The verdict beside the sampler it judges: on a phone the table scrolls sideways and shows its first columns.
 LOSSLESS_HEADERS = ["sampler", "verdict", "p-value", "TV distance", "N", "chi-square", "df"]
-MIN_SAMPLES = 10  # fewer samples than this test nothing
 # Ranges the lab accepts. Temperature 0 would be greedy (nothing to sample); top-k keeps p to a readable
 # number of bars, at least 2 so that there is something to test.
 TEMPERATURE_RANGE = (0.05, 2.0)
 TOP_K_RANGE = (2, 50)
 MAX_K, MAX_TREE_TOPK = 4, 4
-SAMPLES_STEP = 50
 
 LOSSLESS_TEXT = f"""
 **Is speculative sampling really lossless? Sample it and test it.** Each run draws **N real samples of the first
@@ -230,18 +228,9 @@ def _label(engine, key) -> str:
     return engine.token_text(key) if isinstance(key, int) else " · ".join(engine.token_text(t) for t in key)
 
 
-def exact_p(engine, prompt: str, tokens: int, seed: int, settings: dict) -> dict:
-    """The target's exact law of the first token (tokens = 1) or pair (2) after the prompt, with the sampling
-    settings (temperature, top_k): {token or (token, token): probability} (the Shortcuts lab uses it too)."""
-    try:
-        return first_tokens_law(engine, prompt, tokens, seed=seed, **settings)
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
-
-
 def _exact_p(engine, lab: dict) -> None:
     """The target's exact law of the first token (or pair) after the prompt, and the cells' texts, into `lab`."""
-    lab["p"] = exact_p(engine, lab["prompt"], lab["tokens"], lab["seed"], lab["settings"])
+    lab["p"] = exact_law(engine, lab["prompt"], lab["tokens"], lab["seed"], lab["settings"])
     lab["labels"] = {key: _label(engine, key) for key in lab["p"]}
 
 
@@ -331,24 +320,13 @@ def run_lossless(
 # ---------------------------------------------------------------------------------------- layout
 def _controls() -> dict:
     d = LOSSLESS_DEFAULTS
-    c = {}
-    c["prompt"] = gr.Dropdown(
+    c = sampling_controls(
+        "ll",
         LOSSLESS_PROMPTS,
-        value=d["prompt"],
-        allow_custom_value=True,
-        label="Prompt (pick or type)",
-        info="The lab samples the first token of the answer.",
-        elem_id="ll-prompt",
-    )
-    c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Sample", "ll-run", "ll-stop")
-    c["n"] = gr.Slider(
-        LAB_SAMPLES_FLOOR,
-        MAX_LAB_SAMPLES,
-        min(d["n"], MAX_LAB_SAMPLES),
-        step=SAMPLES_STEP,
-        label="Samples N (per sampler)",
-        info="Each sample is one real target pass; the status says how long runs took on this server.",
-        elem_id="ll-n",
+        d,
+        "The lab samples the first token of the answer.",
+        "Samples N (per sampler)",
+        "Each sample is one real target pass; the status says how long runs took on this server.",
     )
     c["drafter"] = gr.Radio(
         [
@@ -366,18 +344,14 @@ def _controls() -> dict:
     c["top_k"] = gr.Slider(
         *TOP_K_RANGE, d["top_k"], step=1, label="Top-k", info="Tokens p may use; small keeps the chart readable."
     )
-    with gr.Row():
-        c["k"] = gr.Slider(1, MAX_K, d["k"], step=1, label="K (draft depth)", min_width=140)
-        c["topk"] = gr.Slider(
-            1, MAX_TREE_TOPK, d["topk"], step=1, label="Tree top-k", info="Alternative drafts per guess.", min_width=140
-        )
-    c["tokens"] = gr.Radio(
-        [(label, n) for n, label in TOKENS_TESTED.items()],
-        value=d["tokens"],
-        label="Test",
-        info="Pairs also test the second position; each cell of the chart is a pair of tokens.",
+    draft_shape_controls(
+        c,
+        d,
+        MAX_K,
+        MAX_TREE_TOPK,
+        topk_info="Alternative drafts per guess.",
+        tokens_info="Pairs also test the second position; each cell of the chart is a pair of tokens.",
     )
-    c["seed"] = gr.Number(0, precision=0, label="Seed", info="-1 = random")
     c["samplers"] = gr.CheckboxGroup(
         [(name, kind) for kind, name in SAMPLERS.items()],
         value=list(DEFAULT_SAMPLERS),
@@ -387,37 +361,20 @@ def _controls() -> dict:
     return c
 
 
-# The defaults' duration before any run here: 3 samplers × 300 real passes, measured 2026-12-02 as the app runs
-# them (a handler thread), on a quiet 2-core Xeon with AMX-BF16; 448 s on a 2-core machine other work held.
+# Before any run on this server, the defaults' duration as recorded (docs/bench/2026-12-07-notes-from-app.md).
 RECORDED_TIME = "36 s measured 2026-12-02 on a quiet 2-core Xeon, 7 ½ min on a busy 2-core machine"
-WAITING = "*Press **Sample** to draw real samples. With the defaults: {}.*"
-
-
-def waiting_status() -> str:
-    """The status before a run: what the defaults' run will take (durations.promise: this server's runs, else the
-    recorded time with its machine and date)."""
-    d = LOSSLESS_DEFAULTS
-    return WAITING.format(durations.promise("lossless", len(DEFAULT_SAMPLERS) * d["n"], RECORDED_TIME))
-
-
-def refresh_status(status: str):
-    """Entering the tab: the promise again from this server's latest runs, unless a run's results are shown."""
-    return waiting_status() if (status or "").startswith(WAITING.split("{")[0]) else gr.skip()
+waiting_status = WaitingStatus("lossless", len(DEFAULT_SAMPLERS) * LOSSLESS_DEFAULTS["n"], RECORDED_TIME)
+refresh_status = waiting_status.refresh
 
 
 def _results() -> dict:
-    status = status_box(waiting_status(), "ll-status")
-    title = "Next-token histograms against the target's exact p"
-    plot = results_plot(title, "Press Sample to draw real samples", "ll-plot")
     widths = ["22%", "35%", "10%", "12%", "6%", "10%", "5%"]
     table = results_table(_lossless_table({}, 0), LOSSLESS_HEADERS, "Tests against the exact p", widths, "ll-table")
-    return {"status": status, "plot": plot, "table": table}
-
-
-def _wire(c: dict, out: dict) -> None:
-    wire_lab_run(c, out, run_lossless, INPUTS, OUTPUTS)
-    c["tab"].select(refresh_status, [out["status"]], [out["status"]], show_progress="hidden", queue=False)
+    return sampling_results("ll", waiting_status, "Next-token histograms against the target's exact p", table)
 
 
 def build_tab() -> gr.Tab:
-    return lab_tab("Lossless lab", "lossless", LOSSLESS_TEXT, _controls, _results, _wire)
+    def wire(c: dict, out: dict) -> None:
+        wire_sampling_lab(c, out, run_lossless, INPUTS, OUTPUTS, waiting_status)
+
+    return lab_tab("Lossless lab", "lossless", LOSSLESS_TEXT, _controls, _results, wire)

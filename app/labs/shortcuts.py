@@ -17,14 +17,11 @@ from engine.tools.exactness import TEST_LEVEL, tv_interval, tv_noise_floor
 from engine.tools.shortcuts import DEFAULT_THRESHOLD, DEFAULT_WEIGHT, ROWS, RULES, row_id, run_rule, tokens_gain
 from visuals.lab_figures import fmt_pvalue, shortcuts_figure
 
-from ..config import LAB_SAMPLES_FLOOR, MAX_LAB_SAMPLES
+from ..config import MAX_LAB_SAMPLES
 from ..engine_access import get_engine, is_loaded, use_drafter
 from ..inputs import number, seed_or_random
 from ..stopping import ProgressReporter, Stopped
-from ..wiring import run_stop_buttons
-from . import durations
-from .lossless import TOKENS_TESTED, exact_p
-from .panels import lab_tab, results_plot, results_table, status_box, wire_lab_run
+from . import durations, panels
 
 __all__ = ["SHORTCUTS_DEFAULTS", "build_tab", "run_shortcuts"]
 
@@ -56,8 +53,6 @@ HEADERS = [
 TEMPERATURE_RANGE = (0.05, 2.0)
 TOP_K_RANGE = (2, 50)
 MAX_K, MAX_TREE_TOPK = 4, 4
-MIN_SAMPLES = 10
-SAMPLES_STEP = 50
 
 SHORTCUTS_TEXT = f"""
 **Shortcuts: what a lossy verifier buys, and what it costs.** Serving stacks and papers relax the acceptance
@@ -206,12 +201,12 @@ def _checked(prompt, temperature, top_k, k, topk, n, seed, weight, threshold, ro
         "top_k": number(top_k, "Top-k", *TOP_K_RANGE, integer=True),
         "k": number(k, "K", 1, MAX_K, integer=True),
         "topk": number(topk, "Tree top-k", 1, MAX_TREE_TOPK, integer=True),
-        "n": number(n, "Samples N", MIN_SAMPLES, MAX_LAB_SAMPLES, integer=True),
+        "n": number(n, "Samples N", panels.MIN_SAMPLES, MAX_LAB_SAMPLES, integer=True),
         "seed": seed_or_random(seed),
         "weight": number(weight, "Ensemble weight w", 0.05, 1.0),
         "threshold": number(threshold, "Accept threshold t", 0.05, 1.0),
         "rows": chosen,
-        "tokens": number(tokens, "Tokens tested", 1, max(TOKENS_TESTED), integer=True),
+        "tokens": number(tokens, "Tokens tested", 1, max(panels.TOKENS_TESTED), integer=True),
     }
 
 
@@ -240,7 +235,7 @@ def run_shortcuts(
     for drafter in sorted({d for _, d in lab["rows"]}):
         use_drafter(engine, drafter)
     settings = {"temperature": lab["temperature"], "top_k": lab["top_k"]}
-    p = exact_p(engine, lab["prompt"], lab["tokens"], lab["seed"], settings)
+    p = panels.exact_law(engine, lab["prompt"], lab["tokens"], lab["seed"], settings)
     lab["floor"] = tv_noise_floor(p, lab["n"], seed=lab["seed"])
     results: dict[str, dict] = {}
     started = time.perf_counter()
@@ -292,24 +287,13 @@ def run_shortcuts(
 # ---------------------------------------------------------------------------------------- layout
 def _controls() -> dict:
     d = SHORTCUTS_DEFAULTS
-    c = {}
-    c["prompt"] = gr.Dropdown(
+    c = panels.sampling_controls(
+        "sc",
         SHORTCUTS_PROMPTS,
-        value=d["prompt"],
-        allow_custom_value=True,
-        label="Prompt (pick or type)",
-        info="The lab samples the first tokens of the answer.",
-        elem_id="sc-prompt",
-    )
-    c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Sample", "sc-run", "sc-stop")
-    c["n"] = gr.Slider(
-        LAB_SAMPLES_FLOOR,
-        MAX_LAB_SAMPLES,
-        min(d["n"], MAX_LAB_SAMPLES),
-        step=SAMPLES_STEP,
-        label="Samples N (per rule)",
-        info="Each sample is one or more real target passes.",
-        elem_id="sc-n",
+        d,
+        "The lab samples the first tokens of the answer.",
+        "Samples N (per rule)",
+        "Each sample is one or more real target passes.",
     )
     c["rows"] = gr.CheckboxGroup(
         [(f"{RULES[key].name} [{drafter}]", row_id(key, drafter)) for key, drafter in ROWS],
@@ -329,46 +313,29 @@ def _controls() -> dict:
         info="At T = 1 the drafter's temperature cannot be dropped: the shortcut is then the exact rule.",
     )
     c["top_k"] = gr.Slider(*TOP_K_RANGE, d["top_k"], step=1, label="Top-k")
-    with gr.Row():
-        c["k"] = gr.Slider(1, MAX_K, d["k"], step=1, label="K (draft depth)", min_width=140)
-        c["topk"] = gr.Slider(1, MAX_TREE_TOPK, d["topk"], step=1, label="Tree top-k", min_width=140)
-    c["tokens"] = gr.Radio([(label, n) for n, label in TOKENS_TESTED.items()], value=d["tokens"], label="Test")
-    c["seed"] = gr.Number(0, precision=0, label="Seed", info="-1 = random")
+    panels.draft_shape_controls(c, d, MAX_K, MAX_TREE_TOPK)
     return c
 
 
-# The defaults' duration before any run here: 8 rows × 600 samples, 128 s for each of two seeds, measured
-# 2026-12-04 on a 2-core AMD EPYC (Zen 4) other sessions shared (engine.tools.shortcuts.run_rule, as the lab runs).
+# Before any run on this server, the defaults' duration as recorded (docs/bench/2026-12-07-notes-from-app.md).
 RECORDED_TIME = "about 2 minutes measured 2026-12-04 on a 2-core AMD EPYC, longer when other work holds the cores"
-WAITING = "*Press **Sample** to draw real samples under every rule. With the defaults: {}.*"
-
-
-def waiting_status() -> str:
-    """The status before a run: what the defaults' run will take, on this server when it has run here."""
-    return WAITING.format(durations.promise("shortcuts", len(ROWS) * SHORTCUTS_DEFAULTS["n"], RECORDED_TIME))
-
-
-def refresh_status(status: str):
-    """Entering the tab: the promise again from this server's latest runs, unless a run's results are shown."""
-    return waiting_status() if (status or "").startswith(WAITING.split("{")[0]) else gr.skip()
+waiting_status = panels.WaitingStatus(
+    "shortcuts", len(ROWS) * SHORTCUTS_DEFAULTS["n"], RECORDED_TIME, " under every rule"
+)
+refresh_status = waiting_status.refresh
 
 
 def _results() -> dict:
-    status = status_box(waiting_status(), "sc-status")
-    title = "What each rule buys and what it costs"
-    plot = results_plot(title, "Press Sample to draw real samples", "sc-plot")
     empty = {"rows": list(ROWS), "weight": DEFAULT_WEIGHT, "threshold": DEFAULT_THRESHOLD}
     widths = ["24%", "16%", "8%", "8%", "12%", "8%", "24%"]
-    table = results_table(
+    table = panels.results_table(
         _table(empty, {}), HEADERS, "Each rule against the exact p", widths, "sc-table", rows=len(ROWS)
     )
-    return {"status": status, "plot": plot, "table": table}
-
-
-def _wire(c: dict, out: dict) -> None:
-    wire_lab_run(c, out, run_shortcuts, INPUTS, OUTPUTS)
-    c["tab"].select(refresh_status, [out["status"]], [out["status"]], show_progress="hidden", queue=False)
+    return panels.sampling_results("sc", waiting_status, "What each rule buys and what it costs", table)
 
 
 def build_tab() -> gr.Tab:
-    return lab_tab("Shortcuts lab", "shortcuts", SHORTCUTS_TEXT, _controls, _results, _wire)
+    def wire(c: dict, out: dict) -> None:
+        panels.wire_sampling_lab(c, out, run_shortcuts, INPUTS, OUTPUTS, waiting_status)
+
+    return panels.lab_tab("Shortcuts lab", "shortcuts", SHORTCUTS_TEXT, _controls, _results, wire)

@@ -12,9 +12,8 @@ import time
 
 import gradio as gr
 
-from engine.drafters.hybrid import DEFAULT_DEPTH as HYBRID_DEPTH
-from engine.metrics import DRAFT_COST_RATIO_MEANS, run_summary
-from engine.model.loading import DEFAULT_MODEL, DTYPES, PRESETS
+from engine.metrics import run_summary
+from engine.model.loading import DEFAULT_MODEL, PRESETS
 from engine.settings import MAX_HISTORY_DOCS
 from engine.trace import step_events
 from visuals import acceptance_figure, interesting_step_index, tokens_per_pass_figure
@@ -29,8 +28,9 @@ from visuals.run_charts import (
     kv_cache_figure,
 )
 
-from .. import config, render, zerogpu
+from .. import config, render
 from ..config import MAX_NEW_TOKENS
+from ..drafter_help import ADAPTIVE_INFO, drafter_choices, drafter_info
 from ..engine_access import (
     VLLM_DRAFTER,
     builds_on_first_use,
@@ -41,26 +41,22 @@ from ..engine_access import (
     start_vllm_generation,
     use_drafter,
 )
-from ..examples import EXAMPLE_SETTINGS, example_dropdown, example_note, example_values, load_examples
+from ..examples import EXAMPLE_SETTINGS, example_dropdown, example_note, example_values
 from ..figure_guard import guarded
 from ..inputs import as_int
 from ..pass_view import pass_figures, pass_slider, pass_slider_label
 from ..stopping import stop_requested
 from ..traces import DEFAULT_TRACE, load_recorded, recorded_traces, session_id, write_trace_file
 from ..wiring import PRIVATE, end_run, pack, run_stop_buttons, wire_run_and_stop
+from . import run_panels
 
 __all__ = [
-    "DRAFTER_CHOICES",
-    "DRAFTER_INFO",
-    "drafter_info",
-    "drafter_choices",
     "PLAY_KEYS",
     "finished_outputs",
     "initial_playground",
     "initial_values",
     "layout",
     "loaded_outputs",
-    "memory_plan",
     "pick_example",
     "run_playground",
     "show_play_step",
@@ -115,63 +111,6 @@ PLAY_INPUTS = [
     "verify",
     "answers",
 ]
-
-DRAFTER_CHOICES = [
-    ("none (baseline: no drafting)", "none"),
-    ("ngram (prompt lookup)", "ngram"),
-    ("suffix (suffix decoding: the prompt and this session's earlier answers)", "suffix"),
-    ("int8 (quantised target)", "int8"),
-    ("q4 (the target's own 4-bit weights)", "q4"),
-    ("q4+ngram (q4, its own guesses proposed by n-gram)", "q4+ngram"),
-    ("suffix/q4 (hybrid: suffix's proposal or q4's guesses, each pass the one measured faster)", "suffix/q4"),
-    ("eagle (a one-layer head on the target's own features)", "eagle"),
-    ("model:SmolLM2-135M-Instruct", "model:SmolLM2-135M-Instruct"),
-]
-ADAPTIVE_INFO = (
-    "Each pass drafts the depth between 1 and the slider's K that pays most on this machine (measured pass "
-    "costs and recent acceptance), or nothing where no depth is expected to pay (a plain pass; every 8th "
-    "drafts again to measure), and a model drafter stops guessing deeper when unsure; the text's "
-    "distribution stays the target's."
-)
-DRAFTER_INFO = (
-    "Who guesses ahead. ngram copies from the prompt: free, shines when the answer repeats it. suffix copies from "
-    "the prompt and from this session's earlier answers (ask a similar question twice). int8 is the target itself "
-    "with int8 weights: a near copy that runs the whole network per guess. q4 is the same with the target's own 4-bit "
-    "weights: a little over a quarter of the target's bytes per guess, so a guess costs a fraction of a pass; q4+ngram lets "
-    "n-gram propose q4's own guesses, which q4 checks several at a time. suffix/q4 picks, each pass, suffix's "
-    f"proposal (as deep as K) or q4's guesses (at most {HYBRID_DEPTH}), whichever this run has measured to give more "
-    "tokens per ms. eagle is a tiny trained head that reads "
-    "the target's own hidden states (a low, a middle and the last layer's) from the pass that just verified (no "
-    "extra target work) and runs one layer. model:<id> (type any Hub id) is a separate small model. What a guess "
-    "costs is c, in target passes: "
-)
-
-
-def drafter_info(engine=None) -> str:
-    """DRAFTER_INFO with c as measured: this server's runs so far, else the examples' recorded figures (with
-    their machine), never a fixed word like "cheap"."""
-    measured = engine.costs.drafter_costs() if engine is not None else {}
-    if measured:
-        costs = ", ".join(
-            f"{name} {m['c']:.2f} ({m['runs']} run{'s' if m['runs'] != 1 else ''})" for name, m in measured.items()
-        )
-        return DRAFTER_INFO + f"measured on this server so far ({DRAFT_COST_RATIO_MEANS}): {costs}."
-    recorded: dict[tuple, list[str]] = {}  # (cpu, date) -> "drafter c" recorded there: each figure says where
-    named: set[str] = set()
-    for example in load_examples():
-        m = example.get("measured") or {}
-        where = (m.get("cpu", "?"), m.get("recorded", "?"))
-        for drafter, block in (
-            (example.get("drafter"), m),
-            ((m.get("compare") or {}).get("drafter"), m.get("compare") or {}),
-        ):
-            if drafter and block.get("draft_cost_ratio") is not None and drafter not in named:
-                named.add(drafter)
-                recorded.setdefault(where, []).append(f"{drafter} {block['draft_cost_ratio']:.2f}")
-    if not recorded:
-        return DRAFTER_INFO + "measured by each run (the run card shows it)."
-    costs = "; ".join(f"{', '.join(items)} (recorded on {cpu}, {day})" for (cpu, day), items in recorded.items())
-    return DRAFTER_INFO + f"{costs}; runs here measure their own ({DRAFT_COST_RATIO_MEANS})."
 
 
 # --------------------------------------------------------------------------------------- outputs
@@ -463,10 +402,6 @@ def suggest_drafter(target: str):
     return gr.skip()
 
 
-def _target_choices() -> list[str]:
-    return [DEFAULT_MODEL] + [name for name in PRESETS if name != DEFAULT_MODEL]
-
-
 # ---------------------------------------------------------------------------------------- layout
 def _prompt_controls(c: dict, start: dict, init: dict) -> None:
     c["prompt"] = gr.Textbox(
@@ -485,27 +420,11 @@ def _prompt_controls(c: dict, start: dict, init: dict) -> None:
 # The run's sliders: key -> (minimum, maximum, step, the setting it shows in a recorded trace, default, label, info).
 DRAFTING_SLIDERS = {
     "k": (1, 16, 1, "k", 4, "K (draft depth)", "Tokens guessed ahead per target pass."),
-    "topk": (
-        1,
-        8,
-        1,
-        "topk",
-        1,
-        "Tree top-k",
-        "Alternatives per guess: 1 = a single chain, more = a tree of candidates.",
-    ),
+    "topk": (1, 8, 1, "topk", 1, "Tree top-k", "Alternatives per guess: 1 = a single chain, more = a tree."),
     "budget": (0, 128, 1, "num_draft_tokens", 0, "Tree budget", "Most draft tokens per pass; 0 = K × top-k."),
 }
 SAMPLING_SLIDERS = {
-    "temperature": (
-        0,
-        2,
-        0.05,
-        "temperature",
-        0.0,
-        "Temperature",
-        "0 = greedy (always the top token); higher = more random.",
-    ),
+    "temperature": (0, 2, 0.05, "temperature", 0.0, "Temperature", "0 = greedy (the top token); higher = more random."),
     "top_p": (
         0.05,
         1,
@@ -513,7 +432,7 @@ SAMPLING_SLIDERS = {
         "top_p",
         1.0,
         "Top-p",
-        "Sample only from the likeliest tokens covering this much probability; 1 = off.",
+        "Only the likeliest tokens covering this much probability; 1 = off.",
     ),
     "top_k": (0, 200, 1, "top_k", 0, "Top-k", "Sample only from the k likeliest; 0 = off."),
 }
@@ -523,13 +442,6 @@ def _sliders(c: dict, specs: dict, s: dict) -> None:
     """Sliders from their specs, each at the recorded trace's setting (`s`) or its default."""
     for key, (lo, hi, step, setting, default, label, info) in specs.items():
         c[key] = gr.Slider(lo, hi, s.get(setting, default), step=step, label=label, info=info)
-
-
-def drafter_choices() -> list[tuple[str, str]]:
-    """Our drafters, and the production engine when a vLLM server is configured (hidden otherwise)."""
-    if not config.VLLM_URL:
-        return DRAFTER_CHOICES
-    return DRAFTER_CHOICES + [(f"vllm: the production engine at {config.VLLM_URL} (its own speculation)", VLLM_DRAFTER)]
 
 
 def _drafting_controls(c: dict, start: dict, s: dict) -> None:
@@ -583,120 +495,6 @@ def _sampling_controls(c: dict, s: dict) -> None:
             info="Stop after this many tokens (or at the end of the answer).",
             elem_id="sl-max-new",
         )
-
-
-LAUNCH_ENGINES = [("vLLM", "vllm"), ("SGLang", "sglang"), ("llama.cpp", "llama.cpp"), ("transformers", "transformers")]
-
-
-def launch_view(engine_name, target, drafter, k, topk, budget, temperature, adaptive, verify="token"):
-    """The command that turns the current drafting on in a production engine (engine.tools.launch), as the
-    Command box's update, and its notes: what differs, or why there is no equivalent."""
-    command, language, notes = launch_text(engine_name, target, drafter, k, topk, budget, temperature, adaptive, verify)
-    return gr.Code(value=command, language=language), notes
-
-
-def launch_text(engine_name, target, drafter, k, topk, budget, temperature, adaptive, verify="token"):
-    """(command, its language, notes markdown) for launch_view; the command "" where there is none. Plain values:
-    a component made while the page is built would be placed on it (the panel showed a second, stale box)."""
-    from engine.tools.launch import launch_command
-
-    try:
-        result = launch_command(
-            engine_name or "vllm",
-            drafter if drafter != VLLM_DRAFTER else "none",
-            as_int(k, "K"),
-            as_int(topk, "tree topk"),
-            as_int(budget, "tree budget") or None,
-            target or DEFAULT_MODEL,
-            float(temperature or 0.0),
-            bool(adaptive),
-            verify or "token",
-        )
-    except (ValueError, gr.Error) as exc:
-        return "", "shell", f"*{exc}*"
-    language = "python" if result["engine"] == "transformers" else "shell"
-    notes = "\n".join(f"- {note}" for note in result["notes"])
-    return result["command"] or "", language, notes
-
-
-def _launch_controls(c: dict, start: dict, s: dict) -> None:
-    with gr.Accordion("Turn it on in your engine", open=False, elem_classes=["sl-settings"]):
-        c["launch_engine"] = gr.Radio(
-            LAUNCH_ENGINES,
-            value="vllm",
-            label="Production engine",
-            info="The command that gives it the drafting set above (SpecLens's own drafters where it has them).",
-        )
-        command, _, notes = launch_text(
-            "vllm",
-            DEFAULT_MODEL,
-            start.get("drafter") or "ngram",
-            s.get("k", 4),
-            s.get("topk", 1),
-            0,
-            s.get("temperature", 0.0),
-            False,
-        )
-        c["launch_code"] = gr.Code(value=command, language="shell", label="Command", elem_id="sl-launch", lines=3)
-        c["launch_notes"] = gr.Markdown(notes, elem_id="sl-launch-notes")
-
-
-def _kernel_note() -> str:
-    """Which of our CPU kernel variants computes the passes here, and why (or why none)."""
-    from engine.kernels import cpu_kernels
-
-    kernel = cpu_kernels.describe()
-    if kernel["variant"] is None:
-        return f"*CPU kernels: none here ({kernel['reason']}); torch's own ops compute the passes.*"
-    return f"*CPU kernels: **{kernel['variant']}**, {kernel['label']} ({kernel['reason']}).*"
-
-
-def memory_plan(target, drafter, dtype, k, topk, budget, max_new_tokens) -> str:
-    """What a run with these settings needs in memory (engine.model.memory_plan, sized before any load) against
-    what this machine has free; a plan that does not fit says so with the numbers."""
-    if drafter == VLLM_DRAFTER:
-        return "*The vLLM server holds its own model and caches: nothing is loaded here.*"
-    from engine.model.memory_plan import plan_memory
-
-    try:
-        config.check_model_allowed(target or "default")
-        plan = plan_memory(
-            target or "default",
-            (drafter or "none").strip(),
-            dtype=dtype or "auto",
-            device=zerogpu.app_device(),  # (on ZeroGPU the app's engine is the CPU one)
-            k=as_int(k, "K"),
-            topk=as_int(topk, "tree topk"),
-            num_draft_tokens=as_int(budget, "tree budget") or None,
-            max_new_tokens=as_int(max_new_tokens, "max_new_tokens"),
-            prompt_tokens=config.MAX_PROMPT_TOKENS,
-            concurrent_runs=config.MAX_CONCURRENT_RUNS,
-        )
-    except ValueError as exc:
-        return f"*Cannot plan: {exc}*"
-    verdict = "fits" if plan.fits else "**does not fit**: choose a smaller model, K or tree, or fewer concurrent runs"
-    return f"*Memory plan ({config.MAX_CONCURRENT_RUNS} concurrent runs, prompts up to {config.MAX_PROMPT_TOKENS} tokens): {plan.describe()}. It {verdict}.*"
-
-
-def _model_controls(c: dict) -> None:
-    with gr.Accordion("Model", open=False, elem_classes=["sl-settings"]):
-        c["target"] = gr.Dropdown(
-            choices=_target_choices(),
-            value=DEFAULT_MODEL,
-            label="Target model",
-            info="The model whose output you get. Only the default runs offline; the "
-            "others download from the Hugging Face Hub.",
-        )
-        c["dtype"] = gr.Radio(
-            list(DTYPES),
-            value="auto",
-            label="Precision (dtype)",
-            info="auto = bfloat16 where our CPU kernels (or a GPU) run, else float32. q4_1 = the default model's "
-            "own 4-bit GGUF blocks on our kernels: fewest bytes per token.",
-        )
-        gr.Markdown(_kernel_note(), elem_id="sl-kernel")
-        c["memory_btn"] = gr.Button("Check memory for these settings", size="sm", elem_id="sl-memory-btn")
-        c["memory"] = gr.Markdown("", elem_id="sl-memory")
 
 
 def _outputs(c: dict, init: dict, n_steps: int) -> None:
@@ -753,8 +551,8 @@ def layout(init: dict) -> dict:
                 _prompt_controls(c, start, init)
                 _drafting_controls(c, start, s)
                 _sampling_controls(c, s)
-                _model_controls(c)
-                _launch_controls(c, start, s)
+                run_panels.model_controls(c)
+                run_panels.launch_controls(c, start, s)
             with gr.Column(scale=9, min_width=420, elem_classes=["sl-outputs"]):
                 _outputs(c, init, len(step_events(trace)) or 1)
     return c
@@ -792,20 +590,4 @@ def wire(c: dict, st_source: gr.Radio) -> None:
         **PRIVATE,
     )
     c["target"].input(suggest_drafter, [c["target"]], [c["drafter"]], show_progress="hidden", queue=False, **PRIVATE)
-    plan_inputs = [c[key] for key in ("target", "drafter", "dtype", "k", "topk", "budget", "max_new")]
-    c["memory_btn"].click(memory_plan, plan_inputs, [c["memory"]], show_progress="hidden", **PRIVATE)
-    # The launch command follows the drafting controls (and the engine chosen), computed here, no model needed.
-    launch_inputs = [c[key] for key in ("launch_engine", "target", "drafter", "k", "topk", "budget", "temperature")]
-    launch_inputs += [c["adaptive"], c["verify"]]
-    gr.on(
-        [
-            c[key].change
-            for key in ("launch_engine", "drafter", "k", "topk", "budget", "temperature", "adaptive", "verify")
-        ],
-        launch_view,
-        launch_inputs,
-        [c["launch_code"], c["launch_notes"]],
-        show_progress="hidden",
-        queue=False,
-        **PRIVATE,
-    )
+    run_panels.wire(c)

@@ -20,6 +20,7 @@ from visuals.lab_figures import race_figure
 
 from .. import render
 from ..config import MAX_NEW_TOKENS
+from ..drafter_help import DRAFTER_CHOICES, drafter_info
 from ..engine_access import builds_on_first_use, get_engine, is_loaded, make_settings, start_generation, use_drafter
 from ..examples import example_dropdown, example_values, load_examples
 from ..inputs import random_seed
@@ -27,7 +28,6 @@ from ..stopping import stop_requested
 from ..traces import load_recorded
 from ..wiring import PRIVATE, end_run, pack, run_stop_buttons, wire_run_and_stop
 from ..zerogpu import measured_on
-from .playground import DRAFTER_CHOICES, drafter_info
 
 __all__ = [
     "RACE_KEYS",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ..examples import EXAMPLE_DEFAULTS, EXAMPLE_SETTINGS, example_note, example_values, load_examples
+from ..labs import lossless, shortcuts
 from ..wiring import PRIVATE, pack
 from .playground import PLAY_INPUTS, loaded_outputs
 from .race import RACE_CLEARED, RACE_INPUTS, cleared_race, race_example_values
@@ -21,15 +22,9 @@ from .step_through import STEP_KEYS, load_step_source
 
 __all__ = ["STEPS", "layout", "load_step", "step_values", "wire"]
 
-# Step 4's duration with the Lossless lab's defaults (3 samplers × 300 real passes of the default model,
-# bfloat16), measured 2026-12-02 on a handler thread as the app runs it: 36 s on a quiet 2-core Xeon with
-# AMX-BF16 (62 s before the kernels stopped opening a parallel region per product: csrc/task_pool.h);
-# 448 s on a teacher's 2-core machine whose cores other work held (2026-12-01).
-LOSSLESS_TIME = "36 s measured 2026-12-02 on a quiet 2-core Xeon, up to 7 ½ minutes when other work held the cores"
-# Step 5's duration with the Shortcuts lab's defaults (8 rules × 600 real samples of the first two tokens,
-# bfloat16), measured 2026-12-04 on a 2-core AMD EPYC (Zen 4, AVX512-BF16) other sessions shared: 128 s for
-# each of two seeds (the sum of its rows, run as the lab runs them: engine.tools.shortcuts.run_rule).
-SHORTCUTS_TIME = "about 2 minutes measured 2026-12-04 on a 2-core AMD EPYC, longer when other work holds the cores"
+# Steps 4 and 5 promise the labs' own recorded durations (with their machine and date), as the labs show them.
+LOSSLESS_TIME = lossless.RECORDED_TIME
+SHORTCUTS_TIME = shortcuts.RECORDED_TIME
 
 
 def _recorded(lesson: str) -> str:
