@@ -54,9 +54,9 @@ Q_FLOOR = 1e-30
 
 def argmax_index(x: torch.Tensor) -> int:
     """The index of a vector's maximum, the first one on a tie (NaN counts as the maximum): torch's argmax rule,
-    the greedy choice everywhere. On a CPU float vector numpy's argmax (the same rule) takes ~5 us over a
-    49152-token vocabulary against torch's ~40 us (its topk ~80), measured on 2 Zen 4 cores; a greedy pass of
-    K = 6 makes ~13 of these choices."""
+    the greedy choice everywhere. On a CPU float vector it asks numpy's argmax (the same rule), which is several
+    times quicker than torch's over a vocabulary, and a greedy pass makes about two of these choices per drafted
+    token (figures: docs/bench/2026-12-07-notes-from-engine.md)."""
     if x.device.type == "cpu" and x.dim() == 1 and x.dtype in (torch.float32, torch.float64):
         return int(np.argmax(x.numpy()))
     return int(x.argmax())

@@ -138,16 +138,14 @@ class StepResult:
 def freeze_heap() -> None:
     """Set every object alive now aside from the garbage collector's full collections (gc.freeze, after one).
 
-    Why: a process with a loaded engine holds ~310,000 objects the collector tracks (torch, transformers, the
-    tokenizer, Gradio in the app), and CPython's full collection walks every one of them: the first after a load
-    took 147 ms, those during decoding 17-19 ms each, 6 (baseline) to 10 (q4) in 21 s of chat answers on a
-    2-core EPYC, each a stall inside whichever run (or, in the app, every session's stream) it landed in: 0.5-0.9%
-    of the time, 0.05-0.11% with the heap set aside (gc.callbacks, the young generations left). Frozen objects
-    are never walked again, nor freed while frozen: so each call first thaws the last call's (gc.unfreeze), and
-    the full collection between frees what has become garbage since, an engine dropped for another among it.
-    At exit the heap is thawed again (_thaw_at_exit), so that the interpreter's last collection sees it: frozen,
-    triton's objects outlived it and nanobind reported them on stderr as leaks (4 instances, 64 types, 514
-    functions), under every command's own output."""
+    Why: a process with a loaded engine holds hundreds of thousands of objects the collector tracks (torch,
+    transformers, the tokenizer, Gradio in the app), and CPython's full collection walks every one of them, a
+    stall inside whichever run (or, in the app, every session's stream) it lands in. Frozen objects are never
+    walked again, nor freed while frozen: so each call first thaws the last call's (gc.unfreeze), and the full
+    collection between frees what has become garbage since, an engine dropped for another among it. At exit the
+    heap is thawed again (_thaw_at_exit), so that the interpreter's last collection sees it: left frozen,
+    triton's objects outlive it and nanobind reports them on stderr as leaks under every command's own output
+    (figures: docs/bench/2026-12-07-notes-from-engine.md)."""
     _thaw_at_exit()
     gc.unfreeze()
     gc.collect()
@@ -355,7 +353,7 @@ class SpeculativeEngine:
 
     def _run(self, prompt, prompt_ids, drafter: Drafter, settings, params, shape, seed) -> Iterator[dict]:
         max_new = min(settings.max_new_tokens, self.target.context_window - len(prompt_ids))
-        # Measured before the run's clock starts (the first adaptive run on an engine, ~1 s).
+        # Measured before the run's clock starts (the first adaptive run on an engine times its target passes).
         adaptive, pass_ms = self.adaptive_policy(
             settings, shape, drafter, self.run_slots(len(prompt_ids), max_new, shape)[1]
         )

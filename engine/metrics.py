@@ -435,10 +435,9 @@ def measured_speedup(baseline: dict, run: dict) -> float | None:
 # Speedups compared on a busy machine: a verdict only when the spread excludes 1.
 COMPARE_LEVEL = 0.1  # the interval of the median ratio covers it with probability >= 1 - COMPARE_LEVEL
 MIN_PAIRS = 5  # fewer alternating pairs give no interval at that level (0.5^4 * 2 = 0.125 > 0.1)
-# A difference smaller than this is called neither way, however tight its interval: on a shared 2-core
-# machine a few percent come and go with the other work (on the AVX2 proxy with both cores busy, the no-gain
-# example's five pairs all measured 1.00-1.07x: an interval above 1 that says nothing a user should act on).
-MIN_EFFECT = 0.05
+# A difference smaller than this is called neither way, however tight its interval: on a shared small machine a
+# few percent come and go with the other work, and an interval just above 1 says nothing a user should act on.
+MIN_EFFECT = 0.05  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
 
 
 def median(values: list[float]) -> float:
@@ -567,14 +566,13 @@ def fastest(comparisons: dict[str, dict]) -> dict:
 
 # A machine is called busy when its baseline passes ran this much slower than they can: the slowest
 # baseline run of the comparison against the quickest one, or the median against the quickest pass the
-# process has measured (on this 2-core host a quiet float32 pass of the default model is ~60 ms; with two
-# other processes spinning, 1.3-2x that, and run to run by 10-30%).
-BUSY_SLOWDOWN = 1.25
+# process has measured.
+BUSY_SLOWDOWN = 1.25  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
 
 
-# ... or when the runs got less than this share of the cores they asked for (finish metrics' "cpu_share":
-# 0.99 on this quiet 2-core host, 0.50 with two other processes spinning).
-BUSY_CPU_SHARE = 0.75
+# ... or when the runs got less than this share of the cores they asked for (finish metrics' "cpu_share": near
+# 1 on a quiet machine, near 0.5 with as many other processes spinning as there are cores).
+BUSY_CPU_SHARE = 0.75  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
 
 
 def busy_machine(baselines: list[dict], quickest_pass_ms: float | None = None) -> dict:
@@ -617,8 +615,8 @@ def speedup_ceiling(baseline: dict, run: dict) -> float | None:
 
 def cpu_share(cpu_s: float, wall_s: float, threads: int) -> float | None:
     """The share of the cores a run asked for (its threads) that its process got: CPU seconds ÷ (wall seconds ×
-    threads), at most 1. ~1 on a quiet machine, ~0.5 on 2 cores while two other processes run (measured on a
-    2-core host); other runs in the same process count as its own. None without a wall time."""
+    threads), at most 1. ~1 on a quiet machine, ~0.5 on 2 cores while two other processes run; other runs in the
+    same process count as its own. None without a wall time."""
     if wall_s <= 0 or threads < 1:
         return None
     return round(min(1.0, cpu_s / (wall_s * threads)), 3)

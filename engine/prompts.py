@@ -8,8 +8,7 @@ Encoding holds one lock (``_ENCODE_LOCK``). A fast tokenizer keeps "split specia
 Rust object and sets it on each call before encoding (transformers 5.25, ``_encode_plus``: set, then encode,
 unlocked); two sessions encoding at once could each encode with the other's flag: the chat template's markers
 split into text (another answer than the run alone gives) or, worse, a visitor's spelling of a marker made a
-control token. Measured here before the lock, two threads encoding for 5 s with Python switching threads every
-microsecond: 130 chat prompts without their markers and 24 visitor texts with real ones.
+control token. Both happened without the lock (docs/bench/2026-12-07-notes-from-engine.md).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ E ~ Exp(1) per entry is drawn from w / sum(w) (``engine.kernels.batched_verifier
 docstring has the proof), so it needs no host synchronisation, no normalisation and
 no summation order, and the top n of one race are n draws without replacement. On
 the CPU, where reading a number back costs nothing, a draw is the inverse CDF with
-one float64 uniform: the same law, and cheaper there (0.06 ms against 0.38 ms for a
-race over V = 49152 on 2 cores, measured). The exponentials are computed from float64
+one float64 uniform: the same law, and cheaper there than a race over the vocabulary
+(docs/bench/2026-12-07-notes-from-engine.md). The exponentials are computed from float64
 uniforms (E = -log(1 - U)) and rounded to float32: an entry's E is never 0 unless U
 is (2^-53), where float32 uniforms would give E = 0, an entry that always wins, to
 one entry in 2^24.
@@ -194,9 +194,9 @@ def sample_without_replacement(probs: torch.Tensor, n: int, generator: torch.Gen
     order is distributed exactly so (the race is memoryless)."""
     if probs.device.type == "cpu" and n == 1:
         # A chain's one draw: the inverse CDF on the weights as they are (it scales u by their total), without
-        # the copy, the support count and the renormalisation of the loop below: 0.16 against 0.25 ms per
-        # draft over 49152 tokens (2-core EPYC). Each draw differs from the loop's only where u · total lands
-        # within rounding of a CDF step (none in 20000 seeded draws, measured).
+        # the copy, the support count and the renormalisation of the loop below, which cost more than the draw
+        # itself. Each draw differs from the loop's only where u · total lands within rounding of a CDF step
+        # (figures for both: docs/bench/2026-12-07-notes-from-engine.md).
         cdf = torch.cumsum(probs, dim=0, dtype=torch.float64)  # [V]
         total = cdf[-1].item()
         return [_search_cdf(probs, cdf, total, generator)] if total > 0 else []

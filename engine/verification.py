@@ -115,9 +115,9 @@ def top_entries(probs: torch.Tensor) -> Top:
 
 def top_entries_of(rows: list[torch.Tensor]) -> list[Top]:
     """``top_entries`` of each [V] row, the lower token id first among equal probabilities. Float32 CPU vectors
-    of one length go to the CPU kernels' top_rows in one call (~13 us a row over 49152 tokens, against ~90 us
-    for torch.topk: a pass lists ~12 rows); others (rows of other lengths, other devices or dtypes, hosts
-    without the kernels) to torch.topk, row by row."""
+    of one length go to the CPU kernels' top_rows in one call, several times quicker a row than torch.topk (a
+    pass lists about two rows per drafted token; docs/bench/2026-12-07-notes-from-engine.md); others (rows of
+    other lengths, other devices or dtypes, hosts without the kernels) to torch.topk, row by row."""
     same = all(r.device.type == "cpu" and r.dtype == torch.float32 and r.shape == rows[0].shape for r in rows)
     if rows and same and rows[0].dim() == 1 and cpu_kernels.available():
         tops = []

@@ -1,71 +1,41 @@
 """Drafting that adapts: how deep each pass drafts, from measured costs, recent acceptance and the drafter's confidence.
 
-Two decisions, both made before the target pass that verifies the draft:
+Three decisions, all made before the target pass that verifies the draft:
 
-* **K per pass** (``AdaptiveDepth``), chosen for speed from measurements. The engine measures, once
-  per loaded model, what a target pass of w tokens costs on this machine (``pass_ms``: it is not
-  linear; on a CPU a pass is memory bound up to a few tokens, then compute bound), and the run
-  measures its drafter's cost by drafted depth and its acceptance rate alpha (each drafted token's
-  chance of surviving, given its parent did: accepted / tested over recent passes, recency-weighted
-  by ``RECENCY`` per pass, so a code edit's copy phases and its novel lines each get their own K).
-  Then K = argmax over k of (1 + alpha + ... + alpha^k) / (draft_ms(k) + pass_cost(width(k))):
-  expected tokens per pass over the time a step of depth k takes (width(k): the pending token plus
-  the nodes of a depth-k draft; pass_cost(w): what the run's own verifications of w-token passes took,
-  pass, verification and bookkeeping, and for a width it has not run the calibrated pass_ms[w] plus the
-  step's overhead beyond the pass, bounded by the widths around it: ``AdaptiveDepth.pass_cost``). The
-  calibration alone steered every run of an engine: one slow moment in it made runs draft 3-4 levels
-  where 6 paid.
-  draft_ms(k) = first + (k - 1) * deeper: a model drafter's first level also feeds it the tokens
-  the last pass committed (a pass of several tokens), each deeper level is one small pass. The two
-  are fitted by recency-weighted least squares over the depths the run drafted; while it has drafted
-  one depth only, draft_ms(k) is proportional to k. (Proportional throughout, the int8 drafter at
-  K = 3 made K = 1 look cheaper than it is, and once there made K = 3 look dearer: some runs stayed
-  at K = 1, 0.91-0.94x the fixed K = 3 on the AVX2 proxy.)
-  With cheap wide passes and good guesses K goes deep; where every extra row costs a lot or guesses
-  fail, it stays short (n-gram, simulated over the workloads' recorded outputs with the AVX2 host's
-  measured pass costs: chat 1.17x instead of 0.98x the baseline for a fixed K = 15, code edits
-  2.24x instead of 2.08x, summaries 1.54x instead of 1.46x; measured runs: docs/bench). Without pass costs (a policy
-  built by hand) K follows transformers' "heuristic" schedule: after a pass accepted to its last
-  depth K += 2, after any rejection K -= 1. K stays in [1, settings.k] while it drafts: settings.k is the maximum,
-  so the target pass width and the cache sizes computed from the run's TreeShape at the start still
-  bound every pass.
-  Where no depth is expected to beat a plain pass (1 token over pass_cost(1): what the run's plain passes
-  took, before any ran the calibrated one-token pass plus the step's overhead), K = 0: the pass drafts nothing and the drafter is not asked (``Drafter.skipped``; a
-  model drafter catches up on the committed tokens at its next draft, EAGLE keeps the plain passes'
-  features). After PROBE_EVERY plain passes in a row the run drafts again, a probe, with its timing
-  record started afresh from the plain passes' (``AdaptiveDepth._probe``), so that a text that starts to
-  copy, or a machine that frees up, is noticed, and a slow moment early in a run does not hold it to plain
-  passes. Measured with the
-  EAGLE head on 9 chat prompts (greedy, K <= 4, one process, alternating with the baseline): 0.93x the
-  baseline with plain passes (two passes in three plain) against 0.915x drafting every pass; its plain
-  passes still compute the target features the head needs later, and q4 and int8 never chose one there.
-* **Depth within a pass** (``TreeShape.min_confidence``, applied in ``ModelDrafter.propose``): a model
-  drafter stops expanding deeper when the best node it would expand next has a cumulative confidence
-  (the product along its path) below the threshold, EAGLE-2's and llama.cpp's ``--draft-p-min`` rule:
-  that product is the path's chance of surviving verification, so drafting under it mostly buys
-  rejected rows. An n-gram draft (a point mass, no confidence) stops where its lookup found no
-  (longer) continuation, as it always did.
-* **Calibrated confidence** (``AdaptiveDepth.calibration``): a token's confidence is the acceptance
-  rate measured in this run for drafts of similar q (per tenth of q), pulled towards the run's
-  acceptance over all drafts where a tenth has few (a prior worth CALIBRATION_PRIOR drafts), and
-  that towards 1 before anything was verified: a run starts drafting to K, as a fixed one does, and
-  stops early only once its own record says deep drafts fail. q alone misjudges some drafters: under greedy
-  verification a draft survives when it is the target's argmax, and the int8 self-drafter's argmax
-  is the target's ~95 % of the time even where its q is 0.3 (measured: with raw q the stop cut its
-  chains from 3.8 to 3.1 tokens per pass on chat, 0.90x the speed of not adapting on summarize).
-  The rates come from verifications already done.
+* **K per pass** (``AdaptiveDepth``), chosen for speed. The engine measures once per loaded model what a target
+  pass of w tokens costs here (``pass_ms``: not linear; on a CPU a pass is memory bound up to a few tokens, then
+  compute bound); the run measures its drafter's cost by depth and its acceptance rate alpha (each drafted token's
+  chance of surviving given its parent did, recency-weighted by ``RECENCY`` per pass, so a code edit's copy phases
+  and its novel lines each get their own K). Then K = argmax over k of (1 + alpha + ... + alpha^k) /
+  (draft_ms(k) + pass_cost(width(k))): expected tokens per pass over the time a step of depth k takes. pass_cost(w)
+  is what the run's own verifications of w-token passes took, and for a width it has not run the calibrated
+  pass_ms[w] plus the step's overhead, bounded by the widths around it (``AdaptiveDepth.pass_cost``), so that one
+  slow moment in the calibration does not steer every run. draft_ms(k) = first + (k - 1) * deeper (a model
+  drafter's first level also feeds it the last pass's committed tokens), fitted by recency-weighted least squares
+  over the depths drafted; with one depth only, proportional to k. Without pass costs (a policy built by hand) K
+  follows transformers' "heuristic" schedule: K += 2 after a fully accepted pass, K -= 1 after a rejection. K
+  stays in [1, settings.k] while it drafts, so the pass width and cache sizes fixed at the start still bound it.
+  Where no depth is expected to beat a plain pass, K = 0: the drafter is not asked (``Drafter.skipped``; a model
+  drafter catches up at its next draft, EAGLE keeps the plain passes' features). After PROBE_EVERY plain passes in
+  a row the run drafts again, a probe with its timing record started afresh (``AdaptiveDepth._probe``), so that a
+  text that starts to copy, or a machine that frees up, is noticed.
+* **Depth within a pass** (``TreeShape.min_confidence``, applied in ``ModelDrafter.propose``): a model drafter
+  stops expanding when the best node it would expand next has a cumulative confidence (the product along its
+  path) below the threshold, EAGLE-2's and llama.cpp's ``--draft-p-min`` rule: that product is the path's chance
+  of surviving verification. An n-gram draft (a point mass) stops where its lookup finds no longer continuation.
+* **Calibrated confidence** (``AdaptiveDepth.calibration``): a token's confidence is the acceptance rate measured
+  in this run for drafts of similar q (per tenth of q), pulled towards the run's overall acceptance where a tenth
+  has few (a prior worth CALIBRATION_PRIOR drafts), and that towards 1 before anything is verified. q alone
+  misjudges some drafters: under greedy verification the int8 self-drafter's argmax is usually the target's even
+  where its q is low. Figures behind these choices: docs/bench/2026-12-07-notes-from-engine.md.
 
-Why the output is still exactly the target's distribution: a plain pass is the baseline's step (the target's
-one-token pass, its token drawn from p). Every decision reads only the drafter's
-side (its q of tokens already drafted), the outcomes of passes already verified and timings; none
-looks at the target's p for the draft being built. So the tree handed to verification is, as before, a
-function of the drafter's draws and the past, each sibling list is still a complete draw from q (the
-confidence stop decides whether a whole level gets children, never which siblings survive), and every
-drafted token is verified by the one rule of ``engine.acceptance`` (accept with min(1, p/q), else
-draw from the residual, or a bonus token from p where the draft ends). That rule emits each token
-with probability p(token | prefix) whatever the tree is (its docstring has the proof), so a tree whose
-depth was chosen this way changes how many tokens a pass yields, not which tokens are likely.
-Greedy decoding likewise emits the target's argmax path for any tree: the output ids are identical.
+Why the output is still exactly the target's distribution: a plain pass is the baseline's step. Every decision
+reads only the drafter's side (its q of tokens already drafted), outcomes of passes already verified and timings;
+none looks at the target's p for the draft being built. Each sibling list is still a complete draw from q (the
+confidence stop decides whether a whole level gets children, never which siblings survive), and every drafted
+token is verified by the one rule of ``engine.acceptance``, which emits each token with probability
+p(token | prefix) whatever the tree is. So the chosen depth changes how many tokens a pass yields, not which
+tokens are likely; greedy decoding emits the target's argmax path for any tree: the output ids are identical.
 """
 
 from __future__ import annotations
@@ -79,11 +49,9 @@ __all__ = ["AdaptiveDepth", "GROW", "SHRINK", "STOP_REASONS", "check_min_confide
 
 GROW = 2  # K += GROW after a pass that accepted everything drafted (transformers' heuristic)
 SHRINK = 1  # K -= SHRINK after any other pass that drafted something
-# The cost-aware K: earlier passes' evidence is weighted by RECENCY per pass (0.9: the last ~10
-# passes count). For n-gram drafts, simulated on the workloads' recorded outputs, 0.3-1.0 all gave
-# within 2 % of each other; for the int8 drafter (alpha ~0.96, K = 2 and 3 within 3 % of each other
-# in expected speed) 0.7 let one rejection pull K down for a few passes: 0.96x the fixed K = 3.
-RECENCY = 0.9
+# The cost-aware K: earlier passes' evidence is weighted by RECENCY per pass (0.9: the last ~10 passes count);
+# lower values let one rejection pull a drafter whose depths are close in expected speed down for a few passes.
+RECENCY = 0.9  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
 # A timing record (a drafted depth's draft ms, a pass width's verify ms) weighs RECENCY less each pass; one not
 # renewed for STALE_AFTER passes is forgotten: a slow moment of the machine early in a run (whose depth or width the
 # run then avoided, and so never measured again) does not price that depth or width for the rest of the run.
@@ -167,9 +135,9 @@ class AdaptiveDepth:
         self.passes = 0  # passes the cost-aware policy has seen (the timing records' clock)
         self._draft_line = (0.0, 0.0)  # (first, deeper) ms, refitted after each timed draft
         # What the run's own verifications cost (``pass_cost``): per pass width w, [recency weight, recency-weighted
-        # mean verify_ms, last renewed] of the passes of that width it ran (a plain pass is width 1), and, for the widths it did
-        # not run, the recency-weighted ms a step spent beyond the calibrated pass (verification, cache
-        # bookkeeping, events; never below 0).
+        # mean verify_ms, last renewed] of the passes of that width it ran (a plain pass is width 1), and, for the
+        # widths it did not run, the recency-weighted ms a step spent beyond the calibrated pass (verification,
+        # cache bookkeeping, events; never below 0).
         self.verify_by_width: dict[int, list[float]] = {}
         self.step_overhead_ms = 0.0
         self.overheads_seen = 0
@@ -229,12 +197,12 @@ class AdaptiveDepth:
         width it ran, else the calibrated pass_ms of the width plus the step's overhead (step_overhead_ms), never
         above the run's own mean at a wider width nor below it at a narrower one.
 
-        Why the run's own record: the calibration is one measurement per loaded model on a shared machine; one
-        slow moment in it priced a 7-token pass of the AVX2 proxy at 19.8 ms where the runs' took ~12, and the
-        policy drafted 3-4 levels instead of 6 (1.16x against the fixed K = 6's 1.37x). A width the run ran is
-        priced by what it cost there. A width it did not run keeps its calibrated price, bounded by the widths
-        around it: a calibration that overstated one width says nothing about the others (moved by the
-        difference seen at 7 tokens, a one-token pass looked half its cost and the run made plain passes)."""
+        Why the run's own record: the calibration is one measurement per loaded model on a shared machine, and one
+        slow moment in it would price a width far above what the run's passes take and hold the policy to shallow
+        drafts (docs/bench/2026-12-07-notes-from-engine.md). A width the run ran is priced by what it cost there. A
+        width it did not run keeps its calibrated price, bounded by the widths around it: a calibration that
+        overstated one width says nothing about the others (shifting every width by the difference seen at one
+        would make a one-token pass look cheaper than it is, and the run make plain passes)."""
         seen = self.verify_by_width
         if width in seen:
             return seen[width][1]
@@ -333,9 +301,9 @@ class AdaptiveDepth:
         tested = min(drafted_depth, accepted_len + 1)
         self.alpha_accepted = RECENCY * self.alpha_accepted + accepted_len
         self.alpha_tested = RECENCY * self.alpha_tested + tested
-        # The run's first draft also catches a model drafter up on the whole prompt (its prefill,
-        # 160 ms for the int8 drafter on a code edit against ~6 ms per level after): a one-off, so
-        # its time is not a level's cost (counted, it held the int8 drafter at K = 1 for dozens of passes).
+        # The run's first draft also catches a model drafter up on the whole prompt (its prefill, many times
+        # a level's cost): a one-off, so its time is not a level's cost (counted, it would hold a drafter at
+        # K = 1 for dozens of passes; docs/bench/2026-12-07-notes-from-engine.md).
         # A probe's draft likewise catches it up on the plain passes' tokens.
         if draft_ms is not None and self._timed_draft:
             self._renew(self.draft_by_depth, drafted_depth, max(0.0, float(draft_ms)))

@@ -4,9 +4,8 @@ A drafter ``propose``s a draft tree for the current context and is told
 afterwards which path the target kept (``accept``), so it can roll back its own state
 (a model drafter's KV cache) and learn. What it needs from the loop besides (the
 target's features, a runner for its own model) it declares once in ``needs``. A chain of K tokens is the
-tree with one child per node. The drafters themselves: ``ngram`` (prompt lookup),
-``model`` (``model:<id>`` and ``int8``), ``eagle`` (a learned head); ``adaptive``
-chooses each pass's K; ``none`` is ``NoDrafter`` below.
+tree with one child per node. The drafters themselves are built by name in ``engine.drafters.registry``
+(``DRAFTER_SPECS`` names every form); ``none`` is ``NoDrafter`` below.
 
 Tree shape (SGLang's knobs): ``k`` = depth (SGLang's steps), ``topk`` = children per expanded
 node and nodes expanded per depth, ``num_draft_tokens`` = total draft tokens kept.
@@ -234,8 +233,8 @@ class Drafter:
     ) -> None:
         """A new sequence: room for `capacity` tokens of context plus drafts in the drafter's own state.
         runner: a fixed-shape runner of ``needs.model`` (``engine.model.static_pass.StaticPasses``) held for
-        this run, the drafter's to release at ``close``, or None; features: with ``needs.target_features``, the target's rows
-        [len(prompt_ids) - 1, E] of the prompt's positions but the pending one; target_cache: with
+        this run, the drafter's to release at ``close``, or None; features: with ``needs.target_features``, the
+        target's rows [len(prompt_ids) - 1, E] of the prompt's positions but the pending one; target_cache: with
         ``needs.target_kv``, the target's KV cache for this run (read only; its first ``length`` slots are the
         committed positions but the pending one, whenever ``propose`` is called)."""
 

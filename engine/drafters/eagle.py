@@ -1,10 +1,9 @@
 """The EAGLE-style drafter: a one-layer head that reads the target's own features.
 
-A drafter model guesses badly when it is small and costs almost a target pass
-when it is not. EAGLE's way out: the target already computed, in the pass that
-just verified the last draft, a last-layer hidden state h_t for every committed
-position; h_t holds almost everything the target knows about the next token. A
-head that reads h_t can be tiny and still guess well.
+A drafter model guesses badly when it is small and costs almost a target pass when it is not. EAGLE's way out: the
+target already computed, in the pass that just verified the last draft, a last-layer hidden state h_t for every
+committed position; h_t holds almost everything the target knows about the next token. A head that reads h_t can be
+tiny and still guess well.
 
 The head (our own design in the EAGLE-1/3 line, trained by ``engine.training.train_head``):
 
@@ -13,33 +12,28 @@ The head (our own design in the EAGLE-1/3 line, trained by ``engine.training.tra
     y_j         = one decoder layer of the target's shape over fused_0..j (causal, its own KV cache)
     q(x_{j+2})  = softmax(lm_head_r · RMSNorm_target(y_j))       over the reduced vocabulary
 
-y_j is trained to equal h_{j+1} (feature regression) and q to match the target's
-p (cross-entropy), so drafting deeper feeds the head its own y as the next
-feature: depth d pairs (y of the parent node, the parent's drafted token).
+y_j is trained to equal h_{j+1} (feature regression) and q to match the target's p (cross-entropy), so drafting
+deeper feeds the head its own y as the next feature: depth d pairs (y of the parent node, the parent's drafted
+token).
 
-A head may read a mix of target layers instead of the last alone (EAGLE-3's fused
-features; ``train-head --feature-layers 1,14,29``, head format 2): the last layer's
-rows are tuned to predict the next token, earlier layers keep more of what comes
-after it. Then h_j = fc · [RMSNorm(l_j) for each layer l read]  ([layers E] -> [E]),
-computed once when the rows are handed over; the target pass returns those layers'
-outputs side by side (``Transformer.run_pass(feature_layers=...)``: the layer stack
-split after each, the same bits).
+A head may read a mix of target layers instead of the last alone (EAGLE-3's fused features; ``train-head
+--feature-layers 1,14,29``, head format 2): the last layer's rows are tuned to predict the next token, earlier
+layers keep more of what comes after it. Then h_j = fc · [RMSNorm(l_j) for each layer l read] ([layers E] -> [E]),
+computed once when the rows are handed over; the target pass returns those layers' outputs side by side
+(``Transformer.run_pass(feature_layers=...)``: the layer stack split after each, the same bits).
 
-- Embedding, final norm and lm_head rows are the target's, frozen and not
-  shipped; the head file holds the fusion, the feature norm, the decoder layer
-  (~4 M parameters for SmolLM2-135M; ~5 M with the layer-mixing fc) and the reduced vocabulary: the N most
-  frequent tokens of the training data. q is 0 outside it, which exact
-  verification handles like any other q (a token q cannot draft is still
-  produced by the target through the residual).
-- q gets the run's own temperature / top-k / top-p on the full vocabulary
-  (logits of the tokens outside the reduced set are -inf): the same filters as p.
-- The head's KV cache holds only pairs with real target features. Speculative
-  slots (pairs with the head's own y) are dropped after each verification and
-  the accepted tokens are fed again with the target's real features, which the
-  decode loop hands over (``Verified.features``) from the pass it just ran.
+- Embedding, final norm and lm_head rows are the target's, frozen and not shipped; the head file holds the fusion,
+  the feature norm, the decoder layer (~4 M parameters for SmolLM2-135M; ~5 M with the layer-mixing fc) and the
+  reduced vocabulary: the N most frequent tokens of the training data. q is 0 outside it, which exact verification
+  handles like any other q (a token q cannot draft is still produced by the target through the residual).
+- q gets the run's own temperature / top-k / top-p on the full vocabulary (logits of the tokens outside the reduced
+  set are -inf): the same filters as p.
+- The head's KV cache holds only pairs with real target features. Speculative slots (pairs with the head's own y)
+  are dropped after each verification and the accepted tokens are fed again with the target's real features, which
+  the decode loop hands over (``Verified.features``) from the pass it just ran.
 
-Cost: one decoder layer of 30 plus an lm_head of N of V rows: for SmolLM2-135M
-with N = 8192 about 7% of a target pass's weight bytes per draft token.
+Cost: one decoder layer of 30 plus an lm_head of N of V rows: for SmolLM2-135M with N = 8192 about 7% of a target
+pass's weight bytes per draft token.
 """
 
 from __future__ import annotations

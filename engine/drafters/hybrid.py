@@ -1,54 +1,42 @@
 """The hybrid drafter, ``COPY/MODEL[:DEPTH]`` (``suffix/q4``, ``ngram/q4``, ``suffix/int8:3``): each pass, the
-copying drafter's proposal or the model drafter's chain, whichever this run has measured to give more tokens
-per ms; where copying pays but has no match, the model bridges the gap and the copying drafter continues.
+copying drafter's proposal or the model drafter's chain, whichever this run has measured to give more tokens per
+ms; where copying pays but has no match, the model bridges the gap and the copying drafter continues.
 
-Why: a copying drafter (n-gram, suffix) costs nothing, and where the answer copies the prompt or an earlier
-answer it proposes long runs that the target keeps (a code edit, a summary's phrases); on open chat its rare
-proposals are short and mostly rejected, and a model drafter (q4) pays there instead. One answer moves
-between the two (a summary copies a phrase, then writes its own words; a code edit changes a token, then
-copies a line). SuffixDecoding (Oliaro et al., arXiv 2411.04975) runs suffix speculation where it scores well
-and a model drafter elsewhere; vLLM's Arctic Inference ships that hybrid. Which side pays differs by text and
-by host (measured on the workloads: docs/bench/2026-12-06-hybrid.md), so the pick is made from the run's own
-measurements, not from a fixed rule.
+Why: a copying drafter (n-gram, suffix) costs nothing, and where the answer copies the prompt or an earlier answer
+it proposes long runs that the target keeps; on open chat its rare proposals are short and mostly rejected, and a
+model drafter (q4) pays there instead. One answer moves between the two (a summary copies a phrase, then writes its
+own words). SuffixDecoding (Oliaro et al., arXiv 2411.04975) runs suffix speculation where it scores well and a
+model drafter elsewhere; vLLM's Arctic Inference ships that hybrid. Which side pays differs by text and by host
+(docs/bench/2026-12-06-hybrid.md), so the pick is made from the run's own measurements, not from a fixed rule.
 
 The pick, once per pass, here (recorded in the step event's ``draft.hybrid``)::
 
     proposal   the copying drafter's tree for this context (its own rules decide its length; empty: no match)
-    speed      per side, tokens committed per pass over ms per pass, each a recency-weighted mean
-               (HYBRID_RECENCY per pass; the copying side's tokens start from one, COPY_PRIOR_TOKENS); ms from
-               propose to accept (drafting, the target's pass, the walk):
+    speed      per side, tokens committed per pass over ms per pass (propose to accept), recency-weighted
+               (HYBRID_RECENCY per pass; the copying side's tokens start from one, COPY_PRIOR_TOKENS):
                  model  its own chains
-                 copy   its own passes and its bridges; and on each pass the model drafted, what the copying
-                        proposal would have committed: its tokens that match the committed ones, plus the
-                        target's own token after them (all of them where the whole committed run matched),
-                        priced at a copy pass's ms (before any ran: the model's passes' ms less their drafting,
-                        a target pass of about the same width)
+                 copy   its own passes and bridges; and on each pass the model drafted, what the copying proposal
+                        would have committed (its tokens that match the committed ones, plus the target's token
+                        after them), priced at a copy pass's ms (before any ran: the model's less its drafting)
     rule       copy pays: its speed is at least the model's, or either side is not measured yet
-                 a proposal, and copy pays            the proposal (up to K tokens)
+                 a proposal, and copy pays             the proposal (up to K tokens)
                  no proposal, both measured, copy pays a bridge: the model drafts one level at a time (at most
-                                                      DEPTH), asking the copying drafter after each; where it
-                                                      matches, its proposal continues the chain (up to K)
-                 otherwise                            the model's chain of min(K, DEPTH) levels (one call)
+                                                       DEPTH), asking the copying drafter after each; where it
+                                                       matches, its proposal continues the chain (up to K)
+                 otherwise                             the model's chain of min(K, DEPTH) levels (one call)
 
-A copying drafter's drafts are point masses: under the exact rule its first token is kept with probability
-p(x1), and the target's own token there equals x1 with the same probability, and so on along the proposal,
-so the matched count on a model pass has the law of the count a copy pass would have kept (cut where the
-committed run ends): the copy side keeps learning while the model drafts. A bridge is measured as a copy pass:
-bridges that pay less than the model's own chains turn the run back to them.
+A copying drafter's drafts are point masses, so the matched count on a model pass has the law of the count a copy
+pass would have kept, cut where the committed run ends (under the exact rule x1 is kept with probability p(x1), the
+probability that the target's own token is x1, and so on): the copy side keeps learning while the model drafts. A
+bridge is measured as a copy pass: bridges that pay less than the model's own chains turn the run back to them.
 
-Why verification stays exact: each drafted token is drawn from the q handed on with it, given the tokens
-before it: a copying proposal's tokens are point masses; a model chain's, the model's conditionals; a bridge's,
-the model's conditionals for the model's tokens and, for the copied ones (a function of the tokens before
-them), a point mass handed on as a distribution (q = 1 on the token, which the rule treats exactly as a point
-mass: accepted with probability p(x), else a draw from norm(max(0, p - q))). Which drafter proposes, and where
-a bridge hands over, depend on the committed tokens, the drafts before and past timings, never on what is
-drawn after. The target's rule needs exactly that (engine/acceptance.py): the output is the target's
-distribution whatever the pick.
-
-K is the most a pass drafts: a copying proposal's depth (long verbatim copies go through in few passes), while
-the model drafts at most DEPTH levels (its own best depth: a deeper model chain costs more drafting than its
-extra tokens save). Trees (topk > 1): a proposal or the model's tree, no bridge. ``--adaptive`` is refused with
-a hybrid: the pick is already its own per-pass policy.
+Why verification stays exact: each drafted token is drawn from the q handed on with it, given the tokens before it
+(a copied token, a function of those, is handed on as a point mass, q = 1 on it, which the rule treats exactly).
+Which drafter proposes, and where a bridge hands over, depend on the committed tokens, the drafts before and past
+timings, never on what is drawn after: the target's rule (engine/acceptance.py) then gives the target's distribution
+whatever the pick. K is the most a pass drafts: a copying proposal's depth, while the model drafts at most DEPTH
+levels (its own best depth: deeper chains cost more drafting than they save). Trees (topk > 1): a proposal or the
+model's tree, no bridge. ``--adaptive`` is refused with a hybrid: the pick is already its own per-pass policy.
 """
 
 from __future__ import annotations
@@ -63,9 +51,9 @@ from engine.drafters.model import ModelDrafter
 
 __all__ = ["HybridDrafter", "DEFAULT_DEPTH", "parse_hybrid"]
 
-# The model's chain depth when the spec gives none: the q4 rows' K (docs/bench/README.md: K = 6 against 8 and
-# 10 on the 9 chat prompts, 2026-12-06); int8 paid most at K = 3 (give suffix/int8:3).
-DEFAULT_DEPTH = 6
+# The model's chain depth when the spec gives none: the q4 rows' K (docs/bench/README.md); an int8 model pays
+# most at a shallower depth (give suffix/int8:3).
+DEFAULT_DEPTH = 6  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
 COPYING = ("ngram", "suffix")
 # How fast the pick forgets: each side's means weigh a new pass by 1 - HYBRID_RECENCY (faster than adaptive depth's
 # RECENCY, 0.9: a run's first copying proposals decide whether it copies, within its first few passes), and the

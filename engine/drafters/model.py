@@ -213,8 +213,8 @@ class ModelDrafter(Drafter):
     def _chain(self, context: DraftContext) -> DraftTree | None:
         """``propose`` for a chain (topk 1) with the drafter's passes in one C call (where a confidence
         threshold may stop the chain, each call runs the levels the loop is sure to reach,
-        ``TreeShape.sure_levels``, so that no pass runs that the loop would not run), without ~0.3-0.4 ms of
-        Python per draft pass:
+        ``TreeShape.sure_levels``, so that no pass runs that the loop would not run), without the Python the loop
+        spends around each draft pass (docs/bench/2026-12-07-notes-from-engine.md):
 
         - greedy (``Transformer.greedy_chain``): the tree, q and cache the loop makes, bit for bit (the same
           kernel calls in the same order, the same argmax of the same logits);
@@ -338,20 +338,19 @@ def q4_weights(
 ) -> Transformer:
     """4-bit self-speculation: the target's weights in 4-bit blocks on our CPU kernels, the output projection
     included: `packing` PackedQ4_1BWeight (the default: Q4_1's nibbles with the scales in a byte each, 0.5625
-    bytes per weight; a draft pass of the default model reads 76 MB against Q4_1's 84, 1.11x quicker at the
-    same drafts: docs/kernels.md) or PackedQ4_1Weight (GGUF's Q4_1, 0.625). gguf_path: the file the target
+    bytes per weight, so a draft pass reads fewer bytes at the same drafts) or PackedQ4_1Weight (GGUF's Q4_1,
+    0.625). gguf_path: the file the target
     was loaded from, whose own Q4_1 blocks are used (the default model: its bf16 weights are those blocks
     dequantised, so the drafter computes nearly the target's function); without one, every matrix is
     quantised here by the packing's rule.
 
-    The output projection (tied to the embedding) is in Q4_1 with each row's 32 best outputs computed again
-    in int8 (RescoredQ4Linear): 18 MB per pass for the default model, where int8 alone read 28 (and bf16 57).
-    In Q4_1 alone, acceptance fell from 0.98-1.00 to 0.72-0.84 on three chat prompts (the head's rows are
-    not the layers' blocks); re-scoring the few tokens that matter gives int8's drafts (measured on 9 chat
-    prompts, greedy K = 6: 6.36 tokens per pass either way; the draft pass 7% quicker). `head_packing` (default:
-    `packing`) and `head_top` (default RescoredQ4Linear.TOP, 32) choose the head's blocks and how many outputs a
-    row re-scores: PackedQ2BWeight with 256 gives a 2-bit head (9 MB, fitted with the final norm's weight
-    squared as each input's importance) with the same drafts, measured no faster end to end (docs/kernels.md).
+    The output projection (tied to the embedding) is in Q4_1 with each row's best outputs computed again in
+    int8 (RescoredQ4Linear): fewer bytes per pass than an int8 head. In Q4_1 alone acceptance falls (the head's
+    rows are not the layers' blocks); re-scoring the few tokens that matter gives int8's drafts.
+    `head_packing` (default: `packing`) and `head_top` (default RescoredQ4Linear.TOP) choose the head's blocks
+    and how many outputs a row re-scores: PackedQ2BWeight with 256 gives a 2-bit head (fitted with the final
+    norm's weight squared as each input's importance) with the same drafts. Figures: docs/kernels.md and
+    docs/bench/2026-12-07-notes-from-engine.md.
     The drafter's precision does not affect exactness: q can be anything; it only moves acceptance. Its KV
     cache is bf16."""
     from engine.kernels import cpu_kernels
@@ -374,8 +373,6 @@ def q4_weights(
     )
     # Its KV cache in bf16 (the kernels widen the rows exactly as they read them; keys and values rounded
     # once, as they are stored or taken from the target's cache): half the bytes a draft pass's attention
-    # reads. Measured (2 Zen 4 cores, one process, interleaved): a draft pass 1.02x quicker at 150 cached
-    # positions, 1.10x at 300; on the 9 chat and held-out chat prompts 2.38 against 2.52 ms per pass, 6.32
-    # against 6.36 tokens per pass, 1.035x the tok/s (docs/kernels.md).
+    # reads (measured: docs/bench/2026-12-07-notes-from-engine.md).
     model.attention_dtype = torch.bfloat16
     return model

@@ -1,11 +1,11 @@
 """Drafts of drafts (multi-level speculation): a model drafter whose own tokens are drafted by a copying
 drafter and verified by the model with the exact rule, ``q4+ngram`` (also ``int8+ngram``, ``q4+suffix``...).
 
-Why: on a CPU a model drafter pays in proportion to how cheap its passes are. When the text copies
-something (the prompt, an earlier answer), n-gram lookup can propose the model drafter's next tokens for
-free, and the model checks m of them in one pass of 1 + m rows, which costs about what one row costs
-(decoding is memory bound), instead of m passes. ML-SpecQD (Georganas et al., arXiv 2503.13565) calls it
-multi-level speculative decoding: a 4-bit draft of a bf16 target, itself accelerated by a smaller drafter.
+Why: on a CPU a model drafter pays in proportion to how cheap its passes are. When the text copies something
+(the prompt, an earlier answer), n-gram lookup can propose the model drafter's next tokens for free, and the
+model checks m of them in one pass of 1 + m rows, which costs about what one row costs (decoding is memory
+bound), instead of m passes. ML-SpecQD (Georganas et al., arXiv 2503.13565) calls it multi-level speculative
+decoding: a 4-bit draft of a bf16 target, itself accelerated by a smaller drafter.
 
 The inner level, one round of ``propose``::
 
@@ -19,27 +19,25 @@ The inner level, one round of ``propose``::
             residual are engine.acceptance's (verify_children with point_mass, residual): the rule in one place
     cache   the model's slots of rejected c_j .. c_m are rolled back; the drawn token is the next round's pending
 
-Why the target's verification stays exact: the target's rule needs each drafted token x_i to be drawn from
-the q_i it is handed, given the tokens before it. The inner walk is the point-mass case of the rule proven in
-``engine.acceptance``: P(emit c) = q(c) and P(emit y != c) = (1 - q(c)) q(y) / (1 - q(c)) = q(y), so every
-drafted token is an exact draw from the model's q at its position, and that q (the row handed on) is the
-model's own conditional there. Greedy: the inner walk emits the argmax exactly. Our CPU kernels are
-row-invariant (a row's numbers do not depend on the other rows of its pass), so the q handed on are
-bit for bit those a plain chain of the same model computes, and greedy drafts are the plain drafter's
-drafts: only the number of model passes changes. tests/test_multilevel.py checks the law by chi-square with
-a negative control (the rejected token not removed from the residual).
+Why the target's verification stays exact: the target's rule needs each drafted token x_i to be drawn from the q_i
+it is handed, given the tokens before it. The inner walk is the point-mass case of the rule proven in
+``engine.acceptance``: P(emit c) = q(c) and P(emit y != c) = (1 - q(c)) q(y) / (1 - q(c)) = q(y), so every drafted
+token is an exact draw from the model's q at its position, and that q (the row handed on) is the model's own
+conditional there. Greedy: the inner walk emits the argmax exactly. Our CPU kernels are row-invariant (a row's
+numbers do not depend on the other rows of its pass), so the q handed on are bit for bit those a plain chain of the
+same model computes, and greedy drafts are the plain drafter's drafts: only the number of model passes changes.
+tests/test_multilevel.py checks the law by chi-square with a negative control (the rejected token not removed from
+the residual).
 
-Dry stretches (greedy, or sampled with a temperature alone): where the copying drafter has proposed nothing
-for DRY_ROUNDS rounds in a row (open chat), a round without a proposal runs the rest of the chain in one C
-call (``Transformer.greedy_chain`` or ``sampled_chain``, as the plain drafter's chain does) instead of one
-Python pass per token, ~0.3-0.4 ms each. Greedy, the drafts and q are the same bits (row invariance); sampled,
-each token is drawn in C from the q the call returns (the model's softmax to float32 rounding) at a uniform
-from the run's generator, where a round without a proposal draws one too: an exact draw from q either way, and
-a proposal would only have saved a pass, never changed a draft's law (the walk keeps each draft an exact draw
-from q). Only passes that a proposal might have saved are run. After the call the copying drafter is asked at
-each position the chain passed: one proposal there ends the dry stretch.
-
-Chains only: a tree (topk > 1) is drafted by the model alone, as its plain drafter does.
+Dry stretches (greedy, or sampled with a temperature alone): where the copying drafter has proposed nothing for
+DRY_ROUNDS rounds in a row (open chat), a round without a proposal runs the rest of the chain in one C call
+(``Transformer.greedy_chain`` or ``sampled_chain``, as the plain drafter's chain does) instead of one Python pass
+per token. Greedy, the drafts and q are the same bits (row invariance); sampled, each token is drawn in C from the
+q the call returns (the model's softmax to float32 rounding) at a uniform from the run's generator, where a round
+without a proposal draws one too: an exact draw from q either way, and a proposal would only have saved a pass,
+never changed a draft's law. Only passes that a proposal might have saved are run. After the call the copying
+drafter is asked at each position the chain passed: one proposal there ends the dry stretch. Chains only: a tree
+(topk > 1) is drafted by the model alone, as its plain drafter does.
 """
 
 from __future__ import annotations
@@ -54,10 +52,8 @@ from engine.sampling import SamplingParams, sample
 
 __all__ = ["MultiLevelDrafter", "DRY_ROUNDS"]
 
-# Rounds in a row without a proposal before a round without one chains the rest in C. Measured (q4+ngram, K = 6,
-# 6 prompts of each workload x 3, alternating in one process; time of q4 alone over it): 1 gave chat 0.994,
-# code-edit 1.324, summarize 1.036; 2 gave 0.976 / 1.299 / 1.043; never chaining 0.971 / 1.333 / 1.013.
-DRY_ROUNDS = 1
+# Rounds in a row without a proposal before a round without one chains the rest in C.
+DRY_ROUNDS = 1  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
 
 
 class MultiLevelDrafter(ModelDrafter):

@@ -23,21 +23,15 @@ class NgramDrafter(Drafter):
     template markers), which the target would almost never accept as a draft.
     min_ngram defaults to 2: single-token matches ("the", a newline) propose
     continuations the target rarely accepts, and every rejected draft widens the
-    verification pass (measured on the code-edit workload: 17.6 vs 14.8 tok/s).
+    verification pass (measured: docs/bench/2026-12-07-notes-from-engine.md).
 
     A draft is as long as its evidence: after an n-token match it copies at most
     `per_match` * n tokens (0: no limit, up to the pass's K). A 2-token match ("= ",
     "in the") is as often a coincidence as the start of a verbatim copy, and every
     rejected token widens the verification pass; the longer the match, the more
-    often it is a verbatim copy. Replayed over the greedy outputs of the benchmark
-    workloads with the AVX2 proxy's measured pass costs (ms for 1/2/4/8/16 tokens:
-    7.0/8.4/11.6/16.9/31.2), K = 15 at most: speedup over the baseline chat 0.89 -> 1.10,
-    code edit 1.60 -> 1.84, summarize 1.24 -> 1.38 for matches of up to 6 tokens with
-    per_match = 2, against matches of up to 3 and no limit (drafted tokens on the code
-    edits: 472 -> 393, the same number of passes). Measured interleaved, same outputs:
-    AVX2 proxy 0.86 -> 1.05x, 1.44 -> 1.62x, 1.14 -> 1.29x; on avx512bf16, where a
-    16-token pass costs 1.8x a one-token pass, unchanged (code edit 2.86 -> 2.85x);
-    docs/bench/2026-12-01-per-match.md. The limit reads the context only, like the
+    often it is a verbatim copy. The defaults (matches of up to 6 tokens, per_match =
+    2) pay most where wide passes are dear and change nothing where they are cheap
+    (docs/bench/2026-12-01-per-match.md). The limit reads the context only, like the
     lookup: the draft is still a function of the past, so verification stays exact.
     """
 

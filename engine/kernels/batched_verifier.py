@@ -1,133 +1,42 @@
-"""Batched chain verification: a pure-torch reference and a Triton kernel.
+"""Batched chain verification: a pure-torch reference and a Triton kernel with one contract.
 
-Purpose
--------
-``engine.acceptance`` walks the drafts one at a time with small torch ops, which
-is right for the CPU decode loop, for trees and for the labs. On a GPU a batch of
-B chains is better verified by one kernel launch that never materialises the
-residual on the host. This module mirrors the acceptance rule for chains: a
-Triton kernel, a pure-torch reference with the same contract, and a dispatcher.
-Both return, beside the decision, the accept probability of every test so that
-the event records the numbers the decision was made from (nothing downstream
-recomputes them).
+``engine.acceptance`` walks the drafts one at a time with small torch ops, which is right for the CPU decode
+loop, for trees and for the labs. On a GPU a batch of B chains is better verified by one kernel launch that
+never materialises the residual on the host. This module mirrors the acceptance rule for chains: a Triton
+kernel (``verify_batch_triton``), a pure-torch reference (``verify_batch_reference``) and a dispatcher
+(``verify_batch``). Both return, beside the decision, the accept probability of every test, so the event
+records the numbers the decision was made from (nothing downstream recomputes them).
 
-Vocabulary (vLLM's rejection sampler): for each of the B rows the drafter
-*drafted* K tokens; the verifier *accepts* a prefix of them; at the first
-*rejected* draft an extra token is *resampled* from the residual; when all K
-drafts are accepted the extra token is the *bonus* token, drawn from the
-target's distribution at position K. Every row therefore emits
-``num_accepted + 1`` tokens: the accepted drafts, then ``next_token``.
+Vocabulary (vLLM's rejection sampler): for each of the B rows the drafter *drafted* K tokens; the verifier
+*accepts* a prefix of them; at the first *rejected* draft an extra token is *resampled* from the residual;
+when all K drafts are accepted the extra token is the *bonus* token, drawn from the target's distribution at
+position K. Every row emits ``num_accepted + 1`` tokens: the accepted drafts, then ``next_token``.
 
-The maths (p = target, q = drafter), row b, positions i = 0 .. K-1
---------------------------------------------------------------------
-1. Accept test. With x_i = draft_ids[b, i]::
+The maths (p = target, q = drafter), row b, positions i = 0 .. K-1, x_i = draft_ids[b, i]:
 
-       accept_prob_i = min(1, p_i(x_i) / max(q_i(x_i), 1e-30))     (float32, IEEE division)
-       draft i is accepted  iff  uniforms[b, i] < accept_prob_i
+1. Accept test: ``accept_prob_i = min(1, p_i(x_i) / max(q_i(x_i), 1e-30))`` (float32, IEEE division), draft i
+   accepted iff ``uniforms[b, i] < accept_prob_i``; ``num_accepted`` is the first rejected index, or K. This is
+   ``acceptance.accept_probability`` (its Q_FLOOR clamp included), so both agree on the same uniforms. With
+   ``draft_probs=None`` the drafts are point masses (n-gram): q_i = onehot(x_i), accept_prob_i = p_i(x_i).
+2. The extra token's distribution ``dist``, unnormalised: at a rejection i < K the residual max(0, p_i - q_i),
+   or p_i where that is zero everywhere (p == q, where a rejection has probability zero: it only keeps the draw
+   defined); after K accepts the bonus p_K. Exact: P(keep x) = min(p(x), q(x)) and P(reject, then y) =
+   max(0, p(y) - q(y)), which sum to p(y).
+3. The draw, an exponential race over e = exponentials[b] (Exp(1), float32, > 0): score[j] = dist[j] / e[j]
+   where dist[j] > 0, else -1 (IEEE division); ``next_token = argmax_j score[j]``, the first index on a tie.
+   E_j / w_j ~ Exp(w_j), and the smallest of independent exponentials is the j-th with probability
+   w_j / sum(w): a draw from dist / sum(dist) with no normalisation, no summation order and no host sync.
 
-   ``num_accepted`` is the index of the first rejected draft, or K when none
-   is rejected. This is exactly ``acceptance.accept_probability`` (including
-   its Q_FLOOR clamp), so both agree on the same uniforms.
-   When ``draft_probs`` is None the drafts are point masses (n-gram drafter):
-   q_i = onehot(x_i), so accept_prob_i = p_i(x_i).
+Every step is elementwise and correctly rounded in both implementations (the kernel uses ``div_rn``) and the
+reductions are a max and a min of exact values, so kernel and reference agree bit for bit on any device and
+any V block. The comments above ``_verify_kernel`` say how it streams a row and why any K runs one compiled
+kernel. Trees (topk > 1) are not verified here: the decode loop walks them with ``acceptance.verify_children``,
+whose sibling-by-sibling residual updates are sequential, over trees of tens of nodes.
 
-2. The distribution of the extra token, ``dist`` (left unnormalised)::
-
-       rejected at i = num_accepted < K:  dist = max(0, p_i - q_i)    (the residual)
-                                           or p_i if that is zero everywhere
-       all K accepted:                     dist = p_K                  (the bonus)
-
-   ``acceptance.verify_chain`` returns ``dist / sum(dist)``. Exactness (the
-   emitted token is distributed as p): P(keep x) = min(p(x), q(x)) and
-   P(reject, then y) = sum_x max(0, p - q) * r(y) = max(0, p(y) - q(y)), which
-   sum to p(y). The "residual is zero" fallback only triggers when p <= q
-   everywhere, i.e. (for normalised rows) p == q, where a rejection has
-   probability zero; it just keeps the draw well defined.
-
-3. The draw, an exponential race with one Exp(1) variable per vocabulary entry,
-   e = exponentials[b] (float32, > 0; a zero only makes its entry win)::
-
-       score[j]   = dist[j] / e[j]   if dist[j] > 0   else -1      (IEEE division)
-       next_token = argmax_j score[j]                   (the first index on a tie)
-
-   Why it is exact: with E_j ~ Exp(1) independent, E_j / w_j ~ Exp(w_j), and the
-   smallest of independent exponentials with rates w_j is the j-th with
-   probability w_j / sum(w): the race draws from dist / sum(dist) without summing
-   anything. A token without mass scores -1 and never wins (unless every entry is
-   zero, where token 0 is returned and no caller reaches it). It needs no host
-   synchronisation, no normalisation and no summation order.
-
-Exactness between the two implementations
------------------------------------------
-Every step is elementwise and correctly rounded in both (the kernel uses
-``div_rn``) and the reductions are a max and a min of exact values, so the
-kernel and the reference agree bit for bit: ``num_accepted``, ``next_token``
-and ``accept_prob``, on any device and any V block. (The inverse-CDF draw this
-replaced depended on the float32 summation order of its CDF, which a GPU's
-parallel scan and torch's CPU cumsum do not share: ~1 row in 100 differed at
-V = 151936 on an H200.)
-
-The kernel
-----------
-One program per batch row. It runs the K accept tests as one vector (K
-independent gathers of p_i(x_i), q_i(x_i) and u_i; the first rejection is a
-min-reduction, which is the same as looping and stopping), then streams the one
-relevant row of p (and q) and the row's exponentials over V in blocks of
-BLOCK_V, once, running two races side by side (over the residual and over p)
-with a carried best score and index, and keeps the residual's winner unless the
-residual had no mass. Nothing of size V is written anywhere; memory traffic is
-three row reads. Draft point masses (``draft_probs=None``) are a constexpr flag:
-q is then built in registers as ``offs == x_i``. Greedy chains are verified by
-an argmax beside it (``engine.verification.verify_chain_greedy``).
-
-One compiled kernel per vocabulary and draft kind, whatever K
-------------------------------------------------------------
-Adaptive drafting changes K from pass to pass. Triton specialises a kernel on
-its constexprs and on every runtime int (value 1 and divisibility by 16), so
-``BLOCK_K = next_pow2(K)`` plus K and the K-derived strides cost up to 17
-compiled variants for K = 0 .. 32 (at V = 151936), each compiled on first use
-inside a pass. Now the accept tests run at a fixed width ``BLOCK_K = MAX_K =
-32`` (TreeShape's K limit) masked to the first K lanes, K is a runtime argument
-listed in ``do_not_specialize``, and the strides are derived in the kernel from
-K and the constexpr V (the inputs are made contiguous). What remains in the
-compile key is V, BLOCK_V, HAS_Q and the pointers' 16-byte alignment, so a
-model compiles two variants (q / point masses); ``compile_key`` computes the
-key with triton's own binder (no GPU needed) and ``warm_up(device, vocab)``
-compiles both, checked against the reference, at load. K > MAX_K goes to the
-torch reference in ``verify_batch`` (``verify_batch_triton`` refuses it).
-
-Tree verification
------------------
-Trees (topk > 1) are NOT verified by this kernel: the decode loop uses the
-sequential walk ``acceptance.verify_children``. Sibling-by-sibling
-recursive rejection sampling updates the residual after every rejected child
-(p_{j+1} = norm(max(0, p_j - q_j)), with q_j renormalised without the earlier
-siblings), so the siblings at a node are inherently sequential, and the trees
-SpecLens draws are small (tens of nodes), so a kernel would buy nothing.
-
-Dispatch
---------
-``verify_batch`` uses the compiled Triton kernel when the tensors are on
-CUDA and triton imports, or the kernel under Triton's CPU interpreter when
-``SPECLENS_TRITON_INTERPRET=1`` or ``TRITON_INTERPRET=1`` is set (for tests on
-a machine without a GPU; if triton was imported before the variable took
-effect, see below, it warns once and uses the reference); otherwise the torch
-reference. All three give the same results. This module imports cleanly
-without triton (``HAS_TRITON`` is then False and the reference is used).
-
-Note on TRITON_INTERPRET (triton 3.9, read from its source): ``triton.jit``
-reads the variable when it *decorates* a function (``knobs.runtime.interpret``
-looks at os.environ live). triton.language's own helpers (``tl.zeros``,
-``tl.sum``, ``tl.max``, ``tl.cumsum``, ...) are ``@jit`` functions decorated
-when ``triton`` is first imported, so the interpreter only works in a process
-where TRITON_INTERPRET=1 was set *before the first ``import triton``* (and
-the compiled kernel only where it was not): the mode is fixed per process.
-``transformers`` imports triton, so in practice set it in the environment of
-the process. For convenience, importing this module with
-SPECLENS_TRITON_INTERPRET=1 sets TRITON_INTERPRET=1 when triton has not been
-imported yet. ``triton_language_interpreted()`` reports the mode in force;
-the kernel object is built for that mode (``InterpretedFunction`` or
-``JITFunction``) and asking for the other one raises a clear error.
+Dispatch: ``verify_batch`` runs the compiled kernel on CUDA tensors when triton imports, the kernel under
+Triton's CPU interpreter when ``SPECLENS_TRITON_INTERPRET=1`` or ``TRITON_INTERPRET=1`` is set (tests without a
+GPU; ``triton_language_interpreted`` says when that mode can take effect), else the torch reference: all three
+give the same results. The module imports without triton (``HAS_TRITON`` is then False: the reference).
 """
 
 from __future__ import annotations
@@ -155,7 +64,7 @@ __all__ = [
 ]
 
 if config.triton_interpret() and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton (see above)
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton (triton_language_interpreted)
 
 try:  # triton is optional: CPU-only installs (macOS, aarch64) may lack it.
     import triton
@@ -279,11 +188,27 @@ def verify_batch_reference(
 
 
 # ------------------------------------------------------------------- triton
+# One compiled kernel per vocabulary and draft kind, whatever K. Adaptive drafting changes K from pass to pass,
+# and Triton specialises a kernel on its constexprs and on every runtime int (value 1, divisibility by 16), so a
+# BLOCK_K = next_pow2(K) with K and the K-derived strides as arguments would compile a variant per K on first use,
+# inside a pass. So the accept tests run at the fixed width BLOCK_K = MAX_K masked to the first K lanes, K is
+# listed in do_not_specialize, and the strides are derived in the kernel from K and the constexpr V (the inputs
+# are made contiguous). What stays in the compile key is V, BLOCK_V, HAS_Q and the pointers' 16-byte alignment:
+# a model compiles two variants (q / point masses). ``compile_key`` computes the key with triton's own binder (no
+# GPU needed) and ``warm_up(device, vocab)`` compiles both at load, checked against the reference. K > MAX_K
+# goes to the torch reference in ``verify_batch`` (``verify_batch_triton`` refuses it).
 MAX_K = 32  # the deepest chain the kernel takes (TreeShape's K limit, engine/drafters/base.py)
 BLOCK_K = MAX_K  # the accept tests' vector width: fixed, so K never changes the compiled kernel
 NO_SPECIALIZE = ("K",)  # runtime ints triton must not specialise on (value 1, divisibility by 16)
 
 
+# The kernel: one program per batch row. It runs the K accept tests as one vector (independent gathers of
+# p_i(x_i), q_i(x_i) and u_i; the first rejection is a min-reduction, the same as looping and stopping), then
+# streams the one relevant row of p (and q) and the row's exponentials over V in blocks of BLOCK_V, once,
+# running two races side by side (over the residual and over p) with a carried best score and index, and keeps
+# the residual's winner unless the residual had no mass. Nothing of size V is written anywhere: the memory
+# traffic is three row reads. Point-mass drafts (draft_probs=None) are a constexpr flag, q built in registers
+# as offs == x_i. Greedy chains are verified by an argmax beside it (engine.verification.verify_chain_greedy).
 def _verify_kernel(
     p_ptr,  # [B, K+1, V] float32 target probs (contiguous)
     q_ptr,  # [B, K, V]   float32 draft probs (contiguous; unused when HAS_Q is False)
@@ -377,7 +302,16 @@ _KERNELS: dict[bool, object] = {}
 
 def triton_language_interpreted() -> bool:
     """True when triton was imported in interpreter mode (TRITON_INTERPRET=1 set
-    before its first import); then only the interpreted kernel can run here."""
+    before its first import); then only the interpreted kernel can run here.
+
+    The mode is fixed per process (triton 3.9, read from its source): ``triton.jit`` reads TRITON_INTERPRET when
+    it *decorates* a function, and triton.language's own helpers (``tl.zeros``, ``tl.sum``, ``tl.max``,
+    ``tl.cumsum``, ...) are ``@jit`` functions decorated when ``triton`` is first imported, so the interpreter
+    works only in a process where TRITON_INTERPRET=1 was set before the first ``import triton`` (and the
+    compiled kernel only where it was not). ``transformers`` imports triton, so set it in the process's
+    environment; importing this module with SPECLENS_TRITON_INTERPRET=1 sets TRITON_INTERPRET=1 when triton
+    has not been imported yet. The kernel object is built for the mode in force (``InterpretedFunction`` or
+    ``JITFunction``: ``_kernel``), and asking for the other one raises a clear error."""
     if not HAS_TRITON:
         return False
     from triton.runtime.interpreter import InterpretedFunction
@@ -493,8 +427,8 @@ def verify_batch_triton(
     exponentials:    [B, V]      float32 Exp(1) draws
     K is at most MAX_K (32) and any K in 0 .. MAX_K runs the same compiled kernel
     (per V, block_v and draft kind), see ``compile_key``.
-    interpret: None (default) runs in the mode triton was imported in (see the
-               module docstring); True / False insist on the interpreter / the
+    interpret: None (default) runs in the mode triton was imported in (see
+               ``triton_language_interpreted``); True / False insist on the interpreter / the
                compiled kernel and raise if this process cannot provide it.
                The compiled kernel needs CUDA tensors; the interpreter takes
                tensors on any device (it copies them to the host).

@@ -1,56 +1,40 @@
 """Our CPU kernels for decoding passes: built once per instruction set, called through ctypes.
 
-The model's forward runs its hot loops here (C source: ``csrc/decode_kernels.c``
-plus one per-ISA header):
+The model's forward runs its hot loops here: products of a pass's few rows with weights packed once at load
+(bf16, int8, and 4- and 2-bit blocks, the RMSNorm of x optionally fused into the product), attention of a
+pass's new tokens over the KV cache (causal or under a draft tree's mask), the rotary embedding with the
+cache write, whole stacks of decoder layers and whole draft chains in one call. ``__all__`` names the entry
+points; the C source, ``csrc/decode_kernels.c`` plus one header per instruction set, says what each computes.
 
-* ``skinny_gemm_bf16`` / ``run_packed``: y = x W^T (+ b) for the few rows a pass
-  has (1 token, K + 1 when verifying K drafts), W bf16 packed once at load
-  (``PackedWeight``), optionally with the RMSNorm of x fused into the kernel's pass
-  over x; ``skinny_gemm_int8w``: the same with int8 weights (``PackedInt8Weight``,
-  the int8 drafter), x quantised per row to int16 inside the kernel;
-* ``attend_few``: attention of a pass's new tokens over the KV cache (any number:
-  decoding, verification, drafting and prefill), causal or under a draft tree's mask;
-* ``rope_and_store``: rotary embedding of queries and keys plus the KV-cache write.
+Variants (``VARIANTS``, best first; the first the CPU supports that builds and passes its self-check runs;
+``variant()`` says which, ``describe()`` why), each chosen by the CPU's flags (``Variant.cpu_flags``):
 
-Variants (``VARIANTS``, best first; the first the CPU supports that builds and
-passes its self-check runs; ``variant()`` says which, ``describe()`` why):
+* ``avx512bf16`` -- AVX512-BF16 + AVX512-VNNI: x rounded to bf16, ``vdpbf16ps`` on the packed weights; int8
+  on ``vpdpwssd``.
+* ``avx512`` -- AVX-512F/BW/VL without BF16: bf16 weights widened to float32 in 512-bit registers (a 16-bit
+  shift), FMA with float32 activations; int8 on ``vpmaddwd``.
+* ``avx2`` -- AVX2 + FMA (x86-64-v3): bf16 weights widened to float32 on 256-bit registers by unpacking with
+  zero, the even and odd inputs summed apart (one FMA chain per accumulator: 16 registers cannot hide two
+  chained FMAs per pair, see ``csrc/isa_avx2.h``); int8 on ``vpmaddwd``.
 
-* ``avx512bf16`` -- AVX512-BF16 + AVX512-VNNI (Zen 4+, Cooper Lake, Sapphire
-  Rapids+): x rounded to bf16, ``vdpbf16ps`` on the packed weights; int8 on
-  ``vpdpwssd``.
-* ``avx512`` -- AVX-512F/BW/VL without BF16 (Skylake-X to Ice Lake): bf16 weights
-  widened to float32 in 512-bit registers (a 16-bit shift), FMA with float32
-  activations; int8 on ``vpmaddwd``.
-* ``avx2`` -- AVX2 + FMA (x86-64-v3: Haswell+, Zen 1+): bf16 weights widened
-  to float32 on 256-bit registers by unpacking with zero, the even and odd
-  inputs summed apart (one FMA chain per accumulator: 16 registers cannot hide
-  two chained FMAs per pair, see ``csrc/isa_avx2.h``); int8 on ``vpmaddwd``.
+On other CPUs (ARM64, x86 without AVX2/FMA) no variant runs and the model uses torch's ops. The variant's
+library is compiled with the system C compiler the first time it is needed, into the SpecLens cache,
+self-checked against torch (values, and row invariance bit for bit) and reused while the sources are
+unchanged. ``SPECLENS_CPU_KERNEL`` forces a choice: ``0`` (off), ``auto`` (the default), or a variant's name
+(tests and benchmarks run ``avx2`` on an AVX-512 host that way).
 
-On other CPUs (ARM64, x86 without AVX2/FMA) no variant runs and the model uses
-torch's ops. The variant's library is compiled with the system C compiler the
-first time it is needed, into the SpecLens cache (~1 s), self-checked against
-torch (values, and row invariance bit for bit) and reused while the sources are
-unchanged. ``SPECLENS_CPU_KERNEL`` forces a choice: ``0`` (off), ``auto`` (the
-default), or a variant's name (tests and benchmarks run ``avx2`` on an AVX-512
-host that way).
+Why not torch's own ops: a decoding pass is ~120 small matrix products and ~30 small attentions, and at these
+sizes per-call overhead decides: oneDNN's product on pre-packed weights reads the per-layer matrices slower
+than these kernels, and torch's SDPA spends longer on setup for a few query tokens than on the attention
+(docs/bench/2026-12-07-notes-from-kernels-and-model.md). Every kernel of every variant computes each token of
+a pass on its own, in the same order whatever the pass width (see the C file), so a K-token verification
+pass gives bit for bit the logits of K one-token passes. (Variants differ from each other in the last bits.)
 
-Why not torch's own ops: a decoding pass is ~120 small matrix products and ~30
-small attentions, and at these sizes per-call overhead decides. Measured on a
-2-core AVX512-BF16 EPYC over the default model's matrices, oneDNN's product on
-pre-packed weights read 10-18 GB/s for the per-layer matrices (576x576 to
-3072x576), these kernels ~30 GB/s; torch's SDPA spent 40-55 us per layer on
-setup for a few query tokens. Every kernel of every variant computes each token
-of a pass on its own, in the same order whatever the pass width (see the C
-file), so a K-token verification pass gives bit for bit the logits of K
-one-token passes. (Variants differ from each other in the last bits.)
+Where no kernel can be used (no variant for this CPU, no compiler, build failure, SPECLENS_CPU_KERNEL=0)
+``available()`` is False with ``why_unavailable()`` saying why, and the model uses torch's ops instead.
 
-Where no kernel can be used (no variant for this CPU, no compiler, build
-failure, SPECLENS_CPU_KERNEL=0) ``available()`` is False with
-``why_unavailable()`` saying why, and the model uses torch's ops instead.
-
-One file (~680 lines) on purpose: building each ISA variant, self-checking it, packing
-each weight kind for it and calling it are one contract with the C source; the packing
-and the calls must change together with csrc/.
+One module on purpose: building each ISA variant, self-checking it, packing each weight kind for it and
+calling it are one contract with the C source; the packing and the calls must change together with csrc/.
 """
 
 from __future__ import annotations
@@ -112,9 +96,9 @@ __all__ = [
 CSRC = Path(__file__).resolve().parent / "csrc"  # the C sources live beside this module
 SOURCE = CSRC / "decode_kernels.c"
 # -ffp-contract=off: GCC's default fuses a multiply and an add it sees into one FMA
-# wherever it likes, and it liked to in some tiles and not in others (the int8
-# epilogue acc * sx * scale + bias), which broke row invariance; only our explicit
-# FMAs fuse now.
+# wherever it likes, in some tiles and not in others (the int8 epilogue
+# acc * sx * scale + bias), which breaks row invariance; with it off only our
+# explicit FMAs fuse.
 COMMON_CFLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 # The KV caches the kernels read and write: float32 (the target's), or bf16 (a drafter's: half the bytes per
 # attended position; the model's kv_dtype).
@@ -307,8 +291,9 @@ class PackedQ4_1Weight:
     then 4 chunks of 64 bytes, chunk c byte [l][e] = q[l][4c + e] | q[l][4c + 16 + e] << 4
     (four inputs of one output per 32-bit lane, for byte dot products; 0.625 bytes per
     weight; bf16 takes 2). Rows padded to a multiple of 16 and inputs to
-    a multiple of 32 with d = m = 0 (zero weights). The nibble shuffling runs in numpy:
-    torch's uint8 shifts and concatenations took ~30x longer (11 s for the default model)."""
+    a multiple of 32 with d = m = 0 (zero weights). The nibble shuffling runs in numpy, where
+    torch's uint8 shifts and concatenations are many times slower
+    (docs/bench/2026-12-07-notes-from-kernels-and-model.md)."""
 
     def __init__(self, q, d, m, bias: torch.Tensor | None = None):
         q, d, m = (np.asarray(a.numpy() if isinstance(a, torch.Tensor) else a) for a in (q, d, m))
@@ -391,15 +376,15 @@ def _q4_nibbles(qp: np.ndarray) -> np.ndarray:
 class PackedQ4_1BWeight:
     """W [out, in] in Q4_1B: Q4_1's blocks (32 inputs, w = d * q + m, q in 0..15) with the two scales coded in
     a byte each, d = dc * dstep[o] (dc in 0..255, one float32 step per output row: its largest d / 255) and
-    m = -d * mc / 16 (mc in 0..255: -15.94 <= m / d <= 0; every block of the default model has m / d in
-    [-14.6, -0.63]). 4.5 bits per weight against Q4_1's 5: packed for skinny_gemm_q4_1b as [out/16, in/32,
+    m = -d * mc / 16 (mc in 0..255: -15.94 <= m / d <= 0, a range the default model's blocks fall inside).
+    4.5 bits per weight against Q4_1's 5: packed for skinny_gemm_q4_1b as [out/16, in/32,
     288 bytes], per 16 outputs x 32 inputs dc[16], mc[16], then Q4_1's 4 chunks of 64 nibble bytes
     (PackedQ4_1Weight), and dstep float32 [out]. decode_kernels.c explains the product.
 
     From Q4_1 blocks (the GGUF's: q, d, m), the nibbles are kept, d is rounded to its code and m re-fitted to
-    the block's mean given the rounded d (m + (d - d') * mean(q)), then coded: the default model's weights
-    move by 0.55% (rms over rms), a random probe's outputs by 0.6%. A block with m / d outside the codes'
-    range is clipped to it (the drafter's weights move; exactness never depends on them)."""
+    the block's mean given the rounded d (m + (d - d') * mean(q)), then coded (how far that moves the default
+    model's weights and outputs: docs/bench/2026-12-07-notes-from-kernels-and-model.md). A block with m / d
+    outside the codes' range is clipped to it (the drafter's weights move; exactness never depends on them)."""
 
     def __init__(self, q, d, m, bias: torch.Tensor | None = None):
         _init_coded(self, q, d, m, bias, _q4_1b_codes, _q4_nibbles)  # q uint8 [out, in] in 0..15; d, m [out, in / 32]
@@ -539,10 +524,9 @@ class PackedQ2BWeight:
         [-15.9 d, 0]); each block keeps the start with the smallest error. Then d and m are coded (the row's
         step, a byte each) and q assigned once more to the coded d, m; in is zero-padded to a multiple of 32.
 
-        Measured on the default model's head over 991 positions of the target's greedy answers to the chat and
-        held-out chat prompts (the int8 head's best output, its rank in the Q2B product): unweighted, 99% within
-        the 67 best and at worst 1564th; weighted by the final norm's weight squared, 99% within 35, at worst
-        139th (each row's 256 best re-scored hold it every time: the q4 drafter's greedy drafts are int8's)."""
+        Weighting by the final norm's weight squared ranks the int8 head's best output nearer the top of the Q2B
+        product than an unweighted fit does, and a RescoredQ4Head needs it among the rows it re-scores for the
+        q4 drafter's greedy drafts to be int8's (docs/bench/2026-12-07-notes-from-kernels-and-model.md)."""
         w = weight.detach().float().cpu()
         out, n_in = w.shape
         padded = -(-n_in // Q4_GROUP) * Q4_GROUP
@@ -582,7 +566,7 @@ class PackedQ2BWeight:
                     best = torch.where(keep, d, best[0]), torch.where(keep, m, best[1]), torch.where(keep, e, best[2])
             return best[0], best[1]
 
-        # (1024 rows at a time: the fit's temporaries stay in cache, where whole-matrix ones were memory bound)
+        # (1024 rows at a time: the fit's temporaries stay in cache, where whole-matrix ones are memory bound)
         fits = [fit(w[r : r + 1024]) for r in range(0, out, 1024)]
         best = torch.cat([f[0] for f in fits]), torch.cat([f[1] for f in fits])
         dc, mc, step = _q2b_codes(None, best[0].numpy(), best[1].numpy())

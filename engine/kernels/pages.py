@@ -3,12 +3,9 @@
 Why. A decoding pass reads every weight once, in long runs, and reads the cache's keys and values;
 each 4 KB page of them needs its own address translation. In a virtual machine (a Space's container,
 a cloud guest) a missed translation walks two page tables, the guest's and the host's, and the
-hardware prefetchers stop at every 4 KB boundary. Measured on a 2-core Zen 4 KVM guest (this project's
-development host), two threads summing a buffer in a loop: 84 MB (the q4 drafter's pass) in
-2.15-2.42 ms on 4 KB pages against 1.84-1.96 ms on 2 MB pages, 270 MB (the bf16 target's) 9.4 against
-7.9 ms. On the default model, one process holding both, passes interleaved: the bf16 target's one-token
-pass 7.52 against 5.96 ms (1.26x), a q4 draft pass 2.82 against 2.55 ms (1.11x); the same bits
-(docs/kernels.md, "Huge pages", with a busier moment's figures).
+hardware prefetchers stop at every 4 KB boundary. On 2 MB pages the same buffers stream faster, and so
+do the target's and the drafters' passes, with the same bits (docs/kernels.md, "Huge pages";
+docs/bench/2026-12-05-huge-pages.md; docs/bench/2026-12-07-notes-from-kernels-and-model.md).
 
 How. Linux backs an anonymous private mapping with 2 MB pages as they are first touched when its
 transparent huge pages are enabled "always", or "madvise" and the mapping is advised MADV_HUGEPAGE
@@ -16,9 +13,10 @@ transparent huge pages are enabled "always", or "madvise" and the mapping is adv
 (``ALIGN``-byte aligned within), so a model's ~120 small matrices share pages instead of rounding
 each up to 2 MB; a tensor of ``OWN_MAPPING`` bytes or more (a vocabulary projection) and every KV
 cache (it lives for one run) get a mapping of their own, unmapped when the tensor is gone. An arena
-lives while any tensor carved from it does (torch.frombuffer holds the mapping). Where the kernel says "never", or on another OS, or with
-``SPECLENS_HUGE_PAGES=0`` (engine/config.py; the A/B of docs/bench), tensors are plain torch.zeros: the
-same values and bits, without the speed (``describe`` says which). A kernel built without huge pages
+lives while any tensor carved from it does (torch.frombuffer holds the mapping). Where the kernel says
+"never", or on another OS, or with ``SPECLENS_HUGE_PAGES=0`` (engine/config.py; the A/B of
+docs/bench/2026-12-05-huge-pages.md), tensors are plain torch.zeros: the same values and bits, without the
+speed (``describe`` says which). A kernel built without huge pages
 refuses the advice; the mapping is then used as it is.
 """
 

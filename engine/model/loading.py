@@ -140,9 +140,10 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     (cpu_kernels: AVX512-BF16, AVX-512 or AVX2+FMA; bf16 weights halve the bytes read
     per token, and the kernels keep every token of a pass independent) or that have
     native bf16 matrix instructions; float32 otherwise. Without either, torch
-    multiplies bf16 matrices of several rows in a slow emulated path: measured on a
-    2-core AVX2 EPYC, a 9-token bf16 pass cost 5.3x a 1-token pass, a float32 one
-    1.8x, and verifying K drafts at once is what speculation needs."""
+    multiplies bf16 matrices of several rows in a slow emulated path, so a wide bf16
+    pass costs many one-token passes where a float32 one costs a few
+    (docs/bench/2026-12-07-notes-from-kernels-and-model.md), and verifying K drafts
+    at once is what speculation needs."""
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"unsupported dtype {dtype}")
@@ -208,7 +209,7 @@ def _build_default_cache(gguf: Path, fingerprint: dict, folder: Path) -> None:
     tmp.mkdir(parents=True)
     try:
         # The config read once and handed on: transformers parses the whole GGUF (its vocabulary too) for
-        # each read, ~2.6 s apiece here.
+        # each read, seconds apiece (docs/bench/2026-12-07-notes-from-kernels-and-model.md).
         config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, config=config)
         hf_model = AutoModelForCausalLM.from_pretrained(

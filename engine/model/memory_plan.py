@@ -6,10 +6,10 @@
   accelerate's ``init_empty_weights`` (no memory, any architecture transformers
   knows) and sized with accelerate's ``compute_module_sizes`` at the run's dtype;
   a tied output head is counted once, as our forward shares it;
-* the drafter: ``ngram`` and ``none`` hold nothing; ``int8`` is a second copy of the
-  target's matrices in int8 (one byte per weight, a float32 scale per output
-  channel) plus its embedding at the activation dtype; ``model:<id>`` is sized like
-  a target;
+* the drafter: ``ngram``, ``suffix`` and ``none`` hold nothing; ``int8`` is a second copy of the target's
+  matrices in int8 (one byte per weight, a float32 scale per output channel) plus its embedding at the
+  activation dtype; ``q4`` the matrices in Q4_1B (its head in int8 too), a bf16 embedding and a bf16 cache;
+  a spec that combines drafters (``q4+ngram``, ``suffix/q4``) holds q4's; ``model:<id>`` is sized like a target;
 * KV caches: keys and values for every layer and KV head, for the prompt, the new
   tokens and one verification pass of the draft budget (engine/decode.py sizes its
   caches the same way), in the attention dtype (float32 on the CPU); a model

@@ -98,7 +98,7 @@ def measure_pass_times(
     for done in range(repeats):
         # Each round starts at another cell: whatever follows a round (the app sending its progress, which
         # takes the interpreter for a moment) slows a different cell each time instead of always B = 1's one-token
-        # pass (measured in the app: 33 ms median against 9 ms alone).
+        # pass (docs/bench/2026-12-07-notes-from-kernels-and-model.md).
         start = done % len(cells)
         for cell in cells[start:] + cells[:start]:
             samples[cell].append(benches[cell]())

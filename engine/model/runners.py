@@ -132,8 +132,8 @@ class MeasuredCosts:
         self._lock = threading.Lock()
 
     def pass_ms(self, max_width: int) -> list[float]:
-        """Measured ms of a target pass of w tokens (index w - 1, w up to max_width): measured once (~1 s for
-        16 widths of the default model on a 2-core CPU) and again only for a wider shape."""
+        """Measured ms of a target pass of w tokens (index w - 1, w up to max_width): measured once and again
+        only for a wider shape (how long that takes: docs/bench/2026-12-07-notes-from-kernels-and-model.md)."""
         with self._lock:
             if len(self._pass_ms) < max_width:
                 self._pass_ms = pass_costs_ms(self.model, max_width)

@@ -1,10 +1,11 @@
 """The target's verify pass in fixed shapes and fixed addresses: what a CUDA graph can record once and replay.
 
-Why: on a GPU the default target's pass is launch-bound. An H200 reads the 135M model's bf16 weights in
-~60 us, yet our eager pass took 12-14 ms (docs/bench/2026-11-30-gpu-check-h200.md): a few hundred small
-kernels launched one by one from Python. A CUDA graph records those launches once and replays them with
-one call, but only if nothing in the pass depends on the host: every tensor's shape and address fixed,
-no Python number that changes between passes, no read back to the host in the middle.
+Why: on a GPU the default target's pass is launch-bound: reading the 135M model's bf16 weights is a small
+part of an eager pass, which is a few hundred small kernels launched one by one from Python
+(docs/bench/2026-11-30-gpu-check-h200.md, docs/bench/2026-12-07-notes-from-kernels-and-model.md). A CUDA
+graph records those launches once and replays them with one call, but only if nothing in the pass depends
+on the host: every tensor's shape and address fixed, no Python number that changes between passes, no read
+back to the host in the middle.
 
 The strict pass (``GenerationSettings.strict``) already has fixed shapes: W = the run's widest pass
 (pending token + draft budget, padded), attending over the whole cache through a [W, S] mask. What it

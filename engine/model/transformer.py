@@ -9,9 +9,9 @@ positions given per token (tree nodes sit at ``prefix + depth``).
 Shapes: T = tokens in this forward, S = cache capacity, H = query heads,
 Hkv = key/value heads, D = head dim, E = hidden size, V = vocabulary.
 
-One file (~620 lines) on purpose: the forward and the weight kinds it multiplies with
-(float32/bf16 on torch or our kernels, int8, Q4_1) are one concern; split, every kind
-would reach back into the forward's private layout.
+One module on purpose: the forward and the weight kinds it multiplies with (every
+``*Linear`` class here) are one concern; split, every kind would reach back into the
+forward's private layout.
 """
 
 from __future__ import annotations
@@ -92,19 +92,19 @@ class Linear:
         self._packed = None  # oneDNN's blocked layout
         self._weight = None  # plain [out, in]
         if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and cpu_kernels.available():
-            # Our kernel (engine/csrc, the variant cpu_kernels chose for this CPU):
-            # measured on a 2-core AVX512-BF16 EPYC over all matrices of the default
-            # model, avx512bf16 8.9 ms for 1 row, 9.7 ms for 8, 14.5 ms for 16 (30 GB/s
-            # at 1 row) against 13.6 / 12.7 / 17.3 ms for oneDNN on packed weights; the
-            # avx2 variant reads as fast at 1 row and is compute bound beyond (see
-            # docs/bench/cpu-kernel-variants.md). Shape-invariant: a row's result does
-            # not depend on the other rows of the pass.
+            # Our kernel (engine/kernels/csrc, the variant cpu_kernels chose for this
+            # CPU), quicker than oneDNN on packed weights at the widths a pass has; the
+            # avx2 variant reads as fast at 1 row and is compute bound beyond
+            # (docs/bench/2026-11-30-cpu-kernel-variants.md,
+            # docs/bench/2026-12-07-notes-from-kernels-and-model.md). Shape-invariant:
+            # a row's result does not depend on the other rows of the pass.
             self._kernel = cpu_kernels.PackedWeight(weight, bias)
         else:
             # bf16 without our kernel: the weight is handed to oneDNN once,
             # reordered into its blocked layout (F.linear re-reads the plain layout
-            # each call: 19-32 ms against 13-22 ms over the same matrices). Its
-            # rows are shape-invariant too (checked bit for bit).
+            # each call, slower over the same matrices:
+            # docs/bench/2026-12-07-notes-from-kernels-and-model.md). Its rows are
+            # shape-invariant too (checked bit for bit).
             self._packed = _onednn_pack(weight)
             if self._packed is None:
                 self._weight = weight
@@ -129,16 +129,16 @@ class Linear:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias, "none", [], "")
         if x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
             # float32 on the CPU: W @ x^T lets BLAS stream W once without packing
-            # it (measured ~2.5x faster than x @ W^T for the vocabulary projection
-            # at 9 rows on a 2-core AVX2 CPU). A single row is duplicated: with one
-            # row the BLAS takes its matrix-vector path, which on the AMD EPYC we
-            # measured reads weights at ~7 GB/s against ~11 GB/s for the
-            # two-column matrix product; the extra column costs no extra bytes.
-            # Layouts matter as much as shapes here: x is made row-major first (an
-            # input with transposed strides sent MKL down a path 2.5x slower for the
-            # down projection), and y is returned row-major (a transposed view left
-            # the queries with a last-dim stride != 1, which pushed attention off
-            # its flash kernel onto the math fallback).
+            # it, quicker than x @ W^T for the vocabulary projection. A single row
+            # is duplicated: with one row the BLAS takes its matrix-vector path,
+            # which reads weights slower than the two-column matrix product; the
+            # extra column costs no extra bytes. Layouts matter as much as shapes
+            # here: x is made row-major first (an input with transposed strides
+            # sends MKL down a slower path for the down projection), and y is
+            # returned row-major (a transposed view leaves the queries with a
+            # last-dim stride != 1, which pushes attention off its flash kernel
+            # onto the math fallback). Figures:
+            # docs/bench/2026-12-07-notes-from-kernels-and-model.md.
             rows = x.shape[0]
             x = x.contiguous() if rows > 1 else x.expand(2, -1).contiguous()  # [max(rows, 2), in]
             y = (self._weight @ x.t())[:, :rows].t().contiguous()  # [rows, out]
@@ -184,10 +184,10 @@ class Int8Linear:
     Kernel: torch's int8 weight-only matmul, which is fast with bf16 activations;
     float32 activations are rounded to bf16 just for the product (elementwise
     work stays in float32, which is faster than bf16 on CPUs without native
-    bf16). Quantising the activations as well (fbgemm's dynamic int8 linear,
-    faster still) destroyed the drafts: per-tensor int8 cannot hold the outlier
-    channels of the residual stream, acceptance fell to ~0. Without the kernel,
-    dequantise and multiply. The drafter's precision never affects exactness:
+    bf16). The activations are not quantised to int8 (fbgemm's dynamic int8
+    linear): per-tensor int8 cannot hold the outlier channels of the residual
+    stream, and the drafts would be useless (docs/bench/2026-12-07-notes-from-kernels-and-model.md).
+    Without the kernel, dequantise and multiply. The drafter's precision never affects exactness:
     q can be any distribution.
     """
 
@@ -200,11 +200,11 @@ class Int8Linear:
         self.bias = bias
         self._packed = None
         if weight.device.type == "cpu" and cpu_kernels.available():
-            # Our kernel (engine/csrc): each row of x quantised to int16 (13-15 bits
-            # of range, not the 8 that failed above), exact int32 dot products
-            # (vpdpwssd on AVX512-VNNI, vpmaddwd on the avx512 / avx2 variants),
-            # per-channel scale at the end. 5.6 ms over the default model's matrices
-            # on avx512bf16, against ~10 ms for torch's int8 kernel.
+            # Our kernel (engine/kernels/csrc): each row of x quantised to int16
+            # (13-15 bits of range, not the 8 that fail above), exact int32 dot
+            # products (vpdpwssd on AVX512-VNNI, vpmaddwd on the avx512 / avx2
+            # variants), per-channel scale at the end; quicker than torch's int8
+            # kernel (docs/bench/2026-12-07-notes-from-kernels-and-model.md).
             bias_bf16 = bias.to(torch.bfloat16) if bias is not None else None
             self._packed = cpu_kernels.PackedInt8Weight(self.weight_int8, scale, bias_bf16)
         self.shape = tuple(self.weight_int8.shape)  # (out, in)
@@ -306,10 +306,11 @@ class Q4Linear:
     0.5625 bytes per weight: the q4 drafter's).
 
     On our kernel (every variant, same numbers on each): each row of x quantised to
-    int16, exact integer sums per 32-input group, the scales applied per group. The
-    weights are the GGUF's own, not rounded to bf16; one pass reads 66 MB of layer
-    weights for the default model instead of 212 MB in bf16 (a one-row sweep of the
-    layers measured 4.0 ms against 7.7-11 ms, one thread). Without a kernel the
+    int8 per 16 inputs, exact integer sums per half of each 32-input group, the scales
+    applied per group (decode_kernels.c). The weights are the GGUF's own, not rounded
+    to bf16; one pass reads 66 MB of layer weights for the default model instead of
+    212 MB in bf16, so a one-row sweep of the layers is quicker too
+    (docs/bench/2026-12-07-notes-from-kernels-and-model.md). Without a kernel the
     dequantised matrix is multiplied by torch in float32."""
 
     def __init__(self, packed: cpu_kernels.PackedQ4_1Weight):
@@ -345,10 +346,10 @@ class Q4Linear:
 class RescoredQ4Linear:
     """The q4 drafter's output projection (no bias): Q4_1 (or Q4_1B, `packing`: the q4 drafter's) for every
     output, each row's `top` best outputs computed again in int8 (cpu_kernels.RescoredQ4Head, decode_kernels.c's
-    head_q4_rescored): 18 MB (Q4_1B 16 MB) read per pass for the default model against 28 MB in int8, and the drafts int8 would make (measured, simulated in
-    float on 9 chat prompts, K = 6: 6.33 tokens per pass greedy with the top 8, 32 or 128 re-scored, as with
-    the int8 head; 4.64 with Q4_1 alone). CPU kernels only. The drafter's precision never affects exactness:
-    q can be any distribution."""
+    head_q4_rescored): 18 MB (Q4_1B 16 MB) read per pass for the default model against 28 MB in int8, and
+    the greedy drafts the int8 head would make, where Q4_1 alone makes worse ones
+    (docs/bench/2026-12-05-q4-rescored-head.md, docs/bench/2026-12-07-notes-from-kernels-and-model.md).
+    CPU kernels only. The drafter's precision never affects exactness: q can be any distribution."""
 
     TOP = 32  # outputs re-scored per row
 
@@ -449,10 +450,10 @@ def use_gguf_q4_1(model: Transformer, gguf_path, packing: type = cpu_kernels.Pac
             new = Q4Linear(packing.from_gguf_blocks(raw, current.shape[1], bias))
             # One product each against the loaded matrix (transformers' dequantisation of the
             # same blocks, maybe rounded to bf16): a wrong file or row order is off by O(1) of the
-            # largest output; bf16 rounding and the kernel's int8 rows (one scale per 16 inputs)
-            # by up to 0.8% on this random probe (the default model; Q4_1B's codes by up to 0.7%
-            # more). (Comparing the matrices took
-            # 14 s on a busy 2-core host.)
+            # largest output; bf16 rounding, the kernel's int8 rows (one scale per 16 inputs) and
+            # Q4_1B's codes by well under the 2% tolerance on this random probe. A product, not a
+            # comparison of the matrices, which is slow on a small host (figures:
+            # docs/bench/2026-12-07-notes-from-kernels-and-model.md).
             probe = torch.randn(1, current.shape[1], generator=torch.Generator().manual_seed(i))
             want, got = current(probe.to(model.act_dtype)).float(), new(probe.to(model.act_dtype)).float()
             if new.shape != current.shape or (got - want).abs().max() > 2e-2 * want.abs().max():
@@ -567,7 +568,7 @@ class Transformer:
         # our CPU kernel runs the bf16 products: it takes float32 rows, rounds them
         # to bf16 for the multiply-adds and returns float32 sums, so no pass pays
         # for ~370 dtype conversions, and RMSNorm is one fused float32 call
-        # (together ~1.3 ms of a ~14 ms pass). Weights stay bf16: the bytes read
+        # (docs/bench/2026-12-07-notes-from-kernels-and-model.md). Weights stay bf16: the bytes read
         # per token, what decoding speed is bound by, are unchanged.
         self.act_dtype = (
             torch.float32
@@ -607,8 +608,8 @@ class Transformer:
         self.inv_freq = inv_freq.to(self.device)  # [D/2] float64 for exact angles
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [positions, D]
         # The KV cache's dtype (new_cache): float32 on the CPU even for a bf16 model: torch's
-        # CPU flash attention in bf16 took 146 us per layer for one query over 130 keys
-        # against 25 us in float32 (2-core AVX512-BF16 EPYC). Costs 2x the cache memory
+        # CPU flash attention is several times slower in bf16 than in float32
+        # (docs/bench/2026-12-07-notes-from-kernels-and-model.md). Costs 2x the cache memory
         # (46 KB per token for the default model). A drafter may set bf16 where our kernels
         # run its passes (q4_weights: they read either, widened exactly).
         self.attention_dtype = torch.float32 if self.device.type == "cpu" else dtype
@@ -788,9 +789,10 @@ class Transformer:
         """(whether our attention kernel runs, the [T, A] bool mask or None) for T new tokens at slots
         [start, end) attending over [0, attend)."""
         # Every pass on the CPU kernel's host attends on our kernel, causally or through
-        # the tree mask: for a few tokens torch's SDPA spent 40-55 us per layer on setup,
-        # and a prefill then runs its layers in one C call too (a 130-token prompt:
-        # 186-224 -> 161 ms on the avx2 variant), its rows bit for bit what decoding gives them.
+        # the tree mask: for a few tokens torch's SDPA spends longer on setup than on the
+        # attention, and a prefill then runs its layers in one C call too, quicker
+        # (docs/bench/2026-12-07-notes-from-kernels-and-model.md), its rows bit for bit what
+        # decoding gives them.
         kernel_attention = self._attention_kernel and (mask is not None or attend == end)
         if kernel_attention and mask is not None:
             if mask.shape != (t, attend) or not bool(mask.any(dim=1).all()):
@@ -806,7 +808,7 @@ class Transformer:
 
     def _layers_on_stack(self, stack, x, cos, sin, cache: KVCache, start: int, attend: int, mask, keep: set) -> dict:
         """Every layer in one C call (cpu_kernels.decode_layers), x [T, E] float32 updated in place: the same
-        steps and numbers as ``_layer``, without ~1.5 ms of Python per pass around ~150 foreign calls.
+        steps and numbers as ``_layer``, without the Python around ~150 foreign calls per pass.
         A layer whose output is wanted (keep) ends a call of its own (one more call each); returns
         {layer: a copy of its output rows}."""
         cfg, n_layers = self.cfg, len(self.layers)

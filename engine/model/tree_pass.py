@@ -23,16 +23,15 @@ __all__ = ["CHAIN_LOGITS_FIRST", "lazy_logits_pay", "note_walk", "target_pass", 
 
 # A chain's verification reads the target's logits row by row and stops at the first rejection:
 # rows past it are never used. On the CPU the lm_head product (49152 x 576 for the default model)
-# is a sixth of a 16-token pass on the avx2 kernels, and up to a few rows it costs what one row
-# costs (reading its 57 MB of weights). So a chain's pass computes the logits of its first
+# is a large share of a wide pass, and up to a few rows it costs what one row costs (reading its
+# 57 MB of weights). So a chain's pass computes the logits of its first
 # CHAIN_LOGITS_FIRST rows and keeps the rest as last-layer rows; the walk projects them, all in one
 # product, only if it gets that far (row-invariant kernels: the same bits as an eager pass).
-CHAIN_LOGITS_FIRST = 5
+CHAIN_LOGITS_FIRST = 5  # chosen by measurement: docs/bench/2026-12-07-notes-from-kernels-and-model.md
 # That pays only while most walks stop before those rows: a walk that reads past them pays for a second
-# read of the projection's weights (1.65 ms for 2 rows against 2.03 ms for the first 5 and ~2.1 ms for all 7,
-# avx512bf16, the default model). Drafts accepted ~95% of the time (q4, int8) read past them in most passes,
-# so each run counts its long chains and projects every row at once while more than LAZY_READ_PAST_SHARE of
-# them were read past (the choice changes no bit: row-invariant kernels).
+# read of the projection's weights. Drafters whose drafts are nearly always accepted (q4, int8) read past
+# them in most passes, so each run counts its long chains and projects every row at once while more than
+# LAZY_READ_PAST_SHARE of them were read past (the choice changes no bit: row-invariant kernels).
 LAZY_READ_PAST_SHARE = 0.25
 
 

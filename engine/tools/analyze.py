@@ -354,8 +354,8 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
 
     outside_at = _outside_model(result, tables, costs.get("overhead_ms"))
     # What speculation is weighed against: a server without it where one was probed, else this server's own
-    # passes without drafts (on vLLM's CPU build those cost more than a plain server's: measured 165 against
-    # 113 ms a pass at batch 16, so without the other server the speedups lean high, and the words say so).
+    # passes without drafts (on vLLM's CPU build those cost more than a plain server's, so without the other
+    # server the speedups lean high, and the words say so; docs/bench/2026-12-07-notes-from-engine.md).
     reference = {b: plain[b] if plain.get(b, 0) > 0 else parts[b][0] for b in batches}
     against = "a server without speculation" if all(plain.get(b, 0) > 0 for b in batches) else "its own plain passes"
     result["pass_costs"] = {
@@ -405,7 +405,7 @@ def predicted_speedup(result: dict, b: int, k: int, tokens_per_pass: float, shar
         speedup        = plain ÷ speculative
 
     Where the window has no per-request times (not vLLM), decode passes only: tokens per pass · reference ÷
-    pass, which leaves out what dilutes the gain (measured 1.2–1.9× too high on vLLM's CPU server)."""
+    pass, which leaves out what dilutes the gain (and so reads high where requests have such times)."""
     costs = result["pass_costs"]
     d = result["drafting_share"] if share is None else share
     pass_ms = costs["plain_ms"][b] + b * d * k * costs["token_ms"][b]
@@ -421,10 +421,10 @@ def _outside_model(result: dict, tables: dict, overhead: dict | None = None):
     """outside(B): ms of a request outside its decode passes at batch B (waiting, its prefill step, the server's
     work around the request), or None where the window does not say (a server without vLLM's e2e and decode
     histograms). The window's own per-request figure at its load, plus, per concurrent request more or less,
-    the slope the probe measured on its plain requests (both servers' points, least squares over B): measured
-    on vLLM's CPU server ~100 ms per request, as each request waits for the others' prefill. Plus the fixed
-    part of a request's decode time the probe took out of its passes (`overhead`: pass_costs' "overhead_ms",
-    ~150 ms per request measured there), which a request pays with or without speculation."""
+    the slope the probe measured on its plain requests (both servers' points, least squares over B), as each
+    request waits for the others' prefill. Plus the fixed part of a request's decode time the probe took out of
+    its passes (`overhead`: pass_costs' "overhead_ms"), which a request pays with or without speculation
+    (figures: docs/bench/2026-12-07-notes-from-engine.md)."""
     outside, load = result.get("outside_ms"), result.get("concurrency") or 1.0
     if outside is None:
         return None

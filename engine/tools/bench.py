@@ -60,15 +60,15 @@ Q4_K = 6  # the q4 rows' K (chosen by measurement: docs/bench/README.md)
 ENGINE_SYSTEMS = {
     "engine-baseline": ("none", {}),
     # K = 15: long verbatim copies (code edits) go through in few passes. Which K pays depends on
-    # the host's pass costs (a 16-token pass cost 3-4.5x a one-token pass on the avx2 kernels and
-    # 1.8-2.7x on avx512bf16 in our runs): engine-ngram-adaptive picks K per pass from those costs.
+    # the host's pass costs (how much a wide pass costs against a one-token pass differs between kernel
+    # variants: docs/bench/2026-12-07-notes-from-engine.md): engine-ngram-adaptive picks K per pass from those.
     "engine-ngram": ("ngram", {"k": 15}),
     # Suffix decoding (engine/drafters/suffix.py) at engine-ngram's K, remembering the answers it gave to the
     # workload's earlier prompts, as a chat session or an agent loop would (vLLM's suffix method keeps them
     # across requests): on the first prompt of a workload it is prompt lookup with a frequency-ranked tree.
     "engine-suffix": ("suffix", {"k": 15}),
     "engine-int8": ("int8", {"k": 3}),
-    # Greedy int8 drafts are accepted ~90% of the time, so branching buys little; a 3-node tree
+    # Greedy int8 drafts are accepted most of the time, so branching buys little; a 3-node tree
     # keeps the pass at 4 rows (a cheap width for this BLAS: see pass_cost_ms).
     "engine-tree": ("int8", {"k": 2, "topk": 2, "num_draft_tokens": 3}),
     # The EAGLE head reads the target's own features (engine/drafters/eagle.py); K = 4, the depth its
@@ -150,7 +150,7 @@ def machine_info(engine: SpeculativeEngine) -> dict:
         # Which of our kernel variants ran and the CPU flags that decide it: reports differ per host.
         "cpu_kernel": _kernel_variant() if device.type == "cpu" else None,
         "cpu_flags": _cpu_flags(),
-        # torch's own instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA can cap it: the AVX2 proxy)
+        # torch's own instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA can cap it, as an AVX2-only host)
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
         "torch_isa_caps": config.isa_caps(),
         # the pages the kernels' weights and caches live on (2 MB where Linux allows: engine/kernels/pages.py)
@@ -213,7 +213,7 @@ def hf_dtype(engine: SpeculativeEngine) -> tuple[torch.dtype, str]:
     """transformers' dtype for the reference rows: the best for it on this host. The engine's
     own dtype, except bf16 on a CPU where torch has no fast bf16 product (no AVX512-BF16 / AMX,
     or capped below it): there a prefill-sized bf16 product is measured against float32 and
-    the faster wins (on an AVX2 host torch's bf16 product ran ~10x slower than float32)."""
+    the faster wins (on an AVX2-only host torch's bf16 product is many times slower than float32)."""
     dtype = engine.target.dtype
     if engine.target.model.device.type != "cpu" or dtype != torch.bfloat16:
         return dtype, "the engine's dtype"

@@ -3,8 +3,8 @@
 A correct implementation emits the target's argmax at every position, so greedy
 speculative decoding must reproduce the baseline token for token, *if* the
 target's logits are computed identically. On real hardware a multi-token forward
-can round differently from a one-token forward (bf16 on CPU differs by up to ~0.6
-in a logit), so a divergence is diagnosed: at the first differing position we
+can round differently from a one-token forward (bf16 on CPU by a fair part of a
+logit), so a divergence is diagnosed: at the first differing position we
 recompute the target's logits for the shared prefix and report the top-2 margin.
 A divergence at a near-tie (margin below the dtype's tolerance) is numerics; at a
 clear margin it is a bug. Strict mode pads every target pass to the same shape

@@ -7,38 +7,30 @@ cases per B:
 
 * plain: every prompt is random token ids, which give an n-gram drafter nothing to match;
 * all drafting: every prompt is a random run of tokens repeated (S S S S[:8]); the model continues it by
-  copying, so the drafter proposes its K tokens on (nearly) every pass and the pass verifies them; the
-  share that did draft is counted and used as measured;
+  copying, so the drafter proposes its K tokens on (nearly) every pass and the pass verifies them;
 * half drafting: half of each (B ≥ 2), as real traffic mixes them.
 
-The model continues random prompts too, and sometimes by copying a piece of them, so even the plain case
-drafts on some passes (38% at one batch size, measured), and the drafting cases on only 50–100%: each case
-is kept with the share of its passes that drafted, and engine/tools/analyze.py fits ms per pass against
-that share, batch size by batch size.
+The model continues random prompts too, sometimes by copying a piece of them, so even the plain case drafts on
+some passes and the drafting cases not on all: each case is kept with the share of its passes that drafted, and
+engine/tools/analyze.py fits ms per pass against that share, batch size by batch size.
 
-A request's decode time holds more than its passes: a fixed part per request (the plain vLLM CPU server
-measured ~150 ms, at batch 1 too), which over the 8 passes of a short probe request reads every pass dearer (a
-validation run without this: 62 against the traffic's 39 ms a plain pass at batch 4, 77 against 51 at batch
-2). So each plain case is sent twice, with
-requests of TOKENS and of LONG tokens; per server and batch size the pair separates that fixed part
-(_overhead_ms), taken out of every case's decode time at that batch size. Around each plain case the probe
-also reads each request's time outside its decode passes (e2e − decode): how it grows with the batch (each
-request waits for the others' prefill) is what the analyzer adds to a window's own figure.
+A request's decode time holds more than its passes: a fixed part per request, which over the few passes of a
+short probe request would read every pass dearer. So each plain case is sent twice, with requests of TOKENS and
+of LONG tokens; per server and batch size the pair separates that fixed part (_overhead_ms), taken out of every
+case's decode time at that batch size. Around each plain case the probe also reads each request's time outside
+its decode passes (e2e − decode): how it grows with the batch (each request waits for the others' prefill) is
+what the analyzer adds to a window's own figure.
 
-Each request asks for TOKENS tokens (the drafting ones (K + 1)× as many, so that the batch keeps its mix to
-the end) and ignores end of sequence. Around each case the probe scrapes the server's counters: passes =
-tokens − requests − accepted, the share of them that drafted, and K = draft tokens ÷ drafts. Where the server
-reports how long each request decoded (vLLM's ``request_decode_time_seconds``), ms per pass = those seconds ÷
-the passes: the server's own clock in steady state, free of HTTP and prefill. The rounds of all the cases
-are interleaved, so that a slow spell of the host lands on every case alike, after one untimed round of every
-case (a fresh server compiles each new shape the first time: in a validation run without it the batch-1 plain
-pass read 89 ms where the same server's traffic took 47) (measured: run case after case,
-one plain pass at batch 1 came out at 75 ms where the same server's real traffic took 56 to 64). (A first version timed requests
-of one decode pass from outside; its plain pass came out 15% dearer than the passes of long requests on the
-same server, 64.6 against 56.4 ms, and wall-time differences at batch 16 came out below batch 8's.) Elsewhere
-it is the wall-time difference with requests of one token, over the passes. Prompts are fresh random tokens
-every time (no prefix-cache hit). These are measured costs at the server's own K; the analyzer scales the
-drafted part linearly to other K, and says so.
+Each request asks for TOKENS tokens (the drafting ones (K + 1)× as many, so that the batch keeps its mix to the
+end) and ignores end of sequence. Around each case the probe scrapes the server's counters: passes = tokens −
+requests − accepted, the share of them that drafted, and K = draft tokens ÷ drafts. Where the server reports how
+long each request decoded (vLLM's ``request_decode_time_seconds``), ms per pass = those seconds ÷ the passes: the
+server's own clock in steady state, free of HTTP and prefill; elsewhere it is the wall-time difference with
+requests of one token, over the passes. The rounds of all the cases are interleaved, so that a slow spell of the
+host lands on every case alike, after one untimed round of every case (a fresh server compiles each new shape
+the first time it sees it). Prompts are fresh random tokens every time (no prefix-cache hit). These are measured
+costs at the server's own K; the analyzer scales the drafted part linearly to other K, and says so. Why each
+step is there: docs/bench/2026-12-07-notes-from-engine.md.
 """
 
 from __future__ import annotations
@@ -57,8 +49,9 @@ __all__ = ["BATCHES", "costs_from_cases", "counted_reading", "parse_pass_costs",
 
 BATCHES = (1, 2, 4, 8, 16)  # batch sizes probed (capped by the caller's max_batch)
 TOKEN_IDS = (100, 10_000)  # random prompt ids drawn here: ordinary tokens in any vocabulary of ≥ 10k
-RUN = 24  # tokens in the repeated run of the speculative probe's prompt (S S S S[:8]: three copies make the
-# model copy reliably; with two copies of 16 only 41% of its passes drafted, measured)
+# Tokens in the repeated run of the speculative probe's prompt (S S S S[:8]): three copies make the model copy
+# reliably, where two copies of a shorter run leave many of its passes without a draft.
+RUN = 24  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
 MIN_SHARE = 0.1  # a batch whose drafting case drafted on less than this share more than its plain case is left out
 TOKENS = 9  # tokens asked of each probe request: 8 decode passes (fewer where drafts are accepted)
 
@@ -303,9 +296,9 @@ def _no_cheaper_than_plain(own: dict, plain: dict, totals: dict) -> dict:
     """The speculating server's fixed decode time per request by batch size (`own`: its pair of request lengths),
     at most what leaves its plain case's pass (drafting on few passes) as dear as the plain server's pass at
     the same B: a pass that drafts nothing still runs the same model on the same batch, plus the drafter's
-    lookup. The pair is noisy: at B = 2 it read 258-535 ms on the speculating server in three grids against
-    72-253 ms on the plain one, and the 535 left a pass of 18 ms against the plain server's 57, so the
-    analyzer expected 2.6x on chat where 1.2x was measured. Without a plain server: `own` as it is."""
+    lookup. The pair is noisy, and an overstated fixed part leaves a pass far cheaper than the plain server's,
+    so the analyzer would expect far more than is measured (docs/bench/2026-12-07-notes-from-engine.md).
+    Without a plain server: `own` as it is."""
     capped = {}
     for b, ms in own.items():
         mine, theirs = totals.get((b, "decode", 0)), totals.get((b, "baseline_decode", 0))
@@ -335,10 +328,9 @@ def _read_cases(read, cases: list, totals: dict) -> tuple[dict, set]:
         if name in LONG_CASES:
             short = LONG_CASES[name]
             overhead[short][batch] = _overhead_ms(totals[batch, short, 0], totals[batch, name, 0])
-    # Each server's own pair. The speculating server's often reads near 0 (one run: 9, 0, 136, 0, 0 ms at
-    # B = 1..16 against the plain server's 152, 231, 95, 152, 153); taking the plain server's figure for both
-    # instead read its passes cheaper than its traffic: on the same grid's stored counters, 19% median error
-    # and 4 cells on the wrong side of 1x, against 10% and 0 with each server's own pair (docs/vllm.md).
+    # Each server's own pair. The speculating server's often reads near 0, but taking the plain server's figure
+    # for both instead reads its passes cheaper than its traffic, and the analyzer errs more with it (docs/vllm.md,
+    # docs/bench/2026-12-07-notes-from-engine.md).
     taken_out = _no_cheaper_than_plain(overhead["decode"], overhead["baseline_decode"], totals)
     costs["overhead_ms"] = {"speculative": taken_out, "baseline": overhead["baseline_decode"]}
     costs["outside_ms"], costs["baseline_outside_ms"] = {}, {}

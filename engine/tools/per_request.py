@@ -1,9 +1,10 @@
 """Which requests does speculation pay for? Per-request speculative metrics, read as a distribution.
 
 A server's /metrics (engine/tools/analyze.py) sums every request of a window into one acceptance; requests differ
-widely (a code edit that copies its prompt keeps 6 tokens per pass, a chat answer 1.3), and a window's mean,
-weighted by tokens, leans to the long ones. vLLM (≥ 0.28, ``--per-request-spec-decode-metrics summary|detailed``)
-reports each request's own in its response, under ``metrics.speculative_decoding``:
+widely (a code edit that copies its prompt keeps several tokens per pass, a chat answer little more than one), and
+a window's mean, weighted by tokens, leans to the long ones. vLLM (≥ 0.28,
+``--per-request-spec-decode-metrics summary|detailed``) reports each request's own in its response, under
+``metrics.speculative_decoding``:
 
 * ``acceptance_histogram``: verify steps by how many drafts they accepted. Two schemas are in the wild: **dense**,
   a list whose index j counts the steps that accepted exactly j drafts (K + 1 entries; vLLM's merged form,

@@ -16,12 +16,11 @@
 
 ``selfcheck(engine)`` returns a plain JSON-serialisable dict with every figure and a pass / fail per
 check; the CLI prints it (``format_report``). The sizes (PARITY, EXACTNESS) are the default model's
-(SmolLM2-135M-Instruct), chosen to fit 60 s on two CPU cores: greedy runs of 32 tokens, and 400 samples
-per sampler at about 40 ms a sample. Power: at these settings the control's error is measured at
-0.15-0.17 · n of chi-square noncentrality (TV distance ≈ 0.17; three runs of 300-600 samples), so at
-n = 400 its expected statistic is about 70 on 6-7 degrees of freedom against a critical value of about
-23 at the 1e-3 level: it goes undetected for fewer than one seed in 2000 (the noncentral chi-square's
-tail), while the exact rule fails by chance for one seed in 1000 (TEST_LEVEL).
+(SmolLM2-135M-Instruct), chosen to fit a minute on two CPU cores: greedy runs of 32 tokens, and 400 samples
+per sampler. Power: at n = 400 the control's expected chi-square statistic is about three times the critical
+value at the 1e-3 level, so it goes undetected for fewer than one seed in 2000 (the noncentral chi-square's
+tail), while the exact rule fails by chance for one seed in 1000 (TEST_LEVEL). The measured noncentrality and
+sample cost behind these sizes: docs/bench/2026-12-07-notes-from-engine.md.
 """
 
 from __future__ import annotations

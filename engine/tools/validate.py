@@ -11,7 +11,7 @@ and the batches' throughput, beside the probed pass costs. ``predict_grid`` read
 * the measurement is the ratio of medians of the K server's and the plain server's throughput at (B), with its
   spread (engine.metrics.ratio_bounds);
 * error = predicted ÷ measured − 1; the summary gives the median absolute error and the cells where the
-  prediction is on the other side of 1.0× from a measurement whose spread excludes 1.0×.
+  prediction is on the other side of 1 (no speedup) from a measurement whose spread excludes 1.
 """
 
 from __future__ import annotations

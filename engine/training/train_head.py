@@ -59,12 +59,12 @@ class TrainConfig:
     max_new_tokens: int = 128
     gen_batch: int = 64
     vocab: int = 8192
-    epochs: int = 12  # 6 gave 1.36 held-out tokens per pass, 12 gave 1.51 (top-1 was still rising)
+    epochs: int = 12  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
     batch_tokens: int = 3072
     lr: float = 1.5e-3
     unroll: int = 3  # training-time test steps (1 = plain EAGLE-1 training)
-    # bf16 autocast where the CPU has native bf16 products: 1.56x the training tokens/s in float32
-    # (unroll 2, 2-core AVX512-BF16 EPYC, measured under load); the parameters stay float32.
+    # bf16 autocast where the CPU has native bf16 products, for more training tokens/s than float32
+    # (docs/bench/2026-12-07-notes-from-engine.md); the parameters stay float32.
     autocast: bool = True
     reg_weight: float = 1.0
     prompt_weight: float = 0.2  # loss weight of pairs inside the prompt (drafting only ever predicts answers)
@@ -76,8 +76,7 @@ class TrainConfig:
     # () = the last layer only (EAGLE-1); several = a low / middle / high mix as EAGLE-3 does,
     # each row RMS-normalised per layer and mixed down to one [E] feature by a trained fc;
     # None = default_feature_layers of the target (1, 14, 29 for SmolLM2-135M). At equal training
-    # compute the mix drafts better: held-out top-1 0.35 / 0.21 / 0.17 by unroll step against
-    # 0.26 / 0.17 / 0.13 for the last layer alone (250 steps; docs/bench/eagle_feature_layers.py).
+    # compute the mix drafts better than the last layer alone (docs/bench/2026-12-07-notes-from-engine.md).
     feature_layers: tuple[int, ...] | None = None
     # Where every stage runs: "cpu", "cuda" (the recipe sized for one device run: sized_for_device), or "auto".
     device: str = "cpu"
@@ -90,7 +89,7 @@ class TrainConfig:
     command: str = field(default="", repr=False)
 
 
-# The recipe for one GPU run (issue #31: minutes of an H200, where the CPU recipe spends ~72 min of
+# The recipe for one GPU run (issue #31: minutes of an H200, where the CPU recipe spends over an hour of
 # 2 cores on 1,200 prompts). Published heads reach ~2 tokens per pass at K = 4 from ~50-70K
 # conversations; this is what fits in a few minutes with the stages above: the target writes 6,000 of
 # the 16,000 prompts itself, answers them 256 at a time, and the head sees ~4M tokens 8 times.
@@ -573,7 +572,7 @@ def _held_out_acceptance(engine, folder: Path, prompts: list[str], max_new: int)
 
 def greedy_acceptance(engine, prompts: list[str], max_new: int) -> dict:
     """The engine's `eagle` drafter (its current head), greedy K=4 chains over `prompts`: tokens per
-    target pass and acceptance by depth, as the model card reports them (docs/bench/eagle_head_fit.py too)."""
+    target pass and acceptance by depth, as the model card reports them."""
     from engine.metrics import summarize_steps
 
     steps = []
@@ -665,8 +664,8 @@ def _prompts_and_answers(cfg: TrainConfig, hf, engine, work: Path) -> tuple[list
     built = cfg.prompts - cfg.written
     all_prompts = build_prompts(built + cfg.held_out, cfg.seed)
     train_prompts, held_prompts = all_prompts[:built], all_prompts[built:]
-    # Answers in bfloat16 on a GPU, and where the CPU computes it natively: 255 against 390 ms per step of 48
-    # sequences in float32 (2-core AVX512-BF16 EPYC); our engine's own default passes are bf16 too.
+    # Answers in bfloat16 on a GPU, and where the CPU computes it natively (quicker than float32 there:
+    # docs/bench/2026-12-07-notes-from-engine.md); our engine's own default passes are bf16 too.
     gen_model = hf
     if not cfg.quick and (hf.device.type == "cuda" or cpu_has_native_bf16()):
         gen_model = copy.deepcopy(hf).to(torch.bfloat16)

@@ -1,50 +1,40 @@
 """SpecLens on a production engine: a vLLM server's speculative decoding as SpecLens events.
 
-``VllmBackend(url).generate(prompt)`` runs one prompt through vLLM's
-OpenAI-compatible API (streaming, logprobs, and the per-request speculative
-metrics of ``--per-request-spec-decode-metrics detailed``) and yields the same
-events as ``SpeculativeEngine.generate``: ``start``, one ``step`` per target
-pass, ``finish`` (docs/events.md), so the trace validator, ``run_summary``, the
-visuals and downloads work on it unchanged.
+``VllmBackend(url).generate(prompt)`` runs one prompt through vLLM's OpenAI-compatible API (streaming, logprobs,
+and the per-request speculative metrics of ``--per-request-spec-decode-metrics detailed``) and yields the same
+events as ``SpeculativeEngine.generate``: ``start``, one ``step`` per target pass, ``finish`` (docs/events.md),
+so the trace validator, ``run_summary``, the visuals and downloads work on it unchanged.
 
 What vLLM reports, and how it becomes steps:
 
-* ``metrics.speculative_decoding.per_step_accepted`` / ``per_step_drafted``: one
-  entry per verification step *that drafted* (vLLM's scheduler only counts steps
-  with scheduled draft tokens). Such a step emits ``accepted + 1`` tokens: the
-  accepted drafts, then the *resampled* token (a draft was rejected) or the
-  *bonus* token (every draft was accepted). The run's last step may be cut by
-  EOS or max_tokens (``truncated``).
-* The prefill pass emits the first token, and a decode step whose drafter found
-  nothing (n-gram: no match) emits one bonus token; vLLM does not list those, so
-  they are the tokens left over.
-* The stream delivers each engine step's tokens in one chunk (several steps per
-  chunk when the client falls behind). A step never straddles a chunk, which
-  places the counted steps among the one-token ones; where a one-token chunk could
-  be a drafting step whose drafts were all rejected or a step that drafted
-  nothing, the drafting step is placed first and the finish event's
-  ``vllm.alignment`` says how many such choices were made.
-* ``logprobs`` / ``top_logprobs``: the target's p of every emitted token and its
-  top alternatives (``dists[*].p_top``). These are vLLM's logprobs
-  (``--logprobs-mode``, default the raw model distribution).
-* Timing: each chunk's arrival time; a step's ``verify_ms`` is the time since the
-  previous chunk (the whole engine step: drafting, the target pass, sampling and
-  streaming), left null for steps that shared a chunk with an earlier one.
+* ``metrics.speculative_decoding.per_step_accepted`` / ``per_step_drafted``: one entry per verification step
+  *that drafted* (vLLM's scheduler only counts steps with scheduled draft tokens). Such a step emits
+  ``accepted + 1`` tokens: the accepted drafts, then the *resampled* token (a draft was rejected) or the *bonus*
+  token (every draft was accepted). The run's last step may be cut by EOS or max_tokens (``truncated``).
+* The prefill pass emits the first token, and a decode step whose drafter found nothing (n-gram: no match)
+  emits one bonus token; vLLM does not list those, so they are the tokens left over.
+* The stream delivers each engine step's tokens in one chunk (several steps per chunk when the client falls
+  behind). A step never straddles a chunk, which places the counted steps among the one-token ones; where a
+  one-token chunk could be a drafting step whose drafts were all rejected or a step that drafted nothing, the
+  drafting step is placed first and the finish event's ``vllm.alignment`` says how many such choices were made.
+* ``logprobs`` / ``top_logprobs``: the target's p of every emitted token and its top alternatives
+  (``dists[*].p_top``). These are vLLM's logprobs (``--logprobs-mode``, default the raw model distribution).
+* Timing: each chunk's arrival time; a step's ``verify_ms`` is the time since the previous chunk (the whole
+  engine step: drafting, the target pass, sampling and streaming), left null for steps that shared a chunk with
+  an earlier one.
 
-Not exposed by vLLM, so recorded as absent (``start.absent``) and never invented:
-the draft tokens that were rejected (and those after them), q (drafter
-probabilities; an n-gram draft is a point mass anyway), the uniforms u, the
-drafting time apart from the step.
+Not exposed by vLLM, so recorded as absent (``start.absent``) and never invented: the draft tokens that were
+rejected (and those after them), q (drafter probabilities; an n-gram draft is a point mass anyway), the
+uniforms u, the drafting time apart from the step.
 
-``complete`` is the lean request (no stream, no logprobs) the benchmark and the
-batch measurement (``engine.vllm.batch``) time. ``VllmBackend.info()`` says what
-the server reports: the served model, whether it speculates and with which K
-(from ``/metrics``), its speculative config where readable (``/server_info`` in
+``complete`` is the lean request (no stream, no logprobs) the benchmark and the batch measurement
+(``engine.vllm.batch``) time. ``VllmBackend.info()`` says what the server reports: the served model, whether it
+speculates and with which K (from ``/metrics``), its speculative config where readable (``/server_info`` in
 vLLM's dev mode, or what the caller started it with).
 
-One file (~750 lines) on purpose: the HTTP client, the stream parsing and the alignment
-of vLLM's per-step counts with the streamed tokens are one translation (a response into
-SpecLens events); the server manager and the batch measurement live apart.
+One module on purpose: the HTTP client, the stream parsing and the alignment of vLLM's per-step counts with the
+streamed tokens are one translation (a response into SpecLens events); the server manager and the batch
+measurement live apart.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ folder (``<cache>/vllm/models/<name>``) whose weights and tokenizer are symlinks
 into the cache and whose config.json / generation_config.json are what vLLM
 needs (an architecture, a dtype, the EOS ids); our own cache is never touched.
 The graph compile cache lives under ``<cache>/vllm/compile`` so later starts skip
-most of the 100-150 s first compile (with vLLM's AOT artefacts off: they do not load
+most of the first start's compile (with vLLM's AOT artefacts off: they do not load
 back on this torch, see ``environment``).
 """
 
@@ -48,7 +48,9 @@ __all__ = [
     "why_unavailable",
 ]
 
-START_TIMEOUT_S = 900.0  # first start compiles graphs: 100-150 s per configuration on 2 cores, more when shared
+# A first start compiles graphs, minutes per configuration on a small CPU and more when it is shared: this leaves
+# room for several times what it takes (docs/bench/2026-12-07-notes-from-engine.md).
+START_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 20.0
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
@@ -78,9 +80,9 @@ def why_unavailable() -> str | None:
 
 def ngram_config(k: int = 8, lookup_max: int = 3, lookup_min: int = 2) -> dict:
     """vLLM's n-gram (prompt lookup) speculative config: suffixes of 3 down to 2 tokens and the K
-    measured best on code edits here (notes: K=8). vLLM's proposer has no limit per matched
-    token like our drafter's per_match (engine/drafters/): it always drafts to K, so longer
-    suffixes would change little in its drafts (measured on our drafter without the limit)."""
+    chosen by measurement on code edits (docs/bench/2026-12-07-notes-from-engine.md). vLLM's proposer
+    has no limit per matched token like our drafter's per_match (engine/drafters/): it always drafts to
+    K, so longer suffixes change little in its drafts."""
     return {
         "method": "ngram",
         "num_speculative_tokens": int(k),
@@ -175,7 +177,8 @@ class VllmServer:
     extra_args: list[str] = field(default_factory=list)
     # CPUs its compute thread is bound to (VLLM_CPU_OMP_THREADS_BIND, e.g. "1"); None: the environment's, else
     # "auto" (one core, the other left to vLLM's own processes). Two servers started together on 2 cores both
-    # take core 0 under "auto": binding the second to core 1 made both ready in 28 s against 44 s here.
+    # take core 0 under "auto": binding the second to core 1 makes both ready sooner (figures: the note
+    # docs/bench/2026-12-07-notes-from-engine.md).
     omp_bind: str | None = None
     start_timeout_s: float = START_TIMEOUT_S
     process: subprocess.Popen | None = field(default=None, init=False, repr=False)
@@ -225,13 +228,13 @@ class VllmServer:
         root = cache_dir() / "vllm"
         env.update(
             VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
-            # One compute thread pinned, the other core left to vLLM's own processes: measured
-            # faster than binding both on 2 cores (notes).
+            # One compute thread pinned, the other core left to vLLM's own processes (chosen by measurement
+            # on 2 cores: docs/bench/2026-12-07-notes-from-engine.md).
             VLLM_CPU_OMP_THREADS_BIND=self.omp_bind or env.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
             VLLM_CACHE_ROOT=str(root / "compile"),
             # vLLM 0.32's AOT-compiled artefact fails to load back on this torch ("'function' object has
             # no attribute 'finalize_loading'") and recompiles on every start; the per-graph inductor
-            # cache loads: a second start measured 43 s instead of 101 s on 2 cores.
+            # cache loads, so a second start skips most of the compile.
             VLLM_USE_AOT_COMPILE=env.get("VLLM_USE_AOT_COMPILE", "0"),
             TORCHINDUCTOR_CACHE_DIR=str(root / "compile" / "inductor"),
             VLLM_NO_USAGE_STATS="1",
@@ -241,8 +244,8 @@ class VllmServer:
             PYTHONUNBUFFERED="1",
         )
         env.pop("PYTHONPATH", None)  # our engine's modules are not vLLM's
-        # The instruction-set caps of our AVX2 proxy are for our engine's torch and kernels: vLLM's CPU build
-        # returned an empty completion (token 0 at once) under ATEN_CPU_CAPABILITY=avx2.
+        # The instruction-set caps (config.ISA_CAPS, which emulate a smaller host) are for our engine's torch and
+        # kernels: vLLM's CPU build returns an empty completion (token 0 at once) under ATEN_CPU_CAPABILITY=avx2.
         for cap in config.ISA_CAPS:
             env.pop(cap, None)
         # vLLM asks for tcmalloc and Intel's OpenMP on CPUs (speculation is much slower with GNU's).

@@ -1,5 +1,5 @@
 /*
- * Decoding kernels for x86-64 CPUs (called from engine/cpu_kernels.py through ctypes):
+ * Decoding kernels for x86-64 CPUs (called from engine/kernels/cpu_kernels.py through ctypes):
  *
  *   skinny_gemm_bf16:  y = x W^T (+ b), W bf16   (the bf16 target)
  *   skinny_gemm_int8w: y = (x Q^T) * scale (+ b), Q int8 per output channel (the int8 drafter)
@@ -51,8 +51,8 @@
  * gives it. (Variants differ from each other in the last bits -- avx512bf16 rounds
  * x to bf16, the widening variants keep it float32 -- but each is row-invariant.)
  *
- * Threads: a pass runs in one OpenMP region (task_pool.h: why not one per product,
- * measured), and the 16-output blocks of each product are cut into one contiguous range
+ * Threads: a pass runs in one OpenMP region (task_pool.h says why not one per product),
+ * and the 16-output blocks of each product are cut into one contiguous range
  * per thread, a thread that is done taking what a late one has not begun (stealing). The team is libgomp's, torch's
  * already-loaded runtime (linked by its soname), so torch.set_num_threads applies.
  */
@@ -174,27 +174,22 @@ static inline vf vf_exp_neg(vf x) {
  * else vpmaddubsw + vpmaddwd) adds four products into each output's int32 lane
  * exactly; per group, y += s_lo * d * sx_lo + s_hi * d * sx_hi + m * sum(sx xq)
  * (q4_fold): sum_i (d q_i + m) x_i over the quantised x, with q_i xq_i and xq_i summed
- * exactly. Measured on the q4 drafter (9 chat prompts, greedy, K = 6, mean tokens per
- * pass): int16 rows 6.48, int8 rows per 16 inputs 6.36, per 32 6.01, per 8 6.32 (and
- * slower); a 7-row pass of its layers and projection 6.3-6.8 ms against 11.9-12.4 ms
- * for int16 rows, a one-row pass the same (3.1-3.5 ms: reading 94 MB), 2 Zen 4 cores.
- * Earlier forms: every line dequantised to float32 (two FMAs per line for d q + m, two
- * conversions) made one-row passes compute bound, 8.5 ms per sweep of the layers (66
- * MB) against bf16's 7.7 ms for 212 MB, one thread; the nibbles zero-extended to int16
- * against int16 rows (vpdpwssd, two products per lane) made passes of a few rows
- * compute bound (the numbers above).
+ * exactly. One scale per 16 inputs is chosen by measurement, against int16 rows and int8
+ * rows per 8 or 32 inputs (docs/bench/2026-12-07-notes-from-kernels-and-model.md): every line
+ * dequantised to float32 (two FMAs per line for d q + m, two conversions) makes one-row
+ * passes compute bound, and the nibbles zero-extended to int16 against int16 rows
+ * (vpdpwssd, two products per lane) make passes of a few rows compute bound.
  *
  * Q4_1B (the q4 drafter's blocks: PackedQ4_1BWeight) keeps Q4_1's nibbles and layout and codes
  * the block's two scales in a byte each: d = dc dstep[o] with dc in 1..255 and one float32
- * step per output (its largest d / 255), m = -d mc / 16 with mc in 0..255 (every block of the
- * default model has -14.6 <= m / d <= -0.63). A block of 16 outputs x 32 inputs is dc[16],
+ * step per output (its largest d / 255), m = -d mc / 16 with mc in 0..255 (a range the
+ * default model's blocks fall inside). A block of 16 outputs x 32 inputs is dc[16],
  * mc[16], then the same 4 chunks of 64 bytes: 288 bytes, 0.5625 bytes per weight, 10% fewer
  * than Q4_1's 320, for the layers and the head alike. Per group, y += dc (s_lo sx_lo + s_hi
  * sx_hi - mc sum(sx xq) / 16), the step applied once per output at the end (the tile's
- * scale). The codes move the default model's weights by 0.55% (rms, against their rms; m
- * re-fitted to the block's mean after d is rounded), and the q4 drafter's greedy drafts hardly:
- * 6.20 / 6.39 tokens per pass on the chat / held-out chat prompts against 6.19 / 6.39 on the
- * GGUF's Q4_1 blocks (K = 6, docs/bench/q4_scales_ab.py), a draft pass 76.5 MB against 84. */
+ * scale). m is re-fitted to the block's mean after d is rounded, so a draft pass reads fewer bytes. How
+ * little the codes move the weights and the q4 drafter's greedy drafts: docs/bench/2026-12-06-q4-byte-scales.md
+ * and docs/bench/2026-12-07-notes-from-kernels-and-model.md. */
 /* Q2B (the q4 drafter's output projection: PackedQ2BWeight) is Q4_1B with 2-bit weights: w = d q + m, q in
  * 0..3, the same dc[16], mc[16] bytes per block of 16 outputs x 32 inputs and the same fold (q4b_fold), then
  * 2 chunks of 64 bytes of crumbs: chunk c byte [l][e] = q[l][4c + e] | q[l][4c + 8 + e] << 2 |
@@ -239,8 +234,8 @@ typedef acc_f32 acc_q2b;
 #define Q4_WEIGHTS_q2b(p, c, lo, hi) q2_crumbs((p) + 64 * ((c) & 1), 2 * ((c) >> 1), lo, hi)
 
 /* Passes of a few rows are compute bound on the widening variants, and the weights must still
- * come from memory: left to the hardware prefetchers the two did not overlap (a 5-token pass
- * of the default model on avx2 spent the time of reading the weights plus the time of the
+ * come from memory: left to the hardware prefetchers the two do not overlap (a 5-token pass
+ * of the default model on avx2 takes the time of reading the weights plus the time of the
  * multiply-adds). So while the row tiles of a group of output blocks multiply, they request
  * the next group's lines into L2, spread evenly over the tiles (tile k of n takes every n-th
  * line): the memory streams while the FMAs run. A prefetch never faults, so the ones past the
@@ -260,12 +255,16 @@ typedef acc_f32 acc_q2b;
 #ifndef STREAM_ROWS_q4
 #define STREAM_ROWS_q4 1
 #endif
-#define STREAM_ROWS_q4b STREAM_ROWS_q4 /* (the same nibbles and tiles: measured alike) */
+#define STREAM_ROWS_q4b STREAM_ROWS_q4 /* (the same nibbles and tiles, so the same threshold) */
 #define STREAM_ROWS_q2b STREAM_ROWS_q4
-#ifndef PREFETCH_LOCALITY /* __builtin_prefetch's: 2 = prefetcht1 (L2); 1 the same within noise, 3 and 0 slower (docs/kernels.md) */
+/* __builtin_prefetch's locality: 2 = prefetcht1 (L2).
+ * Chosen by measurement: docs/kernels.md, docs/bench/2026-12-07-notes-from-kernels-and-model.md */
+#ifndef PREFETCH_LOCALITY
 #define PREFETCH_LOCALITY 2
 #endif
-#ifndef PREFETCH_GROUPS /* how many tile groups ahead; 2 measured slower */
+/* How many tile groups ahead the prefetch requests.
+ * Chosen by measurement: docs/bench/2026-12-07-notes-from-kernels-and-model.md */
+#ifndef PREFETCH_GROUPS
 #define PREFETCH_GROUPS 1
 #endif
 
@@ -275,7 +274,7 @@ typedef acc_f32 acc_q2b;
     const W_ELEM_##KIND *w = (const W_ELEM_##KIND *)wp;                                                         \
     /* see PREFETCH_NEXT: row tile k of n requests the next group's lines p with p % n == k */                \
     /* (stepped in chunks of fetch_every pairs, the prefetch at the chunk's start: a modulo per   \
-     * pair put a 64-bit division in the hot loop, ~40% of a wide pass's time on avx2) */         \
+     * pair would put a 64-bit division in the hot loop) */                                       \
     const int64_t fetch_every =                                                                                 \
         rows > STREAM_ROWS_##KIND && PREFETCH_NEXT ? (rows + T_TILE_##KIND - 1) / T_TILE_##KIND : 0;            \
     const int64_t fetch_at = t0 / T_TILE_##KIND, chunk = fetch_every ? fetch_every : pairs;                    \
@@ -409,9 +408,8 @@ typedef struct {
 } gemm_job;
 /* Ranges per thread: one, the longest contiguous stream of weights each thread can have (a late helper's
  * range is still taken by the caller). Each further range costs its claim, its completion and a new stream
- * for the prefetchers: 2 per thread made a q4 draft pass 1.02-1.075x slower than 1, a one-token bf16 pass
- * 1.00-1.03x, a 7-token one 1.02-1.03x (2 Zen 4 cores, builds alternating in one process), and a 2x slower
- * pass under a competing busy process 1.04-1.12x and 0.94-1.11x; 4 per thread 1.09x / 1.06x / 1.10x. */
+ * for the prefetchers. Chosen by measurement: docs/bench/2026-12-05-kernel-threads.md,
+ * docs/bench/2026-12-07-notes-from-kernels-and-model.md */
 #ifndef GEMM_TASKS_PER_THREAD
 #define GEMM_TASKS_PER_THREAD 1
 #endif
@@ -493,8 +491,8 @@ typedef struct {
         void *y = j->y;                                                                                         \
         const int y_f32 = j->y_f32;                                                                             \
         const int64_t rows = j->rows, in = j->in, out = j->out;                                                 \
-        /* One row (plain decoding, drafting) streams one block at a time: measured                             \
-         * faster, most for int8 (7.5-10 ms -> 5.1-5.6 ms per sweep, one thread); so do passes of up to         \
+        /* One row (plain decoding, drafting) streams one block at a time, quicker than wider tiles (most       \
+         * for int8: docs/bench/2026-12-07-notes-from-kernels-and-model.md); so do passes of up to             \
          * STREAM_ROWS rows. The tile shape never changes a sum's order, only which sums run together. */       \
         const int64_t nb = rows <= STREAM_ROWS_##KIND ? 1 : NBT;                                                \
         const int64_t tail = TAIL_NB_##KIND > 1 && rows > TT ? rows % TT : 0;                                   \
@@ -773,7 +771,8 @@ void skinny_gemm_q2b(const void *x, int x_f32, const uint8_t *wp, const float *d
 /* ---- a drafter's output projection: Q4_1, its best candidates again in int8 -----------
  * The q4 drafter's vocabulary projection (the default model's: 49152 x 576) in Q4_1 reads
  * 18 MB per pass against int8's 28 MB, but alone it moves the drafter's choices: its
- * greedy drafts were kept ~0.75 of the time against int8's ~0.95. Its ranking is still
+ * greedy drafts are kept less often than int8's (docs/bench/2026-12-05-q4-rescored-head.md,
+ * docs/bench/2026-12-07-notes-from-kernels-and-model.md). Its ranking is still
  * good enough to find the few tokens that matter, so each row's `top` best outputs of the
  * Q4_1 product (value descending, the lower index first among equals, among the first
  * n_out) are computed again as the int8 product does -- x quantised per row to int16
@@ -931,8 +930,8 @@ void head_q4_rescored(const void *x, int x_f32, int kind, const uint8_t *wp, con
  * (causal); with mask [T, A] (1 = may attend; a draft tree's ancestors) token t
  * attends the positions its row allows. Query head h reads key/value head
  * h / (H / Hkv): softmax(q k^T * scale) v with the max subtracted before exp.
- * torch's SDPA spent 40-55 us per layer on setup for these. Every row must allow
- * at least one position.
+ * (torch's SDPA spends longer on setup than on the attention for these: the note
+ * docs/bench/2026-12-07-notes-from-kernels-and-model.md.) Every row must allow at least one position.
  *
  * The attended positions of a query, in slot order, form its key list; every sum
  * below runs over list ranks, not slots, so a tree node whose ancestors sit at
@@ -947,8 +946,8 @@ void head_q4_rescored(const void *x, int x_f32, int kind, const uint8_t *wp, con
  *            a % ATTN_CHAINS, in increasing a; the chains are added in order.
  *
  * Sharing key loads. A query alone streams its K and V rows once each: with one
- * query per (head, token) a 16-token pass over 600 positions read ~44 MB per layer
- * from L2 and was bound by it (13 ms of a ~30 ms pass on the avx2 variant). All
+ * query per (head, token) a 16-token pass over 600 positions reads ~44 MB per layer
+ * from L2 and is bound by it (docs/bench/2026-12-07-notes-from-kernels-and-model.md). All
  * queries of one key/value head (its H / Hkv query heads x T tokens) attend the
  * committed prefix: ranks 0 .. P-1 are slots 0 .. P-1 for every query of a chunk
  * (P: the chunk's shortest list causally, its shortest leading run of allowed slots
@@ -958,10 +957,10 @@ void head_q4_rescored(const void *x, int x_f32, int kind, const uint8_t *wp, con
  * Nothing in a query's arithmetic depends on the blocking (score blocks are
  * independent, the value chains keep their order, a chain spilled to memory between
  * blocks is stored exactly), so a token gets the same bits with one query per task
- * or forty-eight. A one-token pass walks together too (its H / Hkv query heads): the
- * q4 drafter's one-row passes over 400 positions spent 0.94 ms in attention against
- * 0.69 (30 layers, default model's shapes, 2 Zen 4 cores; 2.0 against 1.35 at 600),
- * the same bits. Head sizes other than 64 take one query per task (attn_rows). */
+ * or forty-eight. A one-token pass walks together too (its H / Hkv query heads), quicker
+ * for a drafter's one-row passes over a long cache, with the same bits
+ * (docs/bench/2026-12-07-notes-from-kernels-and-model.md).
+ * Head sizes other than 64 take one query per task (attn_rows). */
 #define ATTN_KEY_BLOCK 32 /* keys per shared block: 8 KB of K (or V) rows at D = 64, in L1 */
 #define ATTN_CHUNK 8      /* queries sharing a walk over the prefix (one task) */
 #if ATTN_KEY_BLOCK % 8 || ATTN_KEY_BLOCK % ATTN_CHAINS || ATTN_CHAINS > 2
@@ -1040,9 +1039,8 @@ static inline float exp_and_sum(float *s, int64_t len, float mx) {
 
 /* s[0, len) -> the weights exp(s - max) * (1 / their sum), in place. The maximum is taken VL lanes at a time
  * (the same value as a scan's for scores without NaN; with a NaN every weight is NaN either way), the
- * weights each one float multiply, as the value sums used to do them one at a time: the same bits, the
- * scalar steps gone (30 layers' attention of 7 tokens over 150 positions 1.16x quicker, one token 1.04-1.08x,
- * 2 Zen 4 cores). */
+ * weights each one float multiply, vectorised here where the value sums would do them one at a time: the
+ * same bits without the scalar steps (docs/bench/2026-12-07-notes-from-kernels-and-model.md). */
 static inline void attn_softmax(float *s, int64_t len) {
     vf vmx = vf_set1(-INFINITY);
     int64_t a = 0;
@@ -1296,11 +1294,11 @@ void rope_and_store(const float *qkv, const float *cos, const float *sin, float 
 
 /* ---- SwiGLU and a whole stack of decoder layers in one call -----------------------
  * A one-token pass of the default model is ~120 matrix products, 30 rotary and 30
- * attention calls, each a few microseconds of Python and ctypes around the C: together
- * ~1.5 ms of a ~11 ms pass (2-core EPYC, measured). decode_layers runs the layers of a
- * pass (a few tokens, or a whole prompt) in one foreign call with exactly the steps, and so the numbers,
- * of the per-layer path (Transformer.forward): the same product, rotary and attention
- * functions, float32 residual adds x + y, and the SwiGLU below, which both paths use. */
+ * attention calls, each a few microseconds of Python and ctypes around the C, together a
+ * sizeable share of the pass (docs/bench/2026-12-07-notes-from-kernels-and-model.md).
+ * decode_layers runs the layers of a pass (a few tokens, or a whole prompt) in one foreign call with
+ * exactly the steps, and so the numbers, of the per-layer path (Transformer.forward): the same product,
+ * rotary and attention functions, float32 residual adds x + y, and the SwiGLU below, which both paths use. */
 
 /* h[t][i] = silu(g) u = g u / (1 + exp(-g)) with g = gu[t][i], u = gu[t][I + i]:
  * gu [rows, 2 I], h [rows, I], float32. exp from vf_exp_neg on -|g| (sigmoid(g) =
@@ -1430,8 +1428,8 @@ void decode_layers(float *x, int64_t T, const layer_desc *layers, int64_t n_laye
  * top_rows: each row's `top` best entries (value descending, the lower index first among
  * equals, NaN never one: head_candidates), the rows given as pointers (a pass's p and q
  * rows live in different tensors), one task per row. The events' top entries
- * (engine/verification.py): ~13 us a row over 49152 entries with the Python around the
- * call, torch.topk ~90. */
+ * (engine/verification.py), in a fraction of torch.topk's time
+ * (docs/bench/2026-12-07-notes-from-kernels-and-model.md). */
 static int64_t argmax_row(const float *y, int64_t n) {
     int64_t best = 0;
     float bv = y[0];
@@ -1499,16 +1497,16 @@ static void chain_pass(int64_t token, int64_t i, const void *embed, int embed_f3
 
 /* ---- a greedy draft chain: n one-token passes in one call ----------------------------
  * What a model drafter's loop does for a greedy chain (engine/drafters/model.py), without
- * going back to Python between its passes (~0.3 ms each there: tensors, the pass's plan,
- * the call). Pass i feeds token t_i (t_0 = token) at slot and position start + i: its row of
+ * going back to Python between its passes (where each pass pays for its tensors, its plan
+ * and the call). Pass i feeds token t_i (t_0 = token) at slot and position start + i: its row of
  * the embedding (bf16 or float32 [V, E], widened exactly to float32), decode_layers over it
  * (causal: A = start + i + 1, rotary factors cos[i], sin[i], attention scale as given),
  * the final-normed row projected to logits[i] (the head: a mat_desc product with float32
  * out, or head_q4_rescored when top > 0), then t_{i+1} = argmax_row(logits[i]) into
  * tokens[i]. Every step is the call a one-token pass makes, in the same order: logits[i] is
  * bit for bit that pass's row. The head's out is the vocabulary V (no padding: the caller
- * checks). Measured on 2 Zen 4 cores, q4 drafter, K = 6: 0.37 ms less per draft pass than
- * the loop (~3.6 ms a pass). */
+ * checks). What it saves per draft pass: docs/bench/2026-12-05-greedy-chain.md and
+ * docs/bench/2026-12-07-notes-from-kernels-and-model.md. */
 void greedy_chain(int64_t token, int64_t n, const void *embed, int embed_f32, const layer_desc *layers,
                   int64_t n_layers, float eps, const float *cos, const float *sin, void *k, void *v, int64_t start,
                   int64_t H, int64_t Hkv, int64_t S, int64_t D, int64_t kvb, float scale, const mat_desc *head,
@@ -1527,7 +1525,8 @@ void greedy_chain(int64_t token, int64_t n, const void *embed, int embed_f32, co
 /* ---- a sampled draft chain -------------------------------------------------------------
  * greedy_chain's passes with each pass's token drawn instead of taken as the argmax: what a
  * model drafter's loop does for a sampled chain (temperature T > 0, no top-k or top-p), where
- * Python took ~0.4 ms a pass (a q4 pass ~2.7 ms greedy, ~3.05 at T = 0.7, 2 Zen 4 cores).
+ * Python's loop costs a share of every pass (docs/bench/2026-12-05-sampled-chains.md and
+ * docs/bench/2026-12-07-notes-from-kernels-and-model.md).
  *
  *   q[i] = softmax(logits[i] / T): z = y / T (float32, as torch divides), e = exp(z - max z)
  *          (vf_exp_neg, relative error < 2e-7; its floor, e^-87 on avx2 and e^-104 on avx512, stands for

@@ -1,6 +1,6 @@
 /*
  * The 256-bit inner steps of decode_kernels.c: the avx2 variant (AVX2 + FMA,
- * x86-64-v3: Haswell+, Zen 1+). 8 float32 lanes, 16 ymm registers.
+ * x86-64-v3). 8 float32 lanes, 16 ymm registers.
  *
  * The packed layout is the AVX-512 one, [out/16, in/2, 16, 2]: a 64-byte line
  * (16 outputs x 2 inputs) is two 32-byte halves, outputs 0-7 and 8-15, so one
@@ -21,26 +21,27 @@
 
 #define VL 8           /* float32 lanes of a vector */
 /* int8 tiles of 2 blocks x 2 rows: 8 ymm accumulators + 4 for one block's widened line
- * + 2 for a broadcast x pair, within the 16 registers. Measured over the default
- * model's matrices (one thread, CPU time; int8 16 rows): 2x2 38 ms, 4x1 43 ms, 1x4 61 ms,
- * 2x4 (16 accumulators, spilled) 50 ms. The bf16 tile is its own (NB_TILE_bf16 below). */
+ * + 2 for a broadcast x pair, within the 16 registers (2x4, 16 accumulators, spills).
+ * Chosen by measurement against 4x1, 1x4 and 2x4: docs/bench/2026-12-07-notes-from-kernels-and-model.md.
+ * The bf16 tile is its own (NB_TILE_bf16 below). */
 #ifndef NB_TILE
 #define NB_TILE 2 /* 16-output blocks per tile */
 #endif
 #ifndef T_TILE
 #define T_TILE 2 /* rows per tile */
 #endif
+/* Q4_1 tiles of 4 blocks x 1 row: 8 int32 group sums. Chosen by measurement against 1x4 and 2x2:
+ * docs/bench/2026-12-07-notes-from-kernels-and-model.md */
 #ifndef Q4_NB_TILE
-#define Q4_NB_TILE 4 /* Q4_1 tiles: 8 int32 group sums; measured 45 ms at 16 rows (one thread) against 48 for 1x4, 52 for 2x2 */
+#define Q4_NB_TILE 4
 #endif
 #ifndef Q4_T_TILE
 #define Q4_T_TILE 1
 #endif
-/* A one-row tile's four chunks per group unrolled by two, not four: four kept every chunk's nibbles and
- * products live at once and GCC spilled a dozen of them to the stack per group (16 ymm registers). Measured on
- * one Zen 4 core, a 1536 x 576 Q4_1B product from L2 (one row, the tile's own rate): 13.3-13.5 against
- * 14.8-15.1 us (36.8-37.5 against 32.9-33.7 GB/s); the tiles of 4 and 7 rows kept four (8.2 against 9.4
- * GB/s at 4 rows unrolled by two); avx512 holds them in its 32 registers (51-52 GB/s either way). */
+/* A one-row tile's four chunks per group unrolled by two, not four: four keep every chunk's nibbles and
+ * products live at once and GCC spills a dozen of them to the stack per group (16 ymm registers). The tiles
+ * of 4 and 7 rows keep four (quicker there); avx512 holds them in its 32 registers either way. Chosen by
+ * measurement: docs/bench/2026-12-07-notes-from-kernels-and-model.md */
 #ifndef Q4_ONE_UNROLL
 #define Q4_ONE_UNROLL _Pragma("GCC unroll 2")
 #endif
@@ -171,7 +172,7 @@ typedef __m256 acc_f32;
  *
  * Why not one chain per output (the pair's two FMAs in a row, as avx512 does): that chain
  * is two FMA latencies per pair, and 16 ymm registers cannot hold enough chains to cover
- * it; the accumulators waited and a 16-row pass ran at ~45 % of the FMA peak. Here every
+ * it: the accumulators wait, and a wide pass runs far below the FMA peak. Here every
  * accumulator is a chain of one FMA per pair (4 cycles of latency), so the 8 of a 1-block x
  * 2-row tile keep two FMA pipes busy, and a part needs two registers for the weights and
  * one for x. The unpacks run on the shuffle port, not the FMA ones (Intel), where the
@@ -180,11 +181,9 @@ typedef __m256 acc_f32;
 #define BF16_UNPACKED 1
 #define ACC_VECS_bf16 4 /* per block: unpacklo / unpackhi sums of outputs 0-7, then of 8-15 */
 #define W_PARTS_bf16 2
-/* 1 block x 2 rows: 8 chains, 8 FMAs per pair. Measured over the default model's matrices
- * (one thread, CPU time, 1 / 4 / 16 / 64 rows): 10.7 / 15.7 / 46.3 / 169 ms, against
- * 15.6 / 24.0 / 82.5 / 211 for the shift-and-mask 2x2 tile before; 1x3 (12 chains) spilled
- * two accumulators to the stack (GCC keeps the three broadcasts across both parts) and
- * took 88 ms at 16 rows. At 64 rows 1x2 runs at ~89 % of this core's measured FMA peak. */
+/* 1 block x 2 rows: 8 chains, 8 FMAs per pair; 1x3 (12 chains) spills two accumulators to the
+ * stack (GCC keeps the three broadcasts across both parts). Chosen by measurement against the
+ * shift-and-mask 2x2 tile and 1x3: docs/bench/2026-12-07-notes-from-kernels-and-model.md */
 #ifndef NB_TILE_bf16
 #define NB_TILE_bf16 1
 #endif
@@ -269,10 +268,9 @@ static inline void q2_crumbs(const uint8_t *chunk, int shift, wv_q4 *lo, wv_q4 *
 }
 /* acc[l] += sum_e w[l][e] x[e] (w in 0..15, x in -127..127) as int16 pair sums: vpmaddubsw's are at most
  * 2 * 15 * 127 = 3810 in size, and the 4 chunks of a half group add up to at most 15240, inside int16: exact.
- * The folds widen them to int32 once per group (vpmaddwd by ones), where widening every chunk's products took
- * a vpmaddwd and a vpaddd more per 32 bytes. Measured on 2 Zen 4 cores, the q4 drafter's one-row passes (76 MB,
- * 150 cached positions, builds alternating in one process): 2.49 against 2.59 ms (avx512bf16 2.40); an earlier
- * session measured the same change at 1.03x and 1.01x (docs/kernels.md). */
+ * The folds widen them to int32 once per group (vpmaddwd by ones), where widening every chunk's products takes
+ * a vpmaddwd and a vpaddd more per 32 bytes. Chosen by measurement: docs/kernels.md,
+ * docs/bench/2026-12-07-notes-from-kernels-and-model.md */
 static inline void dot_q4(acc_i8 *acc, xv_q4 x, const wv_q4 *w) {
     acc[0] = _mm256_add_epi16(acc[0], _mm256_maddubs_epi16(w[0], x));
     acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(w[1], x));

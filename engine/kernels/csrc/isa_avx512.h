@@ -2,10 +2,10 @@
  * The 512-bit inner steps of decode_kernels.c (16 float32 lanes, 32 zmm registers).
  * Two variants come from this header, told apart by the compiler's flags:
  *
- *   avx512bf16 (-mavx512bf16 -mavx512vnni; Zen 4+, Cooper Lake, Sapphire Rapids+):
+ *   avx512bf16 (-mavx512bf16 -mavx512vnni: CPUs with AVX512-BF16 and AVX512-VNNI):
  *     x rows rounded to bf16, one vdpbf16ps per 64-byte line of W (16 outputs x 2
  *     inputs, both products added into a float32 lane); int8 on vpdpwssd.
- *   avx512 (AVX-512F/BW/VL only; Skylake-X to Ice Lake):
+ *   avx512 (AVX-512F/BW/VL only):
  *     x rows stay float32; a line of W is widened to float32 in registers (bf16 is
  *     the top half of a float32: the even input is the pair shifted left by 16, the
  *     odd one the pair with its low half cleared) and multiplied by two FMAs; int8
@@ -18,9 +18,8 @@
 #include <immintrin.h>
 
 #define VL 16          /* float32 lanes of a vector */
-/* Tiles of 4 blocks x 4 rows: 16 zmm accumulators. Measured over the default
- * model's matrices (one thread, 16 rows; avx512bf16 / avx512): 4x4 27 / 43 ms,
- * 4x2 - / 46 ms, 2x4 - / 50 ms, 4x1 48 / 57 ms. */
+/* Tiles of 4 blocks x 4 rows: 16 zmm accumulators. Chosen by measurement against 4x2, 2x4
+ * and 4x1: docs/bench/2026-12-07-notes-from-kernels-and-model.md */
 #ifndef NB_TILE
 #define NB_TILE 4 /* 16-output blocks per tile */
 #endif
@@ -33,26 +32,21 @@
 /* vdpbf16ps's bf16 tiles: 3 blocks x 8 rows (24 accumulators, 3 lines of W and a broadcast x
  * within the 32 registers), so a verification of up to 8 tokens reads each line of W once and
  * multiplies it into every row in one sweep, where 4x4 tiles swept the blocks twice for 5-8 rows
- * (the second sweep from L2, after the first had waited on memory). Measured on the default
- * model, 2 Zen 4 cores, a pass of 7 tokens (K = 6's verification): 9.94 against 10.52 ms, and
- * 5 tokens 9.46 against 10.15, 16 tokens 14.85 against 15.34; one token unchanged. The widening
- * avx512 variant keeps 4x4 (3x8 was slower there from 9 rows on: 15.9 against 14.8 ms). */
+ * (the second sweep from L2, after the first had waited on memory). The widening avx512 variant
+ * keeps 4x4 (3x8 is slower there). Chosen by measurement: docs/bench/2026-12-07-notes-from-kernels-and-model.md */
 #if defined(__AVX512BF16__) && !defined(NB_TILE_bf16)
 #define NB_TILE_bf16 3
 #define T_TILE_bf16 8
 #endif
 /* With vdpbf16ps a pass of a few rows is bound by reading its weights, as a one-row pass is: passes of up to 4
  * rows stream one block at a time and leave the reading to the hardware prefetchers (STREAM_ROWS in
- * decode_kernels.c), where 3x8 tiles and the next group's lines requested had them read 3 streams at once.
- * Measured on the default model, 2 Zen 4 cores, 150 cached positions, one process, builds alternating (75
- * pairs in a quick stretch): a pass of 2 tokens 7.12 against 8.05 ms, 3 tokens 7.82 against 8.71, 4 tokens
- * 8.63 against 9.05; but 5 tokens 9.45 against 9.18, 6 tokens 10.31 against 9.40 (one token 6.42 / 6.51). */
+ * decode_kernels.c), where 3x8 tiles and the next group's lines requested have them read 3 streams at once;
+ * from 5 rows on the tiles are quicker. Chosen by measurement: docs/bench/2026-12-07-notes-from-kernels-and-model.md */
 #if defined(__AVX512BF16__) && !defined(STREAM_ROWS_bf16)
 #define STREAM_ROWS_bf16 4
 #endif
 /* The same for Q4_1 on VNNI (the q4 drafter's passes of a few rows: drafts of drafts checking a copying
- * drafter's proposals): 2 rows 3.12 against 3.51 ms, 3 rows 4.19 against 4.23, 4 rows 4.92 against 5.17, 5 and
- * 7 rows the same either way (40 pairs). */
+ * drafter's proposals). Chosen by measurement: docs/bench/2026-12-07-notes-from-kernels-and-model.md */
 #if defined(__AVX512VNNI__) && !defined(STREAM_ROWS_q4)
 #define STREAM_ROWS_q4 4
 #endif
@@ -255,7 +249,7 @@ static inline void q2_crumbs(const uint8_t *chunk, int shift, wv_q4 *lo, wv_q4 *
 }
 /* acc[l] += sum_e w[l][e] x[e], w in 0..15 and x in -127..127: exact in int32 on VNNI; without it as int16
  * pair sums (vpmaddubsw's are at most 2 * 15 * 127 = 3810 in size, a half group's 4 chunks at most 15240:
- * inside int16), widened to int32 once per group by q4_sum_ps (isa_avx2.h measured why). */
+ * inside int16), widened to int32 once per group by q4_sum_ps (isa_avx2.h says why). */
 static inline void dot_q4(acc_i8 *acc, xv_q4 x, const wv_q4 *w) {
 #ifdef __AVX512VNNI__
     acc[0] = _mm512_dpbusd_epi32(acc[0], w[0], x);

@@ -6,12 +6,11 @@
  * ~100 times as soon as it manages more threads than there are CPUs, and every
  * thread that ever opened a parallel region keeps a team of its own for as long as
  * it lives: pytest's main thread after loading a model, each Gradio worker thread
- * that ran a pass. A pass used to open ~150 regions (a few per layer), and with two
- * such threads alive on a 2-core host every region and every barrier woke its
- * helper through the kernel: measured on a Sapphire Rapids host, bf16 default model,
- * one-token passes took 21.5 ms on a second thread against 11.5 ms on the main one,
- * no faster than one thread (the Lossless lab: 62 s in the app's thread against 32 s
- * on the main one).
+ * that ran a pass. A pass that opened a region per product (~150, a few per layer)
+ * with two such threads alive on a 2-core host would have every region and every
+ * barrier wake its helper through the kernel, and a pass on the second thread run no
+ * faster than on one thread (docs/kernels.md, "Threads";
+ * docs/bench/2026-12-07-notes-from-kernels-and-model.md).
  *
  * How. team_run(body) opens one region; thread 0 (the caller) runs body, and the
  * other threads serve pool_for jobs until body returns, spinning on one atomic word
@@ -23,7 +22,7 @@
  * the back of the others' (stealing), so a helper that is late or descheduled (a
  * busy machine) holds up no more than the grain it is running. Outside team_run,
  * pool_for opens a region for its one job (a product called on its own). Two Python
- * threads run their passes in two teams, as before.
+ * threads run their passes in two teams.
  *
  * Results never depend on which thread runs a grain or on how [0, n) is cut: every
  * grain writes only its own outputs (row and block invariance, decode_kernels.c).
