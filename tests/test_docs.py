@@ -6,7 +6,7 @@
   name every key that real runs of the tiny engine and the recorded traces in assets/traces/ have, and
   every key they name must be one those runs have (vLLM's: a string in engine/vllm/backend.py).
 * docs/architecture.md's map (its first code block) names every module of engine/, visuals/ and app/, and
-  every file and folder it names exists.
+  every file and folder it names exists; so does README.md's layout block (the code block under "Project layout").
 * Every repository path named in docs/*.md, docs/bench/README.md and README.md exists.
 """
 
@@ -194,15 +194,35 @@ def test_architecture_map_names_every_module_and_only_real_paths():
     names = map_names(block)
     dead = sorted(name for name in names if not (ROOT / name).exists())
     assert not dead, f"docs/architecture.md's map names what does not exist: {dead}"
-    modules = sorted(
+    named = names | {name.rstrip(".") for name in PATH.findall(text)}  # the map, or a full path anywhere
+    unnamed = [m for m in modules() if m not in named]
+    assert not unnamed, f"modules docs/architecture.md does not name: {unnamed}"
+
+
+def modules() -> list[str]:
+    """Every module of engine/, visuals/ and app/ (each .py file but __init__.py), as a repository path."""
+    return sorted(
         str(path.relative_to(ROOT))
         for folder in ("engine", "visuals", "app")
         for path in (ROOT / folder).rglob("*.py")
         if path.name != "__init__.py"
     )
-    named = names | {name.rstrip(".") for name in PATH.findall(text)}  # the map, or a full path anywhere
-    unnamed = [m for m in modules if m not in named]
-    assert not unnamed, f"modules docs/architecture.md does not name: {unnamed}"
+
+
+def readme_layout() -> str:
+    """README.md's layout block: the first code block after its "Project layout" heading."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    heading = re.search(r"^## Project layout$", text, re.M)
+    assert heading, "README.md has no '## Project layout' section"
+    return text[heading.end() :].split("```")[1]
+
+
+def test_readme_layout_names_every_module_and_only_real_paths():
+    names = map_names(readme_layout())
+    dead = sorted(name for name in names if not (ROOT / name).exists())
+    assert not dead, f"README.md's layout names what does not exist: {dead}"
+    unnamed = [m for m in modules() if m not in names]
+    assert not unnamed, f"modules README.md's layout does not name: {unnamed}"
 
 
 # ---------------------------------------------------------------------------------------------------------
