@@ -229,6 +229,7 @@ def test_playground_runs_the_block_rule_it_is_set_to():
     is refused with the engine's message; loading an example sets the rule back to the one it was recorded with."""
     import gradio as gr
 
+    from app.examples import load_examples
     from app.tabs import playground
 
     args = _play_args(drafter="int8", k=3, temperature=0.8, seed=2, max_new_tokens=12, verify="block")
@@ -238,7 +239,7 @@ def test_playground_runs_the_block_rule_it_is_set_to():
     assert final["trace"][0]["settings"]["verify"] == "block"
     with pytest.raises(gr.Error, match="verify"):
         list(playground.run_playground(**{**args, "verify": "sometimes"}, request=None, progress=None))
-    name = next(e["name"] for e in playground.load_examples() if e.get("drafter") == "int8")
+    name = next(e["name"] for e in load_examples() if e.get("drafter") == "int8")
     picked = playground.pick_example(name)
     assert picked[2 + playground.EXAMPLE_SETTINGS.index("verify")] == "token"
 
