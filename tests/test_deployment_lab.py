@@ -124,3 +124,26 @@ def test_per_request_responses_read_as_which_requests_pay(tmp_path):
     bad.write_text('{"acceptance_histogram": "x"}\n')
     message, empty = deployment.read_requests_file(str(bad), window, costs)
     assert message.startswith("**Cannot read the log:**") and not empty.data
+
+
+def test_the_analyze_metrics_api_reads_recorded_and_saved_windows_alike():
+    """/analyze_metrics (also an MCP tool): a recorded window by name and the same window sent as JSON text read
+    the same; text that is not a saved window, and an unknown name, get clear errors."""
+    import gradio as gr
+
+    from app.labs.deployment import RECORDED
+    from app.tabs.api import analyze_metrics
+
+    path = next(p for p in RECORDED.values() if p.stem.endswith("code-edit"))
+    by_name = analyze_metrics("code-edit")
+    by_text = analyze_metrics(path.read_text())
+    for key in ("acceptance_rate", "mean_acceptance_length", "acceptance_by_position", "recommendation", "ticket"):
+        assert by_name[key] == by_text[key], key
+    assert by_name["recorded_on"] and "recorded" in by_name["source"]
+    for bad, says in (
+        ("{not json", "source is not JSON"),
+        ('{"before": 1}', "not a saved scrape"),
+        ("nope", "none of"),
+    ):
+        with pytest.raises(gr.Error, match=says):
+            analyze_metrics(bad)

@@ -207,9 +207,10 @@ def analyze_metrics(source: str = "code-edit", interval_s: float = 10.0, pass_co
         "ticket" (the advice as one sentence with the line that turns it on, with pass costs), "recorded_on"
         (where a recorded window was measured), ...}.
     """
-    from engine.tools.analyze import AnalyzeError, load_recording, record, ticket
+    from engine.tools.analyze import AnalyzeError, load_recording, parse_recording, record, ticket
 
-    from ..labs.deployment import MAX_INTERVAL_S, RECORDED, pass_costs_text, scrape_allowed, window_result
+    from ..config import scrape_allowed
+    from ..labs.deployment import MAX_INTERVAL_S, RECORDED, pass_costs_text, window_result
 
     text = (source or "").strip()
     if not text:
@@ -222,7 +223,7 @@ def analyze_metrics(source: str = "code-edit", interval_s: float = 10.0, pass_co
             window = load_recording(str(recorded[text]))
             window["url"] = f"a window recorded on {window.get('url') or text}"
         elif text.startswith("{"):
-            window = _saved_window(text)
+            window = parse_recording(text, "source")
         elif text.startswith(("http://", "https://")):
             if not scrape_allowed():
                 raise gr.Error(
@@ -248,21 +249,6 @@ def analyze_metrics(source: str = "code-edit", interval_s: float = 10.0, pass_co
 
 
 MAX_WINDOW_CHARS = 20 * 2**20  # a saved window is two scrapes; the tab refuses larger files too
-
-
-def _saved_window(text: str) -> dict:
-    """A saved window given as JSON text (load_recording's checks, without a file)."""
-    try:
-        window = json.loads(text)
-    except ValueError as exc:
-        raise gr.Error(f"source is not valid JSON: {exc}") from None
-    if (
-        not isinstance(window, dict)
-        or not isinstance(window.get("before"), str)
-        or not isinstance(window.get("after"), str)
-    ):
-        raise gr.Error("a saved window is JSON with the texts 'before' and 'after' (two /metrics scrapes)")
-    return window
 
 
 def register() -> None:

@@ -674,11 +674,18 @@ def load_recording(path: str) -> dict:
     """A saved pair of scrapes (record's JSON); AnalyzeError when the file is not one."""
     try:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+            text = fh.read()
     except OSError as exc:
         raise AnalyzeError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return parse_recording(text, path)
+
+
+def parse_recording(text: str, name: str = "the window") -> dict:
+    """A saved pair of scrapes given as JSON text (`name` says where it came from in the errors)."""
+    try:
+        data = json.loads(text)
     except ValueError:
-        raise AnalyzeError(f"{path} is not JSON (a saved scrape is {{'before', 'after', 'interval_s'}})") from None
+        raise AnalyzeError(f"{name} is not JSON (a saved scrape is {{'before', 'after', 'interval_s'}})") from None
     if not isinstance(data, dict) or not isinstance(data.get("before"), str) or not isinstance(data.get("after"), str):
-        raise AnalyzeError(f"{path} is not a saved scrape: it needs the texts 'before' and 'after'")
+        raise AnalyzeError(f"{name} is not a saved scrape: it needs the texts 'before' and 'after'")
     return data
