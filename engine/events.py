@@ -186,7 +186,7 @@ def step_record(
     verify: str | None = None,
 ) -> dict:
     """The step event's one layout (docs/events.md), for our engine's passes (``step_event``) and for a
-    production engine's reported steps (``engine.vllm.backend``, which knows counts and p but not q).
+    production engine's reported steps (``engine.vllm.steps``, which knows counts and p but not q).
     Timings a backend could not measure are None."""
     event = {
         "type": "step",

@@ -4,7 +4,7 @@
   a heading whose first backticked token names the record: `start`, `start.settings`, `step.nodes[]` (each
   item of a step's `nodes` list), ... `vllm:<record>` tables hold what a vLLM trace adds. The tables must
   name every key that real runs of the tiny engine and the recorded traces in assets/traces/ have, and
-  every key they name must be one those runs have (vLLM's: a string in engine/vllm/backend.py).
+  every key they name must be one those runs have (vLLM's: a string in the modules that write its events).
 * docs/architecture.md's map (its first code block) names every module of engine/, visuals/ and app/, and
   every file and folder it names exists; so does README.md's layout block (the code block under "Project layout").
 * Every repository path named in docs/*.md, docs/bench/README.md and README.md exists.
@@ -28,6 +28,8 @@ DOCS = ROOT / "docs"
 
 RECORD = re.compile(r"^(vllm:)?(start|step|finish)(\.\w+(\[\])?)*$")
 KEY = re.compile(r"^[a-z_][a-z0-9_]*$")
+# The modules that write a vLLM run's events: the start event (backend), the steps and the finish (steps).
+VLLM_EVENT_WRITERS = [ROOT / "engine" / "vllm" / "backend.py", ROOT / "engine" / "vllm" / "steps.py"]
 # Documented keys that no run here can produce, and why.
 ELSEWHERE = {("start.host", "gpu"): "CUDA runs only"}
 # The tiny engine's runs, chosen to produce every key: sampled tree drafting that adapts (start.adaptive,
@@ -119,12 +121,14 @@ def test_events_md_vllm_keys_are_the_backends():
     documented = documented_records((DOCS / "events.md").read_text(encoding="utf-8"))
     vllm = {record: keys for record, keys in documented.items() if record.startswith("vllm:")}
     assert vllm, "events.md has no vllm: tables"
-    source = ast.parse((ROOT / "engine" / "vllm" / "backend.py").read_text(encoding="utf-8"))
     strings = {
-        node.value for node in ast.walk(source) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        node.value
+        for path in VLLM_EVENT_WRITERS
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
     }
     missing = {record: sorted(keys - strings) for record, keys in vllm.items() if keys - strings}
-    assert not missing, f"vLLM keys events.md names that engine/vllm/backend.py never writes: {missing}"
+    assert not missing, f"vLLM keys events.md names that engine/vllm/backend.py and steps.py never write: {missing}"
 
 
 def test_the_record_parser_reads_what_the_convention_says():

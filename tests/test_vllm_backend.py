@@ -29,7 +29,9 @@ import pytest
 
 from engine import trace
 from engine.metrics import run_summary
-from engine.vllm.backend import VllmBackend, VllmError, align_steps, parse_prometheus
+from engine.vllm.backend import VllmBackend
+from engine.vllm.client import VllmError, parse_prometheus
+from engine.vllm.steps import align_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 K = 8  # notes/vllm-cpu.md: K = 8 measured best on code edits with vLLM's n-gram drafter here

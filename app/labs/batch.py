@@ -352,8 +352,8 @@ def run_vllm_batch(batch_sizes, repeats=START["repeats"], run_id: str = "", prog
     computed; yields (status, figure, rows, measured pass times unchanged)."""
     import json
 
-    from engine.vllm.backend import VllmError
     from engine.vllm.batch import measure_batches
+    from engine.vllm.client import VllmError
 
     if not vllm_available():
         raise gr.Error("Set SPECLENS_VLLM_URL and SPECLENS_VLLM_BASELINE_URL to measure real batches on vLLM.")

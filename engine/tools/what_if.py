@@ -186,8 +186,9 @@ def measure_what_if(
     passes ÷ passes on the what-if server, from the responses), "synthetic" (True / False / None: what the
     server says it runs, None when it does not say), "predicted" (per B, or None) and "measured_vs_predicted"
     (measured ÷ predicted per B)."""
-    from engine.vllm.backend import VllmBackend, VllmError
+    from engine.vllm.backend import VllmBackend
     from engine.vllm.batch import measure_batches
+    from engine.vllm.client import VllmError
 
     what_if, baseline = VllmBackend(what_if_url), VllmBackend(baseline_url)
     try:
@@ -241,7 +242,8 @@ def measure_what_if(
 
 def _smoke(url: str) -> None:
     """One request of a few tokens (AnalyzeError when it fails)."""
-    from engine.vllm.backend import VllmBackend, VllmError
+    from engine.vllm.backend import VllmBackend
+    from engine.vllm.client import VllmError
 
     try:
         VllmBackend(url).complete(shaped_prompts(RUN, 1)[0], max_new_tokens=4, chat=False, ignore_eos=True)

@@ -22,7 +22,8 @@ import threading
 import time
 
 from engine.metrics import ratio_bounds, ratio_of_medians
-from engine.vllm.backend import VllmBackend, VllmError
+from engine.vllm.backend import VllmBackend
+from engine.vllm.client import VllmError
 
 __all__ = ["MAX_BATCH", "measure_batches"]
 
