@@ -155,6 +155,41 @@ def _batch_verdict(sizes: list[int], bounds: list[tuple]) -> tuple[str, list[int
     return verdict, pays_at, unclear, stops
 
 
+def _throughput(b: int, ms: float, tokens_per_row: float = 1.0, draft_ms: float = 0.0) -> float:
+    """Tokens per second of passes over b rows that take ms each plus draft_ms of drafting and yield
+    tokens_per_row tokens per row (1 and no drafting: a pass without speculation)."""
+    return b * tokens_per_row * MS_PER_S / (ms + draft_ms)
+
+
+def _speedup_bounds(pass_times: dict, speedup: list, ceilings: list, e: float, draft: float) -> tuple[list, list]:
+    """``batch_throughputs``' speedup bounds per B, each capped at that B's ceiling, and the B where the cap cut
+    the spread's best pairing. e: expected tokens per pass; draft: a pass's drafting ms."""
+    sizes = [int(b) for b in pass_times["batch_sizes"]]
+    # The spread of the repeats bounds each ratio: at best the quickest wide pass against the slowest plain one.
+    # A bound that straddles 1 is noise, never a verdict (without spreads the medians decide alone).
+    spreads_1 = pass_times.get("spread_ms_1") or [None] * len(sizes)
+    spreads_k1 = pass_times.get("spread_ms_k1") or [None] * len(sizes)
+    bounds = [
+        tuple(
+            bound if bound is None else min(bound, ceiling)
+            for bound in ratio_bounds(
+                (_throughput(b, sk[1], e, draft), _throughput(b, sk[0], e, draft)),
+                (_throughput(b, s1[1]), _throughput(b, s1[0])),
+            )
+        )
+        if s1 and sk
+        else (r, r)
+        for b, r, s1, sk, ceiling in zip(sizes, speedup, spreads_1, spreads_k1, ceilings)
+    ]
+    # where the ceiling cut the spread's best pairing (the quickest wide pass below the slowest one-token pass)
+    bound_capped_at = [
+        b
+        for b, (_, high), ceiling, s1, sk in zip(sizes, bounds, ceilings, spreads_1, spreads_k1)
+        if s1 and sk and high is not None and sk[0] < s1[1] and high >= ceiling - 1e-12
+    ]
+    return bounds, bound_capped_at
+
+
 def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float = 0.0) -> dict:
     """Throughput with and without speculation at each batch size, computed from measured pass times.
 
@@ -181,42 +216,16 @@ def batch_throughputs(pass_times: dict, alpha: float, draft_ms_per_token: float 
     sizes, k = [int(b) for b in pass_times["batch_sizes"]], int(pass_times["k"])
     e = expected_tokens_per_pass(alpha, k)
     draft = k * draft_ms_per_token
-
-    def plain_tps(b: int, ms: float) -> float:
-        return b * MS_PER_S / ms
-
-    def spec_tps(b: int, ms: float) -> float:
-        return b * e * MS_PER_S / (ms + draft)
-
-    plain = [plain_tps(b, ms) for b, ms in zip(sizes, pass_times["pass_ms_1"])]
+    plain = [_throughput(b, ms) for b, ms in zip(sizes, pass_times["pass_ms_1"])]
     ceilings = [e * ms / (ms + draft) for ms in pass_times["pass_ms_1"]]
     # the wide pass counted at no less than the one-token pass (the ceiling above)
     spec = [
-        spec_tps(b, max(wide, one)) for b, wide, one in zip(sizes, pass_times["pass_ms_k1"], pass_times["pass_ms_1"])
+        _throughput(b, max(wide, one), e, draft)
+        for b, wide, one in zip(sizes, pass_times["pass_ms_k1"], pass_times["pass_ms_1"])
     ]
     speedup = [s / p for s, p in zip(spec, plain)]
     capped_at = [b for b, wide, one in zip(sizes, pass_times["pass_ms_k1"], pass_times["pass_ms_1"]) if wide < one]
-    # The spread of the repeats bounds each ratio: at best the quickest wide pass against the slowest plain one.
-    # A bound that straddles 1 is noise, never a verdict (without spreads the medians decide alone).
-    spreads_1 = pass_times.get("spread_ms_1") or [None] * len(sizes)
-    spreads_k1 = pass_times.get("spread_ms_k1") or [None] * len(sizes)
-    bounds = [
-        tuple(
-            bound if bound is None else min(bound, ceiling)
-            for bound in ratio_bounds(
-                (spec_tps(b, sk[1]), spec_tps(b, sk[0])), (plain_tps(b, s1[1]), plain_tps(b, s1[0]))
-            )
-        )
-        if s1 and sk
-        else (r, r)
-        for b, r, s1, sk, ceiling in zip(sizes, speedup, spreads_1, spreads_k1, ceilings)
-    ]
-    # where the ceiling cut the spread's best pairing (the quickest wide pass below the slowest one-token pass)
-    bound_capped_at = [
-        b
-        for b, (_, high), ceiling, s1, sk in zip(sizes, bounds, ceilings, spreads_1, spreads_k1)
-        if s1 and sk and high is not None and sk[0] < s1[1] and high >= ceiling - 1e-12
-    ]
+    bounds, bound_capped_at = _speedup_bounds(pass_times, speedup, ceilings, e, draft)
     verdict, pays_at, unclear, stops = _batch_verdict(sizes, bounds)
     return {
         **pass_times,
@@ -294,6 +303,40 @@ def draft_ms_per_position(summary: dict) -> float:
     return (summary.get("mean_draft_ms") or 0.0) / max(1, int(summary.get("k") or 0))
 
 
+def _position_counts(steps: list[dict], k: int) -> tuple[list[int], list[int]]:
+    """(drafted_at, accepted_at) over depths 1 .. max(K, the deepest draft): at each depth, the steps that
+    drafted a token there and the steps whose accepted path reached it (``summarize_steps``' per-position
+    counts)."""
+    max_depth = max([k] + [s.get("draft_depth", 0) for s in steps])
+    drafted_at = [0] * max_depth
+    accepted_at = [0] * max_depth
+    for s in steps:
+        for depth in range(s.get("draft_depth", 0)):
+            drafted_at[depth] += 1
+        for depth in range(s["accepted_len"]):
+            accepted_at[depth] += 1
+    return drafted_at, accepted_at
+
+
+def _accepted_histogram(steps: list[dict], depths: list[int], max_depth: int) -> list[int]:
+    """How many drafts each drafting pass kept (0 .. its depth): the histogram a rate alone hides. depths: each
+    step's drafted depth (0 where it drafted nothing, and then not counted)."""
+    histogram = [0] * (max_depth + 1)
+    for s, d in zip(steps, depths):
+        if d:
+            histogram[min(s["accepted_len"], max_depth)] += 1
+    return histogram
+
+
+def _drafting_pass_times(steps: list[dict], k: int) -> tuple[float | None, float | None, float | None]:
+    """(mean_draft_ms, mean_verify_ms, ``draft_cost_ratio``) over the steps that drafted (over every step
+    where none did)."""
+    drafting = [s for s in steps if s.get("drafted")] or steps
+    mean_draft_ms = _mean(s.get("draft_ms") for s in drafting)
+    mean_verify_ms = _mean(s.get("verify_ms") for s in drafting)
+    return mean_draft_ms, mean_verify_ms, draft_cost_ratio(mean_draft_ms, mean_verify_ms, k)
+
+
 def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float = 0.0) -> dict:
     """Aggregate step events into the metrics every view shows.
 
@@ -319,30 +362,16 @@ def summarize_steps(steps: list[dict], k: int, wall_s: float, prefill_s: float =
     tokens = sum(len(s["emitted"]) for s in steps)
     drafted = sum(s["drafted"] for s in steps)
     accepted = sum(s["accepted_len"] for s in steps)
-    max_depth = max([k] + [s.get("draft_depth", 0) for s in steps])
-    drafted_at = [0] * max_depth
-    accepted_at = [0] * max_depth
-    for s in steps:
-        for depth in range(s.get("draft_depth", 0)):
-            drafted_at[depth] += 1
-        for depth in range(s["accepted_len"]):
-            accepted_at[depth] += 1
+    drafted_at, accepted_at = _position_counts(steps, k)
     rejections = sum(1 for s in steps if s.get("extra_kind") == "resampled")
     alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
     # The theory at the depth each pass actually drafted (adaptive K, an n-gram match shorter than K, or
     # nothing at all: E = 1 for a pass without drafts), and over the passes that drafted alone.
     depths = [s.get("draft_depth", 0) if s.get("drafted") else 0 for s in steps]
     drafted_depths = [d for d in depths if d]
-    # How many drafts each drafting pass kept (0 .. its depth): the histogram a rate alone hides.
-    histogram = [0] * (max_depth + 1)
-    for s, d in zip(steps, depths):
-        if d:
-            histogram[min(s["accepted_len"], max_depth)] += 1
+    histogram = _accepted_histogram(steps, depths, len(drafted_at))
     theory_each = [expected_tokens_per_pass(alpha, d) for d in depths]
-    drafting = [s for s in steps if s.get("drafted")] or steps
-    mean_draft_ms = _mean(s.get("draft_ms") for s in drafting)
-    mean_verify_ms = _mean(s.get("verify_ms") for s in drafting)
-    cost_ratio = draft_cost_ratio(mean_draft_ms, mean_verify_ms, k)
+    mean_draft_ms, mean_verify_ms, cost_ratio = _drafting_pass_times(steps, k)
     return {
         "target_passes": passes,
         "new_tokens": tokens,

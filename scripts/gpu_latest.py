@@ -238,7 +238,7 @@ def pass_times(engine, repeats: int) -> dict:
 def launches(engine) -> dict:
     if engine.target.model.device.type != "cuda":
         return {"launches_per_pass": Skipped("CUDA only: torch's profiler counts CUDA kernel and graph launches")}
-    from engine.tools.bench import launches_per_pass
+    from engine.tools.bench_machine import launches_per_pass
 
     return {"launches_per_pass": launches_per_pass(engine)}
 

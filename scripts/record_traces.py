@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from engine import SpeculativeEngine  # noqa: E402
 from engine import trace as trace_io  # noqa: E402
 from engine.metrics import median_of_ratios, paired_ratios  # noqa: E402
-from engine.tools.bench import machine_info  # noqa: E402
+from engine.tools.bench_machine import machine_info  # noqa: E402
 
 EXAMPLES = ROOT / "assets" / "examples.json"
 TRACES = ROOT / "assets" / "traces"

@@ -197,3 +197,16 @@ def test_no_app_file_is_too_big_to_hold_in_ones_head():
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_APP_FILE_LINES
     }
     assert not big, big
+
+
+def test_no_function_in_the_engine_app_or_visuals_is_over_100_lines():
+    """Small functions (the kernels' C sources and the Triton kernel aside: a kernel is one launch)."""
+    long = []
+    for folder in ("engine", "app", "visuals"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > 100 and node.name != "_verify_kernel":  # engine/kernels/batched_verifier.py
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long

@@ -270,19 +270,6 @@ def test_vllm_batch_arguments_are_checked_before_any_request():
         measure_batches({}, ["Hi"])
 
 
-def test_no_function_in_the_engine_app_or_visuals_is_over_100_lines():
-    """Small functions (the kernels' C sources and the Triton kernel aside: a kernel is one launch)."""
-    long = []
-    for folder in ("engine", "app", "visuals"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    lines = node.end_lineno - node.lineno + 1
-                    if lines > 100 and node.name != "_verify_kernel":  # engine/kernels/batched_verifier.py
-                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
-    assert not long, long
-
-
 # ------------------------------------------------------------------------ one definition, one place
 # A definition of c or of a speedup: a value with a division bound to a name (a variable, a key, an
 # attribute, a keyword, a function's return) that names a speedup, a cost ratio or their bounds; or a

@@ -140,7 +140,7 @@ def measure_pass_widths(progress=gr.Progress()):  # noqa: B008 (gradio injects t
     (engine.model.pass_timing.pass_costs_ms), beside the recorded GPU passes."""
     from engine.host import cpu_name
     from engine.model.pass_timing import pass_costs_ms
-    from engine.tools.bench import read_bandwidth_gbs
+    from engine.tools.bench_machine import read_bandwidth_gbs
 
     if not is_loaded("default", "auto"):
         yield gr.skip(), "Loading the model (once per server)…"

@@ -303,6 +303,25 @@ def _fit_pass_line(b: int, points: list[tuple[float, float]], k_probe: int) -> t
     return plain, max(0.0, slope) / (b * k_probe)
 
 
+def _cost_tables(costs: dict) -> tuple[dict[str, dict[int, float]], list[int]]:
+    """The pass costs' tables (PROBE_TABLES) as numbers by batch size, checked, and the batch sizes with both a
+    plain and a speculative time: what ``_weigh`` reads; an AnalyzeError says what is wrong with them."""
+    try:
+        tables = {name: {int(b): float(v) for b, v in (costs.get(name) or {}).items()} for name in PROBE_TABLES}
+    except (TypeError, ValueError, AttributeError):
+        raise AnalyzeError(
+            "pass costs need plain and speculative ms by batch size ('decode_ms', 'verify_ms')"
+        ) from None
+    decode, verify = tables["decode_ms"], tables["verify_ms"]
+    batches = sorted(b for b in decode if b in verify and b >= 1)
+    values = [v for table in tables.values() for v in table.values()]
+    if not all(math.isfinite(v) for v in values) or any(b > 4096 for b in decode):
+        raise AnalyzeError("pass costs must be finite numbers, for batch sizes up to 4096")
+    if not batches or any(v <= 0 for v in [*decode.values(), *verify.values()]):
+        raise AnalyzeError("pass costs need positive plain and speculative times for at least one batch size")
+    return tables, batches
+
+
 def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
     """Expected speedup by batch size and K from the server's pass costs (engine/tools/pass_costs.py).
 
@@ -323,19 +342,8 @@ def _weigh(result: dict, costs: dict, ks: list[int]) -> None:
     pass the server measured (its decode time ÷ its passes), and the window's speedup from its own numbers.
     """
     d = result["drafting_share"]
-    try:
-        tables = {name: {int(b): float(v) for b, v in (costs.get(name) or {}).items()} for name in PROBE_TABLES}
-    except (TypeError, ValueError, AttributeError):
-        raise AnalyzeError(
-            "pass costs need plain and speculative ms by batch size ('decode_ms', 'verify_ms')"
-        ) from None
-    decode, verify, plain = tables["decode_ms"], tables["verify_ms"], tables["baseline_decode_ms"]
-    batches = sorted(b for b in decode if b in verify and b >= 1)
-    values = [v for table in tables.values() for v in table.values()]
-    if not all(math.isfinite(v) for v in values) or any(b > 4096 for b in decode):
-        raise AnalyzeError("pass costs must be finite numbers, for batch sizes up to 4096")
-    if not batches or any(v <= 0 for v in [*decode.values(), *verify.values()]):
-        raise AnalyzeError("pass costs need positive plain and speculative times for at least one batch size")
+    tables, batches = _cost_tables(costs)
+    plain = tables["baseline_decode_ms"]
     k_probe = max(1, int(costs.get("k") or result["k"] or 1))
     # typed costs carry no shares: none, half and all of the batch's requests drafting, as the words say
     default_share = {"decode": lambda b: 0.0, "mixed": lambda b: (b // 2) / b, "verify": lambda b: 1.0}

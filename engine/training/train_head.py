@@ -20,7 +20,7 @@ The recipe, each stage resumable from its files in the work folder:
    its own earlier speculative slots exactly as drafting does at depth s;
 6. export   safetensors + model card + training curves (JSON; the HTML is drawn
    by ``python -m visuals training-curves``) and the held-out acceptance,
-   measured with the real engine.
+   measured with the real engine (engine/training/head_eval.py).
 
 Only the fusion, the feature norm and the decoder layer are trained; embedding,
 final norm and lm_head rows are the target's, frozen.
@@ -45,8 +45,9 @@ import torch.nn.functional as F
 from engine.drafters.eagle import FORMAT, HEAD_FILE, head_dir, head_state_names
 from engine.model.transformer import Transformer, check_feature_layers
 from engine.training.head_data import build_prompts, clean_written_prompt, held_out_texts, write_requests
+from engine.training.head_eval import held_out_acceptance, install_if_better
 
-__all__ = ["TrainConfig", "default_feature_layers", "greedy_acceptance", "train_head"]
+__all__ = ["TrainConfig", "default_feature_layers", "train_head"]
 
 
 @dataclass
@@ -562,33 +563,6 @@ def _train(cfg: TrainConfig, model: _Trainable, sequences, features, prompt_leng
 
 
 # ------------------------------------------------------------------- export
-def _held_out_acceptance(engine, folder: Path, prompts: list[str], max_new: int) -> dict:
-    """Greedy K=4 chains with the new head on held-out prompts, measured with the real engine."""
-    from engine.drafters.eagle import load_head
-
-    engine.use_eagle_head(load_head(engine.target.model, engine.target.name, folder))
-    return greedy_acceptance(engine, prompts, max_new)
-
-
-def greedy_acceptance(engine, prompts: list[str], max_new: int) -> dict:
-    """The engine's `eagle` drafter (its current head), greedy K=4 chains over `prompts`: tokens per
-    target pass and acceptance by depth, as the model card reports them."""
-    from engine.metrics import summarize_steps
-
-    steps = []
-    for prompt in prompts:
-        run = engine.run(prompt, "eagle", max_new_tokens=max_new, k=4, temperature=0.0)
-        steps += [e for e in run["events"] if e.get("type") == "step"]
-    m = summarize_steps(steps, 4, 1.0)
-    return {
-        "prompts": len(prompts),
-        "tokens_per_pass": round(m["tokens_per_pass"], 3),
-        "acceptance_rate": round(m["acceptance_rate"], 3),
-        "position_acceptance": round(m["position_acceptance"], 3),
-        "acceptance_by_depth": [round(a, 3) if a is not None else None for a in m["acceptance_by_position"]],
-    }
-
-
 def _model_card(cfg: TrainConfig, meta: dict, held_out: dict, curves_file: str) -> str:
     t = meta["training"]
     if cfg.feature_layers:
@@ -740,7 +714,7 @@ def _write_head(
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / HEAD_FILE), metadata=meta)
     (out / "training-curves.json").write_text(json.dumps(curves))
-    held_out = _held_out_acceptance(engine, out, held, cfg.eval_tokens)
+    held_out = held_out_acceptance(engine, out, held, cfg.eval_tokens)
     (out / "README.md").write_text(_model_card(cfg, card_meta, held_out, "training-curves.json"))
     (out / "held-out.json").write_text(json.dumps(held_out, indent=2))
     return held_out
@@ -791,32 +765,3 @@ def train_head(cfg: TrainConfig) -> dict:
         decision = install_if_better(engine, out, final, cfg.eval_tokens)
         (work / "decision.json").write_text(json.dumps(decision, indent=2))
     return {"folder": str(final), "held_out": held, "decision": decision, **training}
-
-
-HEAD_FILES = (HEAD_FILE, "README.md", "training-curves.json", "held-out.json")
-
-
-def install_if_better(engine, candidate: Path, final: Path, max_new: int) -> dict:
-    """Measure the head in `final` and the one in `candidate` on the same held-out prompts
-    (head_data.held_out_texts: the benchmark workloads and app examples, which no head trains on), greedy
-    K = 4 chains; copy the candidate's files over `final` only if it drafts more tokens per pass. The
-    engine keeps the head that is in `final` afterwards."""
-    import shutil
-
-    prompts = sorted(held_out_texts())
-    current = _held_out_acceptance(engine, final, prompts, max_new)
-    new = _held_out_acceptance(engine, candidate, prompts, max_new)
-    replaced = new["tokens_per_pass"] > current["tokens_per_pass"]
-    if replaced:
-        for name in HEAD_FILES:
-            if (candidate / name).exists():
-                shutil.copy2(candidate / name, final / name)
-    else:
-        _held_out_acceptance(engine, final, prompts[:1], 1)  # the engine back on the kept head
-    verdict = "replaced" if replaced else "kept: the current head drafts at least as many tokens per pass"
-    print(
-        f"train-head: held-out tokens per pass, current {current['tokens_per_pass']} against new "
-        f"{new['tokens_per_pass']}: {verdict} ({final})",
-        file=sys.stderr,
-    )
-    return {"measure": "held_out_texts, greedy K=4", "current": current, "new": new, "replaced": replaced}
