@@ -12,7 +12,7 @@ What goes through here, and what does not:
   (`start_generation`, `Generation`). No tab constructs an engine, a drafter or GenerationSettings.
 - read directly, because they are plain functions of data the handler already holds: the trace
   model and run summary (`engine.trace`, `engine.metrics`, as visuals/ does), the exactness
-  statistics (`engine.tools.exactness`), the memory plan (`engine.model.memory_plan`) and the
+  statistics (`engine.tools.exactness`), the memory plan (`engine.tools.memory_plan`) and the
   CPU kernel's description (`engine.kernels.cpu_kernels.describe`).
 - called directly on an engine obtained here: the measurement tools the labs exist to show
   (`engine.tools.parity.parity_check`, `engine.model.pass_timing.measure_pass_times`,
@@ -28,6 +28,7 @@ from collections.abc import Iterator
 import gradio as gr
 
 from engine.decode import OutOfMemory
+from engine.drafters.spec import family, parse
 
 from . import config, zerogpu
 from .config import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, check_model_allowed
@@ -47,7 +48,6 @@ __all__ = [
     "VLLM_DRAFTER",
 ]
 
-MODEL_PREFIX = "model:"  # a drafter spec naming a separate draft model
 VLLM_DRAFTER = "vllm"  # the Playground's name for the production engine at config.VLLM_URL
 
 
@@ -86,18 +86,21 @@ def get_engine(target: str = "default", dtype: str = "auto", progress=None):
 
 
 def builds_on_first_use(drafter) -> bool:
-    """Whether the drafter's weights are built on first use (the int8 or 4-bit copy, a draft model): worth a
-    message."""
-    spec = drafter.strip() if isinstance(drafter, str) else ""
-    return spec.split("+", 1)[0] in ("int8", "q4") or spec.startswith(MODEL_PREFIX)
+    """Whether the drafter's weights are built on first use (a quantised copy, a draft model): worth a message."""
+    try:
+        spec = parse(drafter)
+    except ValueError:
+        return False
+    return spec.weights is not None and family(spec.weights.family).builds_weights
 
 
 def use_drafter(engine, drafter: str) -> None:
     """Check the drafter (a draft model against the allowlist too) and build its shared weights once."""
     try:
-        if isinstance(drafter, str) and drafter.strip().startswith(MODEL_PREFIX):
-            check_model_allowed(drafter.strip()[len(MODEL_PREFIX) :])
-        prepare_drafter(engine, drafter)
+        spec = parse(drafter)
+        if spec.weights is not None and spec.weights.model_id:
+            check_model_allowed(spec.weights.model_id)
+        prepare_drafter(engine, spec.text)
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
 
@@ -141,7 +144,8 @@ def make_settings(k, topk, budget, temperature, top_p, top_k, seed, max_new_toke
 def start_vllm_generation(prompt, settings) -> Generation:
     """A run on the vLLM server at config.VLLM_URL (engine.vllm.backend): the same events, with what vLLM
     does not expose (rejected drafts, q, u) marked absent in the start event."""
-    from engine.vllm.backend import VllmBackend, VllmError
+    from engine.vllm.backend import VllmBackend
+    from engine.vllm.client import VllmError
 
     if not config.VLLM_URL:
         raise gr.Error("No vLLM server is configured: set SPECLENS_VLLM_URL to its base URL.")
@@ -160,7 +164,7 @@ class Generation:
         self._events = events
 
     def __iter__(self) -> Iterator[dict]:
-        from engine.vllm.backend import VllmError
+        from engine.vllm.client import VllmError
 
         from .metrics_export import record_run
 

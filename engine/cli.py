@@ -27,14 +27,27 @@ def _dtypes() -> tuple[str, ...]:
     return DTYPES
 
 
+def _drafter(text: str) -> str:
+    """argparse type of --drafter: the spec as engine.drafters.spec parses it (an unknown one is refused, with the
+    forms there are)."""
+    from engine.drafters.spec import parse
+
+    try:
+        return parse(text).text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_drafter(p: argparse.ArgumentParser, what: str = "who drafts") -> None:
+    """--drafter, its help listing every registered family's form."""
+    from engine.drafters.spec import forms
+
+    p.add_argument("--drafter", default="ngram", type=_drafter, help=f"{what}: {forms()} (default ngram)")
+
+
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="offline default, a preset, a Hub id or a local folder")
-    p.add_argument(
-        "--drafter",
-        default="ngram",
-        help="none | ngram | suffix | int8 | q4 | eagle | model:<id or preset> | q4+ngram (drafts of drafts)"
-        " | suffix/q4 (hybrid: each pass, the one that pays)",
-    )
+    _add_drafter(p)
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth)")
     p.add_argument("--steps", type=int, default=None, help="tree depth (same as --k)")
     p.add_argument("--topk", type=int, default=1, help="tree branching per node (1 = chain)")
@@ -163,12 +176,7 @@ def _add_launch_command(sub) -> None:
     )
     lc.add_argument("--engine", required=True, choices=["vllm", "sglang", "llama.cpp", "transformers"])
     lc.add_argument("--target", default="default", help="the target model (default, a preset or a Hub id)")
-    lc.add_argument(
-        "--drafter",
-        default="ngram",
-        help="none | ngram | suffix | int8 | q4 | eagle | model:<id or preset> | q4+ngram (drafts of drafts)"
-        " | suffix/q4 (hybrid: each pass, the one that pays)",
-    )
+    _add_drafter(lc)
     lc.add_argument("--k", type=int, default=4, help="draft tokens per step (tree depth)")
     lc.add_argument("--topk", type=int, default=1, help="tree branching per node (1 = chain)")
     lc.add_argument("--num-draft-tokens", type=int, default=None, help="tree budget: draft tokens per step")
@@ -223,11 +231,7 @@ def _add_analyze(sub) -> None:
         help="the same model served without speculation: its plain passes are what speculation is weighed against",
     )
     an.add_argument("--model", default=None, help="only this model_name's counters")
-    an.add_argument(
-        "--drafter",
-        default="ngram",
-        help="the method the server drafts with (its counters do not say), for the ticket's launch line (default ngram)",
-    )
+    _add_drafter(an, "the method the server drafts with (its counters do not say), for the ticket's launch line")
     an.add_argument(
         "--what-if",
         action="store_true",
@@ -402,12 +406,13 @@ def _analyze(args) -> int:
     import os
 
     from engine.tools.analyze import AnalyzeError, analyze, load_recording, record, ticket
+    from engine.tools.analyze_report import format_distribution, format_report
     from engine.tools.pass_costs import parse_pass_costs, probe_pass_costs
 
     try:
         requests = None
         if args.requests:
-            from engine.tools.per_request import read_requests
+            from engine.tools.per_request import read_requests, request_distribution
 
             try:
                 with open(args.requests, encoding="utf-8") as fh:
@@ -417,7 +422,9 @@ def _analyze(args) -> int:
         if args.source is None:
             if requests is None:
                 raise AnalyzeError("give a server's URL, a saved window, or --requests FILE.jsonl")
-            return _print_requests(requests, args.break_even, None, args.json)
+            dist = request_distribution(requests, args.break_even)
+            print(json.dumps({"per_request": dist}) if args.json else format_distribution(dist))
+            return 0
         if os.path.isfile(args.source):
             window = load_recording(args.source)
         else:
@@ -443,7 +450,7 @@ def _analyze(args) -> int:
         if not result.get("gauges_only"):
             result["ticket"] = ticket(result, args.drafter, result.get("what_if"))
         if requests is not None:
-            from engine.tools.per_request import break_even_of, request_distribution
+            from engine.tools.per_request import break_even_of
 
             result["per_request"] = request_distribution(requests, args.break_even or break_even_of(result))
     except AnalyzeError as exc:
@@ -451,107 +458,8 @@ def _analyze(args) -> int:
         for name, line in (getattr(exc, "lines", None) or {}).items():
             print(f"  {name}: {line}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    if result.get("gauges_only"):  # SGLang: gauges, not counters (engine.tools.analyze.gauge_reading)
-        print(f"recommendation: {result['recommendation']}")
-        return 0
-    _print_window(result)
-    print(f"recommendation: {result['recommendation']}")
-    if result.get("what_if"):
-        _print_what_if(result["what_if"])
-    print(f"for a ticket: {result['ticket']}")
-    if result.get("per_request"):
-        _print_distribution(result["per_request"])
+    print(json.dumps(result) if args.json else format_report(result))
     return 0
-
-
-def _print_requests(requests: list, break_even: float | None, result: dict | None, as_json: bool) -> int:
-    from engine.tools.per_request import request_distribution
-
-    dist = request_distribution(requests, break_even)
-    if as_json:
-        print(json.dumps({"per_request": dist}))
-    else:
-        _print_distribution(dist)
-    return 0
-
-
-def _print_distribution(dist: dict) -> None:
-    q = dist["tau_quantiles"]
-    print(
-        f"per request ({dist['requests']} requests, {' and '.join(dist['schemas'])} histograms): mean acceptance "
-        f"length τ min {q['min']:.2f}, p10 {q['p10']:.2f}, median {q['median']:.2f}, p90 {q['p90']:.2f}, max "
-        f"{q['max']:.2f}; mean over requests {dist['tau_request_mean']:.2f} beside {dist['tau_step_mean']:.2f} over "
-        "verify steps (what /metrics gives: requests with more steps weigh more)"
-    )
-    total = sum(dist["histogram"]) or 1
-    print(
-        "  verify steps by drafts accepted: "
-        + ", ".join(f"{j}: {n / total:.0%}" for j, n in enumerate(dist["histogram"]))
-    )
-    for label, row in dist["by_label"].items():
-        print(
-            f"  {label}: {row['requests']} request{'s' if row['requests'] != 1 else ''}, median τ {row['tau_median']:.2f}"
-        )
-    if dist["break_even"] is not None:
-        print(
-            f"  with a break-even τ of {dist['break_even']:.2f} (a speculative pass's cost ÷ a plain one's): "
-            f"{dist['paying']} of {dist['requests']} requests pay, {dist['not_paying']} "
-            + ("does not" if dist["not_paying"] == 1 else "do not")
-        )
-    else:
-        print("  which requests pay needs a break-even τ: give --break-even, or pass costs (--probe, --pass-ms)")
-
-
-def _print_window(result: dict) -> None:
-    """The window's counters, passes, acceptance by position and, with pass costs, the expected speedup table."""
-    from engine.tools.analyze import model_note
-
-    print(
-        f"{result['server']}: {result['drafts']:.0f} drafts in the window ("
-        + (f"{result['requests']:.0f} requests, " if result["requests"] else "requests not counted by this server, ")
-        + f"{result['tokens']:.0f} tokens)\n"
-        f"draft acceptance rate {result['acceptance_rate']:.3f} beside mean acceptance length "
-        f"{result['mean_acceptance_length']:.2f} tokens per drafting pass"
-    )
-    if result["decode_passes"]:
-        line = (
-            f"{result['decode_passes']:.0f} decode passes, {result['drafting_share']:.0%} of them drafted: "
-            f"{result['tokens_per_pass']:.2f} tokens per pass"
-        )
-        if result["window_pass_ms"]:
-            line += f", {result['window_pass_ms']:.1f} ms per pass (the server's decode time)"
-        print(line)
-    if result["acceptance_by_position"]:
-        shares = ", ".join(f"{r:.3f}" for r in result["acceptance_by_position"])
-        print(f"acceptance by position: {shares}; fitted α = {result['alpha_fit']:.3f} (α^i)")
-    if result.get("speedup_by_batch"):
-        costs = result["pass_costs"]
-        print(
-            f"pass costs ({costs['source'] or 'given'}; speculation weighed against {costs['against']}), "
-            f"ms plain / speculative at K = {costs['k']}:"
-        )
-        print(
-            "  "
-            + ", ".join(
-                f"B={b}: {costs['decode_ms'][b]:.1f} / {costs['verify_ms'][b]:.1f}"
-                for b in sorted(costs["decode_ms"])
-                if b in costs["verify_ms"]
-            )
-        )
-        if result.get("model_check"):
-            check = result["model_check"]
-            print(
-                f"model check at batch {check['batch']}: {check['model_ms']:.1f} ms per pass modelled, "
-                f"{check['measured_ms']:.1f} ms measured; the window's own speedup {result['window_speedup']:.2f}x"
-            )
-        print(f"expected speedup (K down, batch across), of {model_note(result)}:")
-        batches = sorted(result["speedup_by_batch"])
-        print("  K  " + "".join(f"{f'B={b}':>8}" for b in batches))
-        for k in sorted(result["speedup_by_batch"][batches[0]]):
-            print(f"  {k:<3}" + "".join(f"{result['speedup_by_batch'][b][k]:>7.2f}x" for b in batches))
 
 
 def _what_if(args, window: dict, result: dict) -> dict:
@@ -598,36 +506,6 @@ def _what_if(args, window: dict, result: dict) -> dict:
     finally:
         for server in servers or ():
             server.stop()
-
-
-def _print_what_if(report: dict) -> None:
-    shape = report["shape"]
-    print(
-        f"what-if, measured: a drafter keeping drafts at {', '.join(f'{r:.2f}' for r in report['rates'])} by position "
-        f"(τ = {report['tau']:.2f}), requests of {shape['prompt_tokens']:.0f} prompt and {shape['output_tokens_asked']} "
-        f"output tokens, {report['settings']['repeats']} repeats per batch size"
-    )
-    if report["synthetic"] is not True:
-        print(
-            "  note: the what-if server does not say it runs synthetic rejection (vLLM shows its config only in dev "
-            "mode): its acceptance is what it measured (below), not necessarily the rates asked"
-        )
-    accepted = report["modes"]["what-if"]["acceptance_rate"]
-
-    def num(x, unit=""):
-        return "—" if x is None else f"{x:.2f}{unit}"
-
-    print(
-        f"  {'B':<4} {'measured (slowest–quickest repeat)':<36} {'predicted':>10} {'measured ÷ predicted':>21} {'acceptance':>11}"
-    )
-    for i, b in enumerate(report["batch_sizes"]):
-        low, high = report["speedup_bounds"][i]
-        measured = f"{num(report['speedup'][i], 'x')} ({num(low)}–{num(high)})"
-        print(
-            f"  {b:<4} {measured:<36} {num(report['predicted'][i], 'x'):>10} "
-            f"{num(report['measured_vs_predicted'][i]):>21} {num(accepted[i]):>11}"
-        )
-    print(f"  verdict (measured): {report['verdict']}")
 
 
 def _launch_command(args) -> int:
@@ -820,7 +698,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate" and args.prompt is not None and not args.prompt.strip():
             raise ValueError("prompt is empty")
         if args.command == "generate" and args.vllm_url is not None:
-            from engine.vllm.backend import VllmBackend, VllmError
+            from engine.vllm.backend import VllmBackend
+            from engine.vllm.client import VllmError
 
             try:
                 return _generate(args, None, VllmBackend(args.vllm_url or None))

@@ -36,8 +36,8 @@ from engine import events
 from engine.acceptance import verify_children
 from engine.drafters.adaptive import AdaptiveDepth, verified_outcomes
 from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape, Verified
-from engine.drafters.hybrid import HybridDrafter
 from engine.drafters.registry import DrafterRegistry
+from engine.drafters.spec import family, parse
 from engine.host import host_info
 from engine.kernels import cpu_kernels
 from engine.kernels.batched_verifier import warm_up
@@ -123,13 +123,9 @@ class StepResult:
 
     @property
     def draft_info(self) -> dict:
-        """The step event's ``draft``: the K used and why drafting stopped (the drafter's own record), the model
-        passes a model drafter ran (and drafts of drafts' copied tokens), a hybrid drafter's pick, and for adaptive
-        drafting why the policy chose that K."""
-        info = {"k": self.k, "stop": self.tree.stop}
-        for key in ("model_passes", "copied", "hybrid"):  # what a model drafter's draft took (None: not one)
-            if getattr(self.tree, key) is not None:
-                info[key] = getattr(self.tree, key)
+        """The step event's ``draft``: the K used, why drafting stopped, the drafter's own facts (``DraftTree.facts``),
+        and for adaptive drafting why the policy chose that K."""
+        info = {"k": self.k, "stop": self.tree.stop, **self.tree.facts}
         if self.why is not None:
             info["why"] = self.why
         return info
@@ -247,17 +243,22 @@ class SpeculativeEngine:
         return self._run(prompt, prompt_ids, drafter_obj, settings, params, shape, seed)
 
     def run_drafter(self, spec: str, settings: GenerationSettings) -> Drafter:
-        """A fresh drafter for one run, with what it may read besides the context (the suffix drafter: the
-        run's history, earlier answers as texts tokenised like a user's text, or token ids)."""
+        """A fresh drafter for one run, with what it may read besides the context (a copying drafter: the run's
+        history, earlier answers as texts tokenised like a user's text, or token ids). Settings its family does
+        not support are refused before anything is built."""
+        parsed = parse(spec)
+        supports = family(parsed.family)
+        for wanted, supported, what in (
+            (settings.adaptive, supports.adaptive, "adaptive drafting"),
+            (settings.topk > 1, supports.trees, "a draft tree (topk > 1)"),
+            (settings.verify == "block", supports.block, "block verification"),
+        ):
+            if wanted and not supported and parsed.drafts:
+                raise ValueError(
+                    f"{what} does not combine with the drafter {parsed.text!r} ({supports.label}); turn it off"
+                )
         history = self.prompts.documents(settings.history) if settings.history else ()
-        drafter = self.drafters.build(spec, history)
-        if settings.adaptive and isinstance(drafter, HybridDrafter):
-            drafter.close()
-            raise ValueError(
-                f"adaptive drafting does not combine with the hybrid drafter {spec!r}: it already picks, each pass,"
-                " the drafter that pays; turn adaptive off"
-            )
-        return drafter
+        return self.drafters.build(parsed, history)
 
     @contextmanager
     def running(self, prompt_ids, drafter: Drafter, settings, shape, params, seed: int, extra: int, adaptive=None):
@@ -323,6 +324,7 @@ class SpeculativeEngine:
             "mode": "speculative" if drafter.drafts else "baseline",
             "target": self.target.name,
             "drafter": drafter.name,
+            "family": parse(drafter.name).root,  # what screens group it under (a composite: its model's family)
             "dtype": self.target.weight_kind,
             "device": str(model.device),
             # (the earlier answers themselves stay out of the trace: how many there were is enough)

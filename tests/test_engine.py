@@ -10,8 +10,9 @@ import torch
 
 from engine import trace as trace_io
 from engine.decode import DecodeState, GenerationSettings
-from engine.drafters import NgramDrafter, TreeShape
+from engine.drafters import TreeShape
 from engine.drafters.base import DraftContext, DraftTree
+from engine.drafters.ngram import NgramDrafter
 from engine.sampling import SamplingParams
 
 PROMPT = [1, 504, 2741, 314, 253, 1345, 28, 504, 2741, 314]
@@ -485,7 +486,7 @@ def test_a_chain_that_a_confidence_stop_ends_runs_only_the_loops_passes(tiny_eng
             tree = drafter.propose(DraftContext(context, shape, SamplingParams(0.0)))
         drafter.close()
         q = [tree.q_dists[parent] for parent in [-1] + list(range(len(tree) - 1))]
-        return tree.tokens, tree.q_token, tree.stop, tree.model_passes, q
+        return tree.tokens, tree.q_token, tree.stop, tree.facts.get("model_passes"), q
 
     # the chain's confidences, raw: which tenth of q each level's token falls in
     _, q_token, *_ = propose(TreeShape(6), fast=False)

@@ -26,27 +26,32 @@ from engine.tools.samples import next_token_distribution, sample_next_tokens
 
 
 def test_specs_are_parsed_and_bad_ones_refused_with_what_is_wrong(tiny_engine):
-    assert parse_hybrid("suffix/q4") == ("suffix", "q4", DEFAULT_DEPTH)
-    assert parse_hybrid("ngram:3,1/int8:3") == ("ngram:3,1", "int8", 3)
-    assert parse_hybrid("suffix/model:HuggingFaceTB/SmolLM2-135M-Instruct:4") == (
+    def parts(text):
+        spec = parse_hybrid(text)
+        return spec.copy.text, spec.model.text, spec.depth
+
+    assert parts("suffix/q4") == ("suffix", "q4", DEFAULT_DEPTH)
+    assert parts("ngram:3,1/int8:3") == ("ngram:3,1", "int8", 3)
+    assert parts("suffix/model:HuggingFaceTB/SmolLM2-135M-Instruct:4") == (
         "suffix",
         "model:HuggingFaceTB/SmolLM2-135M-Instruct",
         4,
     )
+    copying, model = r"ngram\[:MAX.*suffix\[:MAX\[,MIN\]\] before", "int8, q4, model:<id> after"
     for spec, words in (
-        ("q4/suffix", "ngram or suffix before"),
-        ("suffix/eagle", "int8, q4 or model:<id> after"),
-        ("suffix/none", "int8, q4 or model:<id> after"),
-        ("ngram/", "int8, q4 or model:<id> after"),
+        ("q4/suffix", copying),
+        ("suffix/eagle", model),
+        ("suffix/none", model),
+        ("ngram/", model),
         ("suffix/q4:0", "between 1 and 32"),
-        ("suffix/q4:x", "int8, q4 or model:<id> after"),
+        ("suffix/q4:x", model),
     ):
         with pytest.raises(ValueError, match=words):
             tiny_engine.drafter(spec)
     drafter = tiny_engine.drafter("ngram/int8:2")
     assert isinstance(drafter, HybridDrafter) and drafter.depth == 2
     assert drafter.copy.name == "ngram" and drafter.model.name == "int8"
-    with pytest.raises(ValueError, match="adaptive drafting does not combine with the hybrid"):
+    with pytest.raises(ValueError, match="adaptive drafting does not combine with the drafter"):
         tiny_engine.run("a b c a b", "ngram/int8", adaptive=True, chat=False, max_new_tokens=4)
 
 
@@ -68,34 +73,34 @@ def test_the_pick_follows_the_measured_speeds_and_hands_on_the_picked_drafters_o
     drafter = _hybrid(tiny_engine)
     # nothing measured: the proposal where there is one, the model where there is none (at most DEPTH levels)
     copy = _propose(drafter, REPEATS)
-    assert copy.hybrid == {
+    assert copy.facts["hybrid"] == {
         "picked": "ngram",
         "proposed": len(copy),
         "bridged": False,
         "continued": 0,
         "speeds": {"copy": None, "model": None},
     }
-    assert copy.point_mass and copy.tokens[:3] == [7, 8, 9] and copy.model_passes is None
+    assert copy.point_mass and copy.tokens[:3] == [7, 8, 9] and "model_passes" not in copy.facts
     drafter.accept(Verified(copy, [0, 1]))
     # the copying side starts from one token a pass: one lucky pass (3 tokens) moves it part of the way
     from engine.drafters.hybrid import COPY_PRIOR_TOKENS, HYBRID_RECENCY
 
     assert drafter._copy_side.tokens == pytest.approx(HYBRID_RECENCY * COPY_PRIOR_TOKENS + (1 - HYBRID_RECENCY) * 3)
     model = _propose(drafter, NOVEL)
-    assert model.hybrid["picked"] == "int8" and model.hybrid["proposed"] == 0
-    assert not model.point_mass and len(model) == 3 and model.model_passes >= 1 and -1 in model.q_dists
+    assert model.facts["hybrid"]["picked"] == "int8" and model.facts["hybrid"]["proposed"] == 0
+    assert not model.point_mass and len(model) == 3 and model.facts["model_passes"] >= 1 and -1 in model.q_dists
     drafter.accept(Verified(model, [0]))
     assert drafter.speeds()["copy"] is not None and drafter.speeds()["model"] is not None
     # measured: the copy side is picked only while it is at least as fast
     drafter._copy_side.tokens, drafter._copy_side.ms = 1.0, 100.0  # 0.01 tokens per ms
     drafter._model_side.tokens, drafter._model_side.ms = 4.0, 10.0  # 0.4
     slow = _propose(drafter, REPEATS)
-    assert slow.hybrid["picked"] == "int8" and slow.hybrid["proposed"] > 0
-    assert slow.hybrid["speeds"] == {"copy": 0.01, "model": 0.4}
+    assert slow.facts["hybrid"]["picked"] == "int8" and slow.facts["hybrid"]["proposed"] > 0
+    assert slow.facts["hybrid"]["speeds"] == {"copy": 0.01, "model": 0.4}
     drafter.accept(Verified(slow, []))
     drafter._copy_side.tokens, drafter._copy_side.ms = 9.0, 10.0
     fast = _propose(drafter, REPEATS, k=8)
-    assert fast.hybrid["picked"] == "ngram" and len(fast) > 3  # a proposal may go past DEPTH, up to K
+    assert fast.facts["hybrid"]["picked"] == "ngram" and len(fast) > 3  # a proposal may go past DEPTH, up to K
     drafter.close()
 
 
@@ -113,7 +118,7 @@ def test_a_model_pass_teaches_the_copy_side_what_its_proposal_would_have_committ
     # before a copy pass of its own, the copy side is priced at the model passes' ms less their drafting
     assert drafter.speeds() == {"copy": pytest.approx(1.0 / 0.5), "model": 100.0}
     tree = _propose(drafter, REPEATS)
-    assert tree.hybrid["picked"] == "int8" and drafter._unused[0][:2] == [7, 8]
+    assert tree.facts["hybrid"]["picked"] == "int8" and drafter._unused[0][:2] == [7, 8]
     drafter.accept(Verified(tree, []))
     # the target committed 7 (the proposal's first), then 99 (not its second): 1 matched + the target's own = 2
     drafter.propose(DraftContext(REPEATS + [7, 99], TreeShape(k=6)))
@@ -146,10 +151,14 @@ def test_a_bridge_is_the_models_tokens_then_the_copying_continuation(tiny_engine
     alone.start([1, 2], 64)
     expected = alone.propose(DraftContext(list(NOVEL), TreeShape(k=1)))
     tree = _propose(drafter, NOVEL, k=5)
-    assert tree.hybrid["picked"] == "int8" and tree.hybrid["continued"] == 3 and tree.hybrid["proposed"] == 0
-    assert tree.hybrid["bridged"]
+    assert (
+        tree.facts["hybrid"]["picked"] == "int8"
+        and tree.facts["hybrid"]["continued"] == 3
+        and tree.facts["hybrid"]["proposed"] == 0
+    )
+    assert tree.facts["hybrid"]["bridged"]
     assert tree.tokens == [expected.tokens[0], 21, 22, 23] and tree.parents == [-1, 0, 1, 2]
-    assert not tree.point_mass and tree.model_passes == 1 and asked == [len(NOVEL) + 1]
+    assert not tree.point_mass and tree.facts["model_passes"] == 1 and asked == [len(NOVEL) + 1]
     assert torch.allclose(tree.q_dists[-1], expected.q_dists[-1])
     for node, token in enumerate([21, 22, 23]):
         point = tree.q_dists[node]
@@ -159,7 +168,12 @@ def test_a_bridge_is_the_models_tokens_then_the_copying_continuation(tiny_engine
     # no match within DEPTH levels: the bridge is the model's chain alone
     monkeypatch.setattr(HybridDrafter, "_copy_chain", lambda self, tokens, room: [])
     plain = _propose(drafter, NOVEL + [expected.tokens[0], 21, 22], k=5)
-    assert len(plain) == 3 and plain.hybrid["continued"] == 0 and plain.model_passes == 3 and plain.hybrid["bridged"]
+    assert (
+        len(plain) == 3
+        and plain.facts["hybrid"]["continued"] == 0
+        and plain.facts["model_passes"] == 3
+        and plain.facts["hybrid"]["bridged"]
+    )
     drafter.close()
     alone.close()
 
@@ -196,7 +210,9 @@ def test_sampled_bridges_emit_the_targets_law(tiny_engine, monkeypatch, broken):
     monkeypatch.setattr(
         tiny_engine.drafters,
         "build",
-        lambda spec, history=(): cls(spec, build("ngram", history), build("int8"), 1) if "/" in spec else build(spec),
+        lambda spec, history=(): (
+            cls(spec.text, build("ngram", history), build("int8"), 1) if spec.family == "hybrid" else build(spec)
+        ),
     )
     n = 3000
     samples = sample_next_tokens(tiny_engine, prompt, "ngram/int8:1", n_samples=n, n_tokens=2, k=3, seed=5, **settings)

@@ -1,11 +1,11 @@
-"""Memory planning (engine/model/memory_plan.py): sizes from a config on the meta device agree with
+"""Memory planning (engine/tools/memory_plan.py): sizes from a config on the meta device agree with
 what the real default model allocates, and a run that cannot fit is refused with numbers."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.model.memory_plan import MemoryPlanError, available_memory, check_memory, plan_memory
+from engine.tools.memory_plan import MemoryPlanError, available_memory, check_memory, plan_memory
 
 
 @pytest.mark.slow

@@ -101,7 +101,7 @@ def test_drafts_of_drafts_are_draws_from_the_models_own_law(tiny_model):
     assert torch.allclose(tree.q_dists[-1], q1, atol=1e-6)
     assert torch.allclose(tree.q_dists[0], _exact_q(tiny_model, context + [c1]), atol=1e-6)
     # a kept proposal rode on the catch-up pass (one pass for two drafts); a rejected one cost nothing extra
-    assert {(t.copied, t.model_passes) for t in trees} == {(1, 1), (0, 2)}
+    assert {(t.facts["copied"], t.facts["model_passes"]) for t in trees} == {(1, 1), (0, 2)}
 
 
 def test_a_residual_that_keeps_the_proposal_is_detected(tiny_model):
@@ -142,7 +142,7 @@ def test_q4_reads_the_committed_keys_and_values_from_the_target(served_engine, m
     from engine.model.transformer import Transformer
 
     widths, seen = [], {}
-    original_pass, original_accept = ModelDrafter._pass, ModelDrafter.accept
+    original_pass, original_accept = ModelDrafter.model_pass, ModelDrafter.accept
     original_chain = Transformer.greedy_chain
 
     def recording_pass(self, tokens, *args, **kwargs):
@@ -157,7 +157,7 @@ def test_q4_reads_the_committed_keys_and_values_from_the_target(served_engine, m
         original_accept(self, verified)
         seen["drafter"], seen["target"] = self.cache, self.target_cache
 
-    monkeypatch.setattr(ModelDrafter, "_pass", recording_pass)
+    monkeypatch.setattr(ModelDrafter, "model_pass", recording_pass)
     monkeypatch.setattr(ModelDrafter, "accept", recording_accept)
     monkeypatch.setattr(Transformer, "greedy_chain", recording_chain)
     prompt = "Why do cats purr? Answer in a short paragraph."
@@ -283,5 +283,5 @@ def test_dry_rounds_count_up_and_a_proposal_inside_a_chain_ends_the_stretch(
     drafter.start(context, 64)
     tree = drafter.propose(DraftContext(context, TreeShape(k=k), greedy, torch.Generator()))
     assert tree.tokens == expected
-    assert tree.model_passes == k and calls == [k - DRY_ROUNDS]  # DRY_ROUNDS Python passes, then one chain
+    assert tree.facts["model_passes"] == k and calls == [k - DRY_ROUNDS]  # DRY_ROUNDS Python passes, then one chain
     assert drafter._dry == (0 if wet_inside else k)

@@ -50,11 +50,10 @@ def run_label(trace) -> str:
     return f"{start.get('drafter') or 'none'}{ADAPTIVE if adaptive else ''}"
 
 
-def _family(drafter: str) -> str:
-    drafter = drafter or "none"
-    if "/" in drafter and not drafter.startswith("model:"):  # a hybrid, suffix/q4: its model's family
-        drafter = drafter.split("/", 1)[1]
-    return drafter.split(":", 1)[0].split("+", 1)[0]  # q4+ngram: the q4 family
+def _family(start: dict) -> str:
+    """The drafter family the engine recorded in the start event (a trace from before it did: the spec's first
+    word)."""
+    return start.get("family") or (start.get("drafter") or "none").split(":", 1)[0]
 
 
 def _depth_used(steps: list[dict]) -> tuple[float | None, dict]:
@@ -95,7 +94,7 @@ def comparison_rows(traces: list) -> list[dict]:
             {
                 "label": run_label(events),
                 "adaptive": run_label(events).endswith(ADAPTIVE),
-                "family": _family(s["drafter"]),
+                "family": _family(start_event(events)),
                 "baseline": baseline,
                 "k": s["k"],
                 "tokens_per_pass": s["tokens_per_pass"],

@@ -16,6 +16,7 @@ import time
 
 import gradio as gr
 
+from engine.drafters.spec import family as drafter_family
 from engine.metrics import (
     DRAFT_TOKEN_COST_MEANS,
     MIN_PAIRS,
@@ -28,6 +29,7 @@ from engine.trace import TraceError, load, start_event, step_events
 from visuals.drafter_families import acceptance_curves_figure, comparison_rows, run_label, speedup_surface_figure
 
 from .. import config
+from ..drafter_help import single_drafters
 from ..engine_access import get_engine, is_loaded, make_settings, start_generation, use_drafter
 from ..examples import example_values, load_examples
 from ..figure_guard import guarded
@@ -53,14 +55,7 @@ INPUTS = ["prompt", "drafters", "k", "max_new", "greedy"]
 OUTPUTS = ["status", "table", "curves", "surface", "families"]
 
 BASELINE = "none"
-DRAFTERS = {
-    "none": "none: the baseline (always runs first)",
-    "ngram": "ngram: prompt lookup",
-    "suffix": "suffix: suffix decoding",
-    "int8": "int8: the target quantised",
-    "q4": "q4: the target's own 4-bit weights",
-    "eagle": "eagle: a head on the target's hidden state",
-}
+DRAFTERS = single_drafters(baseline=True)  # {spec: label}, the baseline first
 ADAPTIVE_FIELD = "adaptive"  # GenerationSettings' switch for drafting depth that adapts
 MAX_K = 8
 MIN_NEW, MAX_NEW = 8, min(256, config.MAX_NEW_TOKENS)
@@ -91,45 +86,17 @@ what it really measured. Where the label is below the surface, the formula left 
 tokens costs more than a pass over one.
 """
 
-FAMILY_TEXT = {
-    "ngram": (
-        "**n-gram (prompt lookup)** reads nothing but token ids: it finds the last few tokens of the context earlier "
-        "in the prompt or the answer and proposes what followed them there, more of it the longer the match (two tokens "
-        "per matched token). No network runs, so a draft token costs "
-        "next to nothing; it is right when the answer repeats its input (code edits, quoting, summaries) and has "
-        "nothing, or the wrong thing, to propose in open chat."
-    ),
-    "suffix": (
-        "**suffix decoding** is n-gram's lookup with a memory: it also searches the session's earlier answers (here: "
-        "none, one prompt) and ranks what followed every occurrence of the longest match by how often it followed, as "
-        "a tree. Like n-gram it runs no network, so c is next to nothing; it pays when answers repeat each other."
-    ),
-    "int8": (
-        "**int8 self-drafting** runs the target itself with its weights quantised to int8, with its own KV cache: "
-        "the same network, so it agrees with the target often (high α) on any text, but each draft token is a whole "
-        "forward pass through every layer, one after another, so c is a large share of a target pass and K drafts "
-        "eat much of what the accepted ones save."
-    ),
-    "q4": (
-        "**q4 self-drafting** is int8's idea in fewer bytes: the target's own layers in 4 bits (the GGUF file's "
-        "Q4_1 nibbles, their scales in a byte each; the output projection too, its best few tokens re-scored in int8), reading the committed "
-        "tokens' keys and values from the target's cache. A forward pass reads a little over a quarter of the "
-        "target's bytes, and decoding on a CPU is paced "
-        "by the bytes read, so a draft token costs that share of a target pass or somewhat more (c, measured below: "
-        "the work outside the matrices adds to it) while the target still agrees with most drafts."
-    ),
-    "eagle": (
-        "**EAGLE head** is a tiny network trained on the target: it reads the target's own hidden states (a low, a middle and the "
-        "last layer's) from the verification pass that just ran plus the embedding of the next token, runs one decoder layer and predicts "
-        "over a reduced vocabulary. It reuses the work the target already did, which is why a draft token costs a "
-        "small fraction of a target pass (its c, measured below), and why it guesses new text that n-gram cannot."
-    ),
-    "adaptive": (
-        "**+ adaptive** is the same drafter with a drafting depth that adapts: each pass stops drafting before K "
-        "when the drafter judges further drafts unlikely to survive, so fewer doomed drafts are paid for; the note "
-        "column gives the mean depth used and why drafting stopped."
-    ),
-}
+ADAPTIVE_TEXT = (
+    "**+ adaptive** is the same drafter with a drafting depth that adapts: each pass stops drafting before K "
+    "when the drafter judges further drafts unlikely to survive, so fewer doomed drafts are paid for; the note "
+    "column gives the mean depth used and why drafting stopped."
+)
+
+
+def _family_texts() -> dict[str, str]:
+    """{family: its paragraph} for the families the lab runs, then the adaptive variants'."""
+    texts = {name: drafter_family(name).about for name in DRAFTERS if drafter_family(name).about}
+    return {**texts, "adaptive": ADAPTIVE_TEXT}
 
 
 # ----------------------------------------------------------------------------------------- input
@@ -290,8 +257,9 @@ def _families(traces: dict) -> str:
     """Per family that ran: what its drafter reads and why it is cheap or not, with what it measured here."""
     rows = [r for r in _rows(traces).values() if not r["baseline"]]
     parts = [f"In the table, the charts and below, {DRAFT_TOKEN_COST_MEANS}, both from the run shown."] if rows else []
-    for family in FAMILY_TEXT:
-        mine = [r for r in rows if _in_family(r, family)]
+    texts = _family_texts()
+    for name, text in texts.items():
+        mine = [r for r in rows if _in_family(r, name)]
         if not mine:
             continue
         measured = "; ".join(
@@ -299,7 +267,7 @@ def _families(traces: dict) -> str:
             f"{r['tokens_per_pass']:.2f} tokens per pass, {_fmt(r['speedup'], '{:.2f}×')}"
             for r in mine
         )
-        parts.append(f"{FAMILY_TEXT[family]} *Measured here*: {measured}.")
+        parts.append(f"{text} *Measured here*: {measured}.")
     return "\n\n".join(parts)
 
 

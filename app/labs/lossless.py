@@ -12,6 +12,7 @@ from collections import Counter
 
 import gradio as gr
 
+from engine.drafters.spec import family as drafter_family
 from engine.tools.exactness import (
     TEST_LEVEL,
     chi_square_test,
@@ -22,6 +23,7 @@ from engine.tools.samples import sample_next_tokens
 from visuals.lab_figures import fmt_pvalue, lossless_figure
 
 from ..config import MAX_LAB_SAMPLES
+from ..drafter_help import single_drafters
 from ..engine_access import get_engine, is_loaded, use_drafter
 from ..inputs import number, seed_or_random
 from ..stopping import ProgressReporter, Stopped
@@ -141,9 +143,9 @@ def _lossless_summary(results: dict, n: int, seed: int, drafter: str, k: int, to
         "*Measured:* the samples (real drafts and target passes, now). *Computed:* the exact p from the target's "
         "logits, the chi-square p-values and the total-variation distances.",
     ]
-    if drafter == "ngram":
+    if drafter_family(drafter).kind == "copying":
         lines.append(
-            "\nWith the n-gram drafter q is a point mass: if the prompt offers nothing to copy, nothing is drafted "
+            f"\nWith the {drafter} drafter q is a point mass: if the prompt offers nothing to copy, nothing is drafted "
             "and the speculative sampler is plain sampling."
         )
     return "\n".join(lines)
@@ -169,8 +171,8 @@ def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samp
         "drafter": (drafter or "int8").strip(),
         "tokens": number(tokens, "Tokens tested", 1, max(TOKENS_TESTED), integer=True),
     }
-    if lab["drafter"] not in ("int8", "q4", "ngram", "suffix", "eagle"):
-        raise gr.Error(f"Choose the int8, q4, ngram, suffix or eagle drafter for this lab, got {lab['drafter']!r}.")
+    if lab["drafter"] not in single_drafters():
+        raise gr.Error(f"Choose the {', '.join(single_drafters())} drafter for this lab, got {lab['drafter']!r}.")
     lab["chosen"] = list(DEFAULT_SAMPLERS) if samplers is None else [kind for kind in SAMPLERS if kind in samplers]
     if not lab["chosen"] or (samplers is not None and set(samplers) - set(SAMPLERS)):
         raise gr.Error(f"Pick at least one sampler to run ({', '.join(SAMPLERS)}).")
@@ -329,13 +331,7 @@ def _controls() -> dict:
         "Each sample is one real target pass; the status says how long runs took on this server.",
     )
     c["drafter"] = gr.Radio(
-        [
-            ("int8 (quantised target)", "int8"),
-            ("q4 (the target's own 4-bit weights)", "q4"),
-            ("ngram (prompt lookup)", "ngram"),
-            ("suffix (suffix decoding)", "suffix"),
-            ("eagle (a one-layer head on the target's features)", "eagle"),
-        ],
+        [(spec, spec) for spec in single_drafters()],
         value=d["drafter"],
         label="Drafter of the speculative sampler",
         info="The broken verifier always uses int8 (see above).",

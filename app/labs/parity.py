@@ -16,6 +16,7 @@ import gradio as gr
 from visuals import show_token
 
 from ..config import ASSETS
+from ..drafter_help import drafter_choices
 from ..engine_access import builds_on_first_use, get_engine, is_loaded, use_drafter
 from ..inputs import number
 from ..stopping import show_progress, stop_requested
@@ -190,15 +191,7 @@ def _controls() -> dict:
     )
     c["run_btn"], c["stop_btn"] = run_stop_buttons("▶ Check parity", "pl-run", "pl-stop")
     c["drafter"] = gr.Dropdown(
-        [
-            ("ngram (prompt lookup)", "ngram"),
-            ("suffix (suffix decoding)", "suffix"),
-            ("int8 (quantised target)", "int8"),
-            ("q4 (the target's own 4-bit weights)", "q4"),
-            ("q4+ngram (drafts of drafts)", "q4+ngram"),
-            ("suffix/q4 (hybrid: suffix or q4, each pass)", "suffix/q4"),
-            ("eagle (a one-layer head on the target's features)", "eagle"),
-        ],
+        drafter_choices(vllm=False, baseline=False),
         value="ngram",
         allow_custom_value=True,
         label="Drafter",

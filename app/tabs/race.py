@@ -20,7 +20,7 @@ from visuals.lab_figures import race_figure
 
 from .. import render
 from ..config import MAX_NEW_TOKENS
-from ..drafter_help import DRAFTER_CHOICES, drafter_info
+from ..drafter_help import drafter_choices, drafter_info
 from ..engine_access import builds_on_first_use, get_engine, is_loaded, make_settings, start_generation, use_drafter
 from ..examples import example_dropdown, example_values, load_examples
 from ..inputs import random_seed
@@ -428,7 +428,7 @@ def _controls(c: dict, init: dict, examples: list[dict]) -> None:
     c["race_status"] = gr.Markdown(init.get("race_status", ""), elem_id="race-status", elem_classes=["sl-status"])
     with gr.Accordion("Settings", open=True, elem_classes=["sl-settings"]):
         c["race_drafter"] = gr.Dropdown(
-            choices=DRAFTER_CHOICES[1:],
+            choices=drafter_choices(vllm=False, baseline=False),
             value=start.get("race_drafter") or (examples[0].get("drafter", "ngram") if examples else "ngram"),
             allow_custom_value=True,
             label="Drafter for the speculative run",

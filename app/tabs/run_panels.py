@@ -90,11 +90,11 @@ def _kernel_note() -> str:
 
 
 def memory_plan(target, drafter, dtype, k, topk, budget, max_new_tokens) -> str:
-    """What a run with these settings needs in memory (engine.model.memory_plan, sized before any load) against
+    """What a run with these settings needs in memory (engine.tools.memory_plan, sized before any load) against
     what this machine has free; a plan that does not fit says so with the numbers."""
     if drafter == VLLM_DRAFTER:
         return "*The vLLM server holds its own model and caches: nothing is loaded here.*"
-    from engine.model.memory_plan import plan_memory
+    from engine.tools.memory_plan import plan_memory
 
     try:
         config.check_model_allowed(target or "default")

@@ -1,26 +1,23 @@
-"""Drafters: cheap guessers of the next tokens, behind one small interface (``base.Drafter``:
-propose a draft tree, be told which path was accepted).
+"""Drafters: cheap guessers of the next tokens, behind one small interface (``base.Drafter``: propose a draft
+tree, be told which path was accepted), each kind a family (``spec.Family``) registered by its own module.
 
-- ``base``: the interface, ``DraftTree``, ``TreeShape`` and ``NoDrafter`` (``none``, the baseline)
-- ``ngram``: prompt lookup over prompt + generated text
-- ``suffix``: suffix decoding over the context and the session's earlier answers
-- ``model``: ``model:<id>`` (a small model of the same vocabulary) and ``int8`` (self-drafting)
-- ``eagle``: a one-layer head over the target's own features (EAGLE-style)
-- ``adaptive``: each pass's K from measured costs and recent acceptance
+Importing the package registers every family here, so a spec parses wherever any part of it is imported. A new
+drafter is one module (its class, its ``Family``, one ``register`` call) and one line below.
 """
 
+from engine.drafters import base, eagle, hybrid, model, multilevel, ngram, suffix  # noqa: F401  (registers)
 from engine.drafters.base import Drafter, DraftTree, NoDrafter, TreeShape
-from engine.drafters.model import ModelDrafter, int8_weights
-from engine.drafters.ngram import NgramDrafter
-from engine.drafters.suffix import SuffixDrafter
+from engine.drafters.spec import DrafterSpec, Family, families, family, parse, register
 
 __all__ = [
     "DraftTree",
     "Drafter",
-    "ModelDrafter",
-    "NgramDrafter",
+    "DrafterSpec",
+    "Family",
     "NoDrafter",
-    "SuffixDrafter",
     "TreeShape",
-    "int8_weights",
+    "families",
+    "family",
+    "parse",
+    "register",
 ]

@@ -4,8 +4,8 @@ A drafter ``propose``s a draft tree for the current context and is told
 afterwards which path the target kept (``accept``), so it can roll back its own state
 (a model drafter's KV cache) and learn. What it needs from the loop besides (the
 target's features, a runner for its own model) it declares once in ``needs``. A chain of K tokens is the
-tree with one child per node. The drafters themselves are built by name in ``engine.drafters.registry``
-(``DRAFTER_SPECS`` names every form); ``none`` is ``NoDrafter`` below.
+tree with one child per node. Each kind of drafter is a family (``engine.drafters.spec``), built by spec in
+``engine.drafters.registry``; ``none`` is ``NoDrafter`` below.
 
 Tree shape (SGLang's knobs): ``k`` = depth (SGLang's steps), ``topk`` = children per expanded
 node and nodes expanded per depth, ``num_draft_tokens`` = total draft tokens kept.
@@ -25,9 +25,19 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.drafters.spec import BASELINE, Family, Serving, register
 from engine.sampling import SamplingParams
 
-__all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterNeeds", "NoDrafter", "TreeShape", "Verified"]
+__all__ = [
+    "BASELINE_FAMILY",
+    "DraftContext",
+    "DraftTree",
+    "Drafter",
+    "DrafterNeeds",
+    "NoDrafter",
+    "TreeShape",
+    "Verified",
+]
 
 
 @dataclass(frozen=True)
@@ -100,11 +110,9 @@ class DraftTree:
     the root) to the drafter distribution its children were drawn from ([V]
     float32); a point-mass drafter (n-gram) has none. stop says why drafting ended
     where it did (``engine.drafters.adaptive.STOP_REASONS``), decided by the drafter.
-    model_passes: the passes of its own model a model drafter ran for this draft (its catch-up included;
-    None for drafters that run none); copied: drafts of drafts only, how many of the drafted tokens its
-    copying drafter proposed and the model kept (engine/drafters/multilevel.py); hybrid: a hybrid drafter's
-    pick for this pass, {"picked": the drafter that proposed it, "speeds": the tokens per ms it compared}
-    (engine/drafters/hybrid.py).
+    facts: the drafter's own record of this draft, plain JSON values that the step event's ``draft`` copies
+    (docs/events.md): a model drafter's ``model_passes`` (its own passes, the catch-up included), drafts of
+    drafts' ``copied``, a hybrid's ``hybrid`` pick.
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -114,9 +122,7 @@ class DraftTree:
     q_dists: dict[int, torch.Tensor] = field(default_factory=dict)
     point_mass: bool = False
     stop: str = "none"
-    model_passes: int | None = None
-    copied: int | None = None
-    hybrid: dict | None = None
+    facts: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -146,13 +152,7 @@ class DraftTree:
         keep = sorted(keep)
         remap = {old: new for new, old in enumerate(keep)}
         remap[-1] = -1
-        tree = DraftTree(
-            point_mass=self.point_mass,
-            stop=self.stop,
-            model_passes=self.model_passes,
-            copied=self.copied,
-            hybrid=self.hybrid,
-        )
+        tree = DraftTree(point_mass=self.point_mass, stop=self.stop, facts=dict(self.facts))
         for old in keep:
             tree.tokens.append(self.tokens[old])
             tree.parents.append(remap[self.parents[old]])
@@ -264,3 +264,17 @@ class NoDrafter(Drafter):
 
     def propose(self, context: DraftContext) -> DraftTree:
         return DraftTree()
+
+
+BASELINE_FAMILY = register(
+    Family(
+        BASELINE,
+        label="none (baseline: no drafting)",
+        help="no drafter: one target pass per token, the run every speedup is measured against",
+        form="none",
+        build=lambda spec, registry, history: NoDrafter(),
+        kind="baseline",
+        serving=Serving("none"),
+        order=0,
+    )
+)

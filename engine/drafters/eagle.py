@@ -48,10 +48,11 @@ import torch.nn.functional as F
 from engine import paths
 from engine.drafters.base import DraftContext, DrafterNeeds, DraftTree, Verified
 from engine.drafters.model import ModelDrafter
+from engine.drafters.spec import Family, Serving, register
 from engine.model.transformer import Linear, Transformer, check_feature_layers
 from engine.sampling import SamplingParams, probs_from_logits
 
-__all__ = ["HEADS_DIR", "EagleDrafter", "EagleHead", "head_dir", "head_state_names", "load_head"]
+__all__ = ["FAMILY", "HEADS_DIR", "EagleDrafter", "EagleHead", "head_dir", "head_state_names", "load_head"]
 
 HEADS_DIR = paths.HEADS
 HEAD_FILE = "eagle-head.safetensors"
@@ -213,7 +214,7 @@ class EagleDrafter(ModelDrafter):
         # Pairs the head computed from positions now overwritten must be fed again.
         self.cache.length = min(self.cache.length, first_position)
 
-    def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    def draft_q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         return probs_from_logits(self.head.full_logits(logits), params)  # [V] float32, 0 outside the reduced set
 
     def _catch_up(self, context: list[int]) -> tuple[torch.Tensor, int]:
@@ -229,14 +230,14 @@ class EagleDrafter(ModelDrafter):
             raise RuntimeError(f"the eagle head needs target features up to {stop}, has {self.known}")
         tokens = torch.tensor(context[start + 1 : stop + 1], dtype=torch.long)
         x_in = self.head.fused(self.features[start:stop], tokens)
-        out = self._pass(tokens, torch.arange(start, stop), x_in=x_in, features=True, last_only=True)
+        out = self.model_pass(tokens, torch.arange(start, stop), x_in=x_in, features=True, last_only=True)
         self._y = {-1: out.hidden[-1]}
         return out.logits[-1], cache.length
 
     def _expand(self, tree: DraftTree, frontier: list[int], positions: torch.Tensor, mask) -> torch.Tensor:
         tokens = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long)
         parents_y = torch.stack([self._y[tree.parents[i]] for i in frontier])  # [F, E]
-        out = self._pass(tokens, positions, mask, x_in=self.head.fused(parents_y, tokens), features=True)
+        out = self.model_pass(tokens, positions, mask, x_in=self.head.fused(parents_y, tokens), features=True)
         for row, node in enumerate(frontier):
             self._y[node] = out.hidden[row]
         return out.logits
@@ -264,3 +265,29 @@ class EagleDrafter(ModelDrafter):
         super().close()
         self.features = None
         self._y = {}
+
+
+FAMILY = register(
+    Family(
+        "eagle",
+        label="eagle (a one-layer head on the target's own features)",
+        help="a small trained head that reads the target's own hidden states from the pass that just verified",
+        form="eagle",
+        build=lambda spec, registry, history: EagleDrafter(registry.eagle_head()),
+        kind="head",
+        serving=Serving(
+            "eagle",
+            note="SpecLens's head is its own format: {engine} needs an EAGLE-3 checkpoint trained for this target "
+            "(SpecForge trains one); put its path where the command says",
+        ),
+        unserved="this engine has no EAGLE-style head",
+        order=70,
+        about=(
+            "**EAGLE head** is a tiny network trained on the target: it reads the target's own hidden states (a "
+            "low, a middle and the last layer's) from the verification pass that just ran plus the embedding of the "
+            "next token, runs one decoder layer and predicts over a reduced vocabulary. It reuses the work the "
+            "target already did, which is why a draft token costs a small fraction of a target pass (its c, "
+            "measured below), and why it guesses new text that n-gram cannot."
+        ),
+    )
+)

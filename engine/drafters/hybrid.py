@@ -48,13 +48,13 @@ import torch
 
 from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree, TreeShape, Verified
 from engine.drafters.model import ModelDrafter
+from engine.drafters.spec import DrafterSpec, Family, family, parse, part, register
 
-__all__ = ["HybridDrafter", "DEFAULT_DEPTH", "parse_hybrid"]
+__all__ = ["DEFAULT_DEPTH", "FAMILY", "HybridDrafter", "parse_hybrid"]
 
 # The model's chain depth when the spec gives none: the q4 rows' K (docs/bench/README.md); an int8 model pays
 # most at a shallower depth (give suffix/int8:3).
 DEFAULT_DEPTH = 6  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
-COPYING = ("ngram", "suffix")
 # How fast the pick forgets: each side's means weigh a new pass by 1 - HYBRID_RECENCY (faster than adaptive depth's
 # RECENCY, 0.9: a run's first copying proposals decide whether it copies, within its first few passes), and the
 # copying side starts from one token a pass (what a pass commits when nothing drafted is kept), so that one lucky
@@ -63,21 +63,23 @@ HYBRID_RECENCY = 0.7
 COPY_PRIOR_TOKENS = 1.0
 
 
-def parse_hybrid(spec: str) -> tuple[str, str, int]:
-    """``COPY/MODEL[:DEPTH]`` -> (copy spec, model spec, depth). COPY: ngram[...] or suffix[...] (they never hold a
-    '/', so the first one splits); MODEL: int8, q4 or model:<id> (whose id may hold '/'); DEPTH: 1-32."""
-    copy, model = (part.strip() for part in spec.split("/", 1))
-    if copy.split(":", 1)[0] not in COPYING:
-        raise ValueError(f"a hybrid drafter takes ngram or suffix before the '/', got {copy!r} in {spec!r}")
+def parse_hybrid(text: str) -> DrafterSpec:
+    """``COPY/MODEL[:DEPTH]``: COPY a copying drafter (they never hold a '/', so the first one splits), MODEL a model
+    drafter (whose id may hold '/'), DEPTH 1-32."""
+    copy_text, model_text = (piece.strip() for piece in text.split("/", 1))
     depth = DEFAULT_DEPTH
-    head, _, tail = model.rpartition(":")
-    if head and tail.strip().isdigit() and (head in ("int8", "q4") or head.startswith("model:")):
-        model, depth = head, int(tail)
-    if not (model in ("int8", "q4") or (model.startswith("model:") and model[6:].strip())):
-        raise ValueError(f"a hybrid drafter takes int8, q4 or model:<id> after the '/', got {model!r} in {spec!r}")
+    head, _, tail = model_text.rpartition(":")
+    if head and tail.strip().isdigit():
+        try:
+            if family(parse(head).family).kind == "model":
+                model_text, depth = head, int(tail)
+        except ValueError:
+            pass
+    copy = part(copy_text, ("copying",), "before the '/'", text)
+    model = part(model_text, ("model",), "after the '/'", text)
     if not 1 <= depth <= 32:
-        raise ValueError(f"a hybrid drafter's model depth must be between 1 and 32, got {depth} in {spec!r}")
-    return copy, model, depth
+        raise ValueError(f"a hybrid drafter's model depth must be between 1 and 32, got {depth} in {text!r}")
+    return DrafterSpec(text, "hybrid", model=model, copy=copy, depth=depth)
 
 
 class _Side:
@@ -179,7 +181,7 @@ class HybridDrafter(Drafter):
         if len(proposal) and self._used is self.model:  # (its chain: the first branch of a copying tree)
             chain = proposal.first_chain()
             self._unused = (chain, len(context.tokens))
-        tree.hybrid = {
+        tree.facts["hybrid"] = {
             "picked": self._used.name,
             "proposed": len(proposal),  # the copying drafter's proposal here (0: none)
             "bridged": self._bridged,  # the model bridged a gap in copying (its tokens, then the copying drafter's)
@@ -195,11 +197,11 @@ class HybridDrafter(Drafter):
         exact rule treats as it treats a copying drafter's point masses. Every token is drawn from the q handed
         on given the tokens before it (the copied ones are a function of them), so verification stays exact."""
         k, one = context.shape.k, dataclasses.replace(context.shape, k=1)
-        tree = DraftTree(stop="depth", model_passes=0)
+        tree = DraftTree(stop="depth", facts={"model_passes": 0})
         drafted: list[int] = []
         while len(drafted) < depth:
             level = self.model.propose(dataclasses.replace(context, tokens=context.tokens + drafted, shape=one))
-            tree.model_passes += level.model_passes or 0
+            tree.facts["model_passes"] += level.facts.get("model_passes", 0)
             if not len(level):  # (a model drafter always drafts; kept for safety)
                 break
             q = level.q_dists[-1]  # [V]: the model's q at this level
@@ -260,3 +262,37 @@ class HybridDrafter(Drafter):
     def close(self) -> None:
         self.copy.close()
         self.model.close()
+
+
+def _build(spec: DrafterSpec, registry, history) -> HybridDrafter:
+    return HybridDrafter(spec.text, registry.build(spec.copy, history), registry.build(spec.model), spec.depth)
+
+
+def _memory(spec: DrafterSpec, sizes):
+    return family(spec.model.family).memory(spec.model, sizes)
+
+
+FAMILY = register(
+    Family(
+        "hybrid",
+        label="COPY/MODEL (hybrid)",
+        help="each pass, the copying drafter's proposal or the model drafter's chain, whichever measures faster",
+        form="COPY/MODEL[:DEPTH]",
+        build=_build,
+        kind="composite",
+        memory=_memory,
+        parse=parse_hybrid,
+        join="/",
+        unserved="a hybrid (each pass, a copying drafter's proposal or a model drafter's chain, whichever measures "
+        "faster) is SpecLens's here; Arctic Inference pairs suffix decoding with its own speculator in vLLM, not "
+        "with a drafter of your choice: the closest is the copying drafter alone",
+        adaptive=False,
+        order=60,
+        menu=(
+            (
+                "suffix/q4 (hybrid: suffix's proposal or q4's guesses, each pass the one measured faster)",
+                "suffix/q4",
+            ),
+        ),
+    )
+)

@@ -9,11 +9,12 @@ import torch
 
 from engine.acceptance import argmax_index
 from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree, Verified
+from engine.drafters.spec import DrafterMemory, DrafterSpec, Family, MemorySizes, Serving, family, register
 from engine.model.static_pass import StaticPasses
 from engine.model.transformer import KVCache, PassOutput, Transformer
 from engine.sampling import SamplingParams, probs_from_logits, sample_without_replacement
 
-__all__ = ["ModelDrafter", "int8_weights", "q4_weights"]
+__all__ = ["INT8", "MODEL", "ModelDrafter", "Q4", "int8_weights", "q4_weights"]
 
 
 # Static sibling-rank weights for sampling-mode trees: a node's score is the
@@ -50,7 +51,7 @@ class ModelDrafter(Drafter):
             self.cache = self.model.new_cache(capacity)
         self.cache.length = 0
 
-    def _pass(
+    def model_pass(
         self, tokens, positions, mask=None, x_in=None, features=False, last_only=False, first_row=None
     ) -> PassOutput:
         """One drafter pass of T tokens at cache.length: the fixed-shape runner where this run holds one and
@@ -81,7 +82,7 @@ class ModelDrafter(Drafter):
         if self.cache is not None:
             self.cache.length = min(self.cache.length, length)
 
-    def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    def draft_q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         return probs_from_logits(logits, params)  # [.., V] float32
 
     def _share_target_kv(self) -> None:
@@ -108,14 +109,14 @@ class ModelDrafter(Drafter):
         new = context[base:]
         tokens = torch.tensor(new, dtype=torch.long)
         positions = torch.arange(base, base + len(new))
-        logits = self._pass(tokens, positions, last_only=True).logits
+        logits = self.model_pass(tokens, positions, last_only=True).logits
         return logits[-1], cache.length
 
     def _expand(self, tree: DraftTree, frontier: list[int], positions: torch.Tensor, mask) -> torch.Tensor:
         """Feed the frontier nodes ([F] tokens at `positions`, tree `mask` or None for a
         chain) in one pass; returns their logits [F, V]."""
         feed = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long)
-        return self._pass(feed, positions, mask).logits
+        return self.model_pass(feed, positions, mask).logits
 
     def propose(self, context: DraftContext) -> DraftTree:
         if self.cache is None:
@@ -127,7 +128,7 @@ class ModelDrafter(Drafter):
                 return chain
         cache = self.cache
         root_logits, committed = self._catch_up(context.tokens)
-        tree = DraftTree(stop="depth", model_passes=1)  # the catch-up pass, then one per level expanded
+        tree = DraftTree(stop="depth", facts={"model_passes": 1})  # the catch-up pass, then one per level expanded
         slot_of: dict[int, int] = {}  # node -> cache slot, for nodes fed to the drafter
         score: list[float] = []
         path_q: list[float] = []  # cumulative confidence along each node's path (q, or calibrated q)
@@ -136,7 +137,7 @@ class ModelDrafter(Drafter):
         # (greedy q is their softmax, so the same token but where rounding ties two probabilities), else of q
         by_logits = self._token_passes()
         frontier_logits = {-1: root_logits}  # [V] each
-        frontier_q = {-1: self._q(root_logits, params)}
+        frontier_q = {-1: self.draft_q(root_logits, params)}
         for depth in range(1, shape.k + 1):
             level: list[int] = []
             for parent in frontier:
@@ -183,9 +184,9 @@ class ModelDrafter(Drafter):
                     for anc in tree.path_to(node):
                         mask[row, slot_of[anc]] = True
             out = self._expand(tree, frontier, pos, mask)
-            tree.model_passes += 1
+            tree.facts["model_passes"] += 1
             frontier_logits = {node: out[row] for row, node in enumerate(frontier)}
-            frontier_q = {node: self._q(out[row], params) for row, node in enumerate(frontier)}
+            frontier_q = {node: self.draft_q(out[row], params) for row, node in enumerate(frontier)}
         return self._kept(tree, score, shape, committed, slot_of)
 
     def _kept(self, tree: DraftTree, score: list[float], shape, committed: int, slot_of: dict) -> DraftTree:
@@ -202,12 +203,13 @@ class ModelDrafter(Drafter):
 
     def _token_passes(self) -> bool:
         """Whether this drafter's passes are plain token passes (a token's embedding in, the model's own
-        logits and q out): ModelDrafter's own _catch_up, _expand and _q. A subclass that feeds other rows
+        logits and q out): ModelDrafter's own _catch_up, _expand and draft_q. A subclass that feeds other rows
         (EAGLE's fused features) or reads its logits otherwise (EAGLE's reduced vocabulary) never runs
         greedy_chain, which knows only token passes."""
         cls = type(self)
         return all(
-            getattr(cls, name) is getattr(ModelDrafter, name) for name in ("_catch_up", "_expand", "_q", "_pass")
+            getattr(cls, name) is getattr(ModelDrafter, name)
+            for name in ("_catch_up", "_expand", "draft_q", "model_pass")
         )
 
     def _chain(self, context: DraftContext) -> DraftTree | None:
@@ -238,13 +240,13 @@ class ModelDrafter(Drafter):
         new = context.tokens[cache.length :]
         if not new:
             return None
-        tree = DraftTree(stop="depth", model_passes=0)
+        tree = DraftTree(stop="depth", facts={"model_passes": 0})
         qs: list[torch.Tensor] = []  # q [V] of each level's parent (the softmax of its logits)
         chosen: list[int] = []  # the token drafted from each of them (their logits' argmax, or a draw from q)
         if len(new) > 1:  # the first step's prompt (or unseen accepted tokens): one pass over them
             root, _ = self._catch_up(context.tokens)
-            tree.model_passes = 1
-            qs.append(self._q(root, params))
+            tree.facts["model_passes"] = 1
+            qs.append(self.draft_q(root, params))
             if params.greedy:
                 chosen.append(argmax_index(root))
             else:  # (the loop's draw: a softmax always has mass)
@@ -257,12 +259,12 @@ class ModelDrafter(Drafter):
                 first = new[0] if depth == 1 else tree.tokens[-1]
                 if params.greedy:
                     logits, tokens = model.greedy_chain(first, cache, n)  # [n, V]
-                    qs += list(self._q(logits, params))  # (row by row the bits of one row's softmax)
+                    qs += list(self.draft_q(logits, params))  # (row by row the bits of one row's softmax)
                 else:
                     u = torch.rand(n, generator=context.gen, dtype=torch.float64)  # [n], one per draw
                     _, q_rows, tokens = model.sampled_chain(first, cache, n, params.temperature, u)  # [n, V]
                     qs += list(q_rows)
-                tree.model_passes += n
+                tree.facts["model_passes"] += n
                 chosen += tokens
             parent = len(tree) - 1  # -1: the root
             q = qs[depth - 1]
@@ -376,3 +378,140 @@ def q4_weights(
     # reads (measured: docs/bench/2026-12-07-notes-from-engine.md).
     model.attention_dtype = torch.bfloat16
     return model
+
+
+# ------------------------------------------------------------------------------------------- the families
+def _build(spec, registry, history) -> ModelDrafter:
+    return ModelDrafter(registry.weights(spec), spec.text, share_target_kv=family(spec.family).target_kv)
+
+
+def _int8(spec, registry) -> Transformer:
+    return int8_weights(registry.target.model)
+
+
+def _q4(spec, registry) -> Transformer:
+    source = registry.target.source
+    return q4_weights(registry.target.model, source.get("file") if source.get("kind") == "gguf-package" else None)
+
+
+def _draft_model(spec, registry) -> Transformer:
+    from engine.model.loading import check_same_vocab, load_model
+
+    target = registry.target
+    loaded = load_model(
+        spec.model_id, target.dtype, device=str(target.model.device), allow_remote_code=registry.allow_remote_code
+    )
+    check_same_vocab(target.tokenizer, loaded.tokenizer)
+    return loaded.model
+
+
+def _int8_memory(spec, sizes: MemorySizes) -> DrafterMemory:
+    d = sizes.dims
+    matrices = d["params"] - d["embed_params"]  # every matrix of the layers (and an untied head)
+    scales = d["layers"] * 8 * d["hidden"] + d["vocab"]  # float32 per output channel, roughly
+    act = 4 if sizes.device == "cpu" else sizes.weight_bytes  # the int8 drafter computes in float32 on the CPU
+    return DrafterMemory(
+        matrices + 4 * scales + d["embed_params"] * act,
+        sizes.kv_per_token * sizes.context * sizes.runs,  # same layers, its own cache
+        "int8 drafter: an estimate (matrices in int8, per-channel scales, embedding unquantised)",
+        d,
+    )
+
+
+def _q4_memory(spec, sizes: MemorySizes) -> DrafterMemory:
+    d = sizes.dims
+    matrices = d["params"] - d["embed_params"]
+    # Q4_1B: 18 bytes per 32 weights, a float32 step per row; the head in Q4_1B and in int8 with a scale per row
+    # (its best outputs re-scored); the embedding kept in bf16 (q4_weights)
+    weights = (matrices + d["embed_params"]) * 18 // 32 + d["embed_params"] * (1 + 2) + 8 * d["vocab"]
+    kv = sizes.kv_per_token // sizes.attention_bytes * 2 * sizes.context * sizes.runs  # its own bf16 cache
+    note = "q4 drafter: an estimate (Q4_1B layers and head, the head in int8 too, bf16 embedding)"
+    return DrafterMemory(weights, kv, note, d)
+
+
+def _model_memory(spec, sizes: MemorySizes) -> DrafterMemory:
+    d = sizes.dims_of(spec.model_id)
+    kv = 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * sizes.attention_bytes * sizes.context * sizes.runs
+    return DrafterMemory(d["params"] * sizes.weight_bytes, kv, "", d)
+
+
+def _parse_model(text: str) -> DrafterSpec:
+    model_id = text.partition(":")[2].strip()
+    if not model_id:
+        raise ValueError("model drafter needs an id: model:<hub id, preset or folder>")
+    return DrafterSpec(f"model:{model_id}", "model", model_id=model_id)
+
+
+INT8 = register(
+    Family(
+        "int8",
+        label="int8 (quantised target)",
+        help="the target itself with int8 weights: a near copy that runs the whole network per guess",
+        form="int8",
+        build=_build,
+        order=30,
+        weights=_int8,
+        memory=_int8_memory,
+        copy_of_target=True,
+        serving=Serving(
+            "quantised_copy",
+            bits=8,
+            gguf_type="Q8_0",
+            note="the draft model is the target itself quantised to 8 bits, as SpecLens's int8 is (its own rule: int8"
+            " per output channel, the rows of x in int16); acceptance and speed differ",
+        ),
+        about=(
+            "**int8 self-drafting** runs the target itself with its weights quantised to int8, with its own KV "
+            "cache: the same network, so it agrees with the target often (high α) on any text, but each draft token "
+            "is a whole forward pass through every layer, one after another, so c is a large share of a target pass "
+            "and K drafts eat much of what the accepted ones save."
+        ),
+    )
+)
+Q4 = register(
+    Family(
+        "q4",
+        label="q4 (the target's own 4-bit weights)",
+        help="the target's own layers in 4 bits, reading the target's cache: a fraction of a pass per guess",
+        form="q4",
+        build=_build,
+        target_kv=True,
+        order=40,
+        weights=_q4,
+        memory=_q4_memory,
+        copy_of_target=True,
+        serving=Serving(
+            "quantised_copy",
+            bits=4,
+            gguf_type="Q4_1",
+            own_gguf=True,
+            note="the draft model is the target itself quantised to 4 bits, as a model of its own: {engine} runs it"
+            " with its own KV cache and prefill, where SpecLens's q4 reads the target's keys and values for the"
+            " tokens already committed and computes its head's best outputs again in int8; acceptance and speed"
+            " differ",
+        ),
+        about=(
+            "**q4 self-drafting** is int8's idea in fewer bytes: the target's own layers in 4 bits (the GGUF file's "
+            "Q4_1 nibbles, their scales in a byte each; the output projection too, its best few tokens re-scored in "
+            "int8), reading the committed tokens' keys and values from the target's cache. A forward pass reads a "
+            "little over a quarter of the target's bytes, and decoding on a CPU is paced by the bytes read, so a "
+            "draft token costs that share of a target pass or somewhat more (c, measured below: the work outside "
+            "the matrices adds to it) while the target still agrees with most drafts."
+        ),
+    )
+)
+MODEL = register(
+    Family(
+        "model",
+        label="model:<id> (a separate small model)",
+        help="a separate small model of the same vocabulary (type any Hub id after model:)",
+        form="model:<id>",
+        build=_build,
+        order=80,
+        menu=(("model:SmolLM2-135M-Instruct", "model:SmolLM2-135M-Instruct"),),
+        weights=_draft_model,
+        memory=_model_memory,
+        parse=_parse_model,
+        serving=Serving("draft_model"),
+    )
+)

@@ -47,10 +47,11 @@ import torch
 from engine.acceptance import argmax_index, residual, verify_children
 from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape
 from engine.drafters.model import ModelDrafter, temperature_only
+from engine.drafters.spec import DrafterSpec, Family, family, part, register
 from engine.model.transformer import Transformer
 from engine.sampling import SamplingParams, sample
 
-__all__ = ["MultiLevelDrafter", "DRY_ROUNDS"]
+__all__ = ["DRY_ROUNDS", "FAMILY", "MultiLevelDrafter"]
 
 # Rounds in a row without a proposal before a round without one chains the rest in C.
 DRY_ROUNDS = 1  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
@@ -84,7 +85,7 @@ class MultiLevelDrafter(ModelDrafter):
         if self.cache is None:
             raise RuntimeError("MultiLevelDrafter.start must be called before propose")
         self._share_target_kv()
-        tree = DraftTree(stop="depth", model_passes=0, copied=0)
+        tree = DraftTree(stop="depth", facts={"model_passes": 0, "copied": 0})
         drafted: list[int] = []
         # The first round rides on the catch-up pass: the committed tokens the model has not seen, then the
         # first proposal, so a rejected proposal never costs a pass the plain drafter would not run.
@@ -95,7 +96,7 @@ class MultiLevelDrafter(ModelDrafter):
         while not self._chain_the_rest(tree, drafted, context, fed, proposal, room):
             q_cur, rows = self._rows(tree, fed + proposal, first, params)  # [V], [m, V]
             kept, q_cur = self._walk(tree, drafted, proposal, q_cur, rows, params, gen)
-            tree.copied += kept
+            tree.facts["copied"] += kept
             self.cache.length -= len(proposal) - kept  # the model's slots of rejected proposals
             # the round's own draw, always room for it: the bonus after all kept, or the resample
             token = self._draw(q_cur, None if kept == len(proposal) else proposal[kept], params, gen)
@@ -130,11 +131,11 @@ class MultiLevelDrafter(ModelDrafter):
         # [room, V] rows: the token's pass, then each draft's
         if params.greedy:
             logits, tokens = self.model.greedy_chain(fed[0], cache, room)
-            qs = self._q(logits, params)  # each q the bits of its one-row pass's softmax
+            qs = self.draft_q(logits, params)  # each q the bits of its one-row pass's softmax
         else:  # one uniform per draw, as a round without a proposal draws one; qs: what each was drawn from
             u = torch.rand(room, generator=context.gen, dtype=torch.float64)  # [room]
             _, qs, tokens = self.model.sampled_chain(fed[0], cache, room, params.temperature, u)
-        tree.model_passes += room
+        tree.facts["model_passes"] += room
         for q, token in zip(qs, tokens):
             self._add(tree, drafted, token, q)
         # Would the copying drafter have proposed at a position the chain passed? Then the stretch is over.
@@ -146,9 +147,11 @@ class MultiLevelDrafter(ModelDrafter):
     def _rows(self, tree: DraftTree, fed: list[int], first: int, params: SamplingParams):
         """One model pass over `fed` at the cache's end; (q after row `first`, q after each later row [m, V])."""
         start = self.cache.length
-        logits = self._pass(torch.tensor(fed, dtype=torch.long), torch.arange(start, start + len(fed)), first_row=first)
-        tree.model_passes += 1
-        rows = self._q(logits.logits, params)  # [len(fed) - first, V]
+        logits = self.model_pass(
+            torch.tensor(fed, dtype=torch.long), torch.arange(start, start + len(fed)), first_row=first
+        )
+        tree.facts["model_passes"] += 1
+        rows = self.draft_q(logits.logits, params)  # [len(fed) - first, V]
         return rows[0], rows[1:]
 
     def _walk(self, tree, drafted, proposal, q_cur, rows, params: SamplingParams, gen) -> tuple[int, torch.Tensor]:
@@ -193,3 +196,38 @@ class MultiLevelDrafter(ModelDrafter):
     def close(self) -> None:
         super().close()
         self.inner.close()
+
+
+def _parse(text: str) -> DrafterSpec:
+    """``MODEL+COPY``: MODEL a quantised copy of the target, COPY a copying drafter."""
+    outer, inner = (piece.strip() for piece in text.split("+", 1))
+    model = part(outer, ("model",), "before the '+'", text, lambda f: f.copy_of_target)
+    copy = part(inner, ("copying",), "after the '+'", text)
+    return DrafterSpec(text, "multilevel", model=model, copy=copy)
+
+
+def _build(spec: DrafterSpec, registry, history) -> MultiLevelDrafter:
+    inner = registry.build(spec.copy, history)
+    return MultiLevelDrafter(registry.weights(spec.model), spec.text, inner, family(spec.model.family).target_kv)
+
+
+def _memory(spec: DrafterSpec, sizes):
+    return family(spec.model.family).memory(spec.model, sizes)
+
+
+FAMILY = register(
+    Family(
+        "multilevel",
+        label="MODEL+COPY (drafts of drafts)",
+        help="a quantised copy of the target whose own guesses a copying drafter proposes, checked several at once",
+        form="MODEL+COPY",
+        build=_build,
+        kind="composite",
+        memory=_memory,
+        parse=_parse,
+        join="+",
+        unserved="drafts of drafts (a model drafter whose own chain a copying drafter proposes) is SpecLens's alone here",
+        order=50,
+        menu=(("q4+ngram (q4, its own guesses proposed by n-gram)", "q4+ngram"),),
+    )
+)

@@ -8,8 +8,9 @@ sibling branches.
 from __future__ import annotations
 
 from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree
+from engine.drafters.spec import Family, Serving, register
 
-__all__ = ["NgramDrafter"]
+__all__ = ["FAMILY", "NgramDrafter"]
 
 
 class NgramDrafter(Drafter):
@@ -110,3 +111,32 @@ class NgramDrafter(Drafter):
                 tree.q_token.append(1.0)
                 parent = len(tree) - 1
         return tree
+
+
+def _build(spec, registry, history) -> NgramDrafter:
+    numbers = list(spec.numbers)
+    if len(numbers) == 1:  # ngram:1 means single-token matches only
+        numbers.append(min(2, numbers[0]))
+    return NgramDrafter(*numbers, stop_ids=registry.stop_ids)
+
+
+FAMILY = register(
+    Family(
+        "ngram",
+        label="ngram (prompt lookup)",
+        help="copies what followed the last few tokens earlier in the prompt or the answer; runs no network",
+        form="ngram[:MAX[,MIN[,WINDOW[,PER_MATCH]]]]",
+        build=_build,
+        kind="copying",
+        numbers=4,
+        serving=Serving("ngram"),
+        order=10,
+        about=(
+            "**n-gram (prompt lookup)** reads nothing but token ids: it finds the last few tokens of the context "
+            "earlier in the prompt or the answer and proposes what followed them there, more of it the longer the "
+            "match (two tokens per matched token). No network runs, so a draft token costs next to nothing; it is "
+            "right when the answer repeats its input (code edits, quoting, summaries) and has nothing, or the wrong "
+            "thing, to propose in open chat."
+        ),
+    )
+)

@@ -30,8 +30,9 @@ import heapq
 import math
 
 from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree
+from engine.drafters.spec import Family, Serving, register
 
-__all__ = ["SuffixDrafter"]
+__all__ = ["FAMILY", "SuffixDrafter"]
 
 
 class _Trie:
@@ -176,3 +177,35 @@ class SuffixDrafter(Drafter):
             if depth < depth_limit:
                 push(node, len(tree) - 1, depth + 1, -neg)
         return tree
+
+
+def _build(spec, registry, history) -> SuffixDrafter:
+    drafter = SuffixDrafter(*spec.numbers, stop_ids=registry.stop_ids)
+    drafter.remember(history)
+    return drafter
+
+
+FAMILY = register(
+    Family(
+        "suffix",
+        label="suffix (suffix decoding: the prompt and this session's earlier answers)",
+        help="copies from the prompt and the session's earlier answers, a tree ranked by how often each followed",
+        form="suffix[:MAX[,MIN]]",
+        build=_build,
+        kind="copying",
+        numbers=2,
+        serving=Serving(
+            "suffix",
+            note="vLLM's suffix method needs the arctic-inference package (pip install arctic-inference); it caches "
+            "earlier outputs across all requests of the server, where SpecLens keeps one session's answers",
+        ),
+        unserved="suffix decoding is vLLM's (method suffix, with arctic-inference); this engine has no such method",
+        order=20,
+        about=(
+            "**suffix decoding** is n-gram's lookup with a memory: it also searches the session's earlier answers "
+            "(here: none, one prompt) and ranks what followed every occurrence of the longest match by how often it "
+            "followed, as a tree. Like n-gram it runs no network, so c is next to nothing; it pays when answers "
+            "repeat each other."
+        ),
+    )
+)

@@ -6,14 +6,14 @@ points users would otherwise pick (transformers ``generate``, prompt lookup,
 assisted generation), interleaved prompt by prompt so that machine noise hits
 every system alike. Reports tokens/s (median over repeats), tokens per target
 pass, acceptance, speedups, and a memory-bandwidth roofline: weight bytes read
-per target pass divided by the measured copy bandwidth.
+per target pass divided by the measured copy bandwidth (the machine and its
+bandwidth: engine/tools/bench_machine.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import platform
 import statistics
 import sys
 import time
@@ -22,12 +22,11 @@ import torch
 
 from engine import config, paths
 from engine.decode import GenerationSettings, SpeculativeEngine
-from engine.host import cpu_flags, cpu_name
-from engine.kernels import pages
 from engine.metrics import draft_token_cost_of, ratio_of_medians
-from engine.model.static_pass import StaticPasses, capture_available
+from engine.model.static_pass import capture_available
+from engine.tools.bench_machine import copy_bandwidth_now, machine_info
 
-__all__ = ["SYSTEMS", "run_bench", "machine_info"]
+__all__ = ["SYSTEMS", "run_bench"]
 
 SYSTEMS = [
     "engine-baseline",
@@ -102,113 +101,6 @@ EAGER_ROWS = {"engine-baseline-eager": "engine-baseline", "engine-ngram-eager": 
 NAME_WIDTH = max(len(name) for name in SYSTEMS)
 
 
-def copy_bandwidth_gbs(size_mb: int = 256, repeats: int = 10) -> float:
-    """Measured memory bandwidth in GB/s: bytes read + written by a large copy,
-    best of ``repeats`` (both buffers touched first, so page faults are not timed; on the pages our kernels'
-    weights live on, engine/kernels/pages.py)."""
-    src = pages.zeros((size_mb * 1024 * 1024 // 4,), torch.float32).fill_(1.0)
-    dst = pages.zeros(src.shape, torch.float32).fill_(0.0)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / best / 1e9
-
-
-def read_bandwidth_gbs(size_mb: int = 256, repeats: int = 10) -> float:
-    """Measured read-only bandwidth in GB/s (a sum over a large buffer): what a
-    matrix-vector product that streams weights can reach at best (on our kernels' pages, as above)."""
-    src = pages.zeros((size_mb * 1024 * 1024 // 4,), torch.float32).fill_(1.0)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        src.sum()
-        best = min(best, time.perf_counter() - t0)
-    return src.numel() * 4 / best / 1e9
-
-
-def machine_info(engine: SpeculativeEngine) -> dict:
-    import transformers
-
-    device = engine.target.model.device
-    weight_bytes = engine.target.model.weight_bytes
-    bandwidth = _copy_bandwidth_now(engine)
-    read_bw = None if device.type == "cuda" else round(read_bandwidth_gbs(), 2)
-    accel = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {
-        "cpu": cpu_name(),
-        "device": str(device),
-        "gpu": accel,
-        "threads": torch.get_num_threads(),
-        "dtype": str(engine.target.dtype).removeprefix("torch."),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "model": engine.target.name,
-        "weights": engine.target.weight_kind,
-        # Which of our kernel variants ran and the CPU flags that decide it: reports differ per host.
-        "cpu_kernel": _kernel_variant() if device.type == "cpu" else None,
-        "cpu_flags": _cpu_flags(),
-        # torch's own instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA can cap it, as an AVX2-only host)
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else None,
-        "torch_isa_caps": config.isa_caps(),
-        # the pages the kernels' weights and caches live on (2 MB where Linux allows: engine/kernels/pages.py)
-        "memory_pages": pages.describe() if device.type == "cpu" else None,
-        "weight_bytes_per_pass": weight_bytes,
-        "copy_bandwidth_gbs": bandwidth,
-        "read_bandwidth_gbs": read_bw,
-        "roofline_passes_per_s": round(bandwidth * 1e9 / weight_bytes, 2),
-        # Host-side launches per one-token target pass, eager and replayed (CUDA only): what graphs remove.
-        "launches_per_pass": launches_per_pass(engine) if device.type == "cuda" else None,
-    }
-
-
-def _copy_bandwidth_now(engine: SpeculativeEngine) -> float:
-    """The copy bandwidth (GB/s, two decimals) of the target's device, measured now: at the start (machine_info)
-    and again after the runs."""
-    device = engine.target.model.device
-    return round(_cuda_copy_bandwidth_gbs(device) if device.type == "cuda" else copy_bandwidth_gbs(), 2)
-
-
-def launches_per_pass(engine: SpeculativeEngine) -> dict:
-    """{"eager": n, "cuda-graph": m}: CUDA launch calls the host makes for one one-token strict pass over a
-    128-token prefix (kernel launches and graph launches, counted by torch's profiler), each path warmed up."""
-    from torch.profiler import ProfilerActivity, profile
-
-    model = engine.target.model
-    runner = StaticPasses(model, 256, 1)
-    cache = runner.acquire(256)
-    model.prefill(list(range(100, 228)), cache)
-    base = cache.length
-    mask = torch.zeros(1, 256, dtype=torch.bool)
-    mask[0, : base + 1] = True
-    eager = model.new_cache(256)
-    model.prefill(list(range(100, 228)), eager)
-
-    def graph_pass():
-        cache.length = base
-        runner.run([7], [base], mask)
-
-    def eager_pass():
-        eager.length = base
-        model.run_pass(torch.tensor([7]), torch.tensor([base]), eager, mask=mask, attend_len=256)
-
-    counts = {}
-    try:
-        for label, fn in (("eager", eager_pass), ("cuda-graph", graph_pass)):
-            fn()
-            fn()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                fn()
-                torch.cuda.synchronize()
-            counts[label] = sum(1 for e in prof.events() if "LaunchKernel" in e.name or "GraphLaunch" in e.name)
-    finally:
-        runner.release()
-    return counts
-
-
 def hf_dtype(engine: SpeculativeEngine) -> tuple[torch.dtype, str]:
     """transformers' dtype for the reference rows: the best for it on this host. The engine's
     own dtype, except bf16 on a CPU where torch has no fast bf16 product (no AVX512-BF16 / AMX,
@@ -235,31 +127,6 @@ def hf_dtype(engine: SpeculativeEngine) -> tuple[torch.dtype, str]:
             f"bf16 product {ratio:.1f}x float32's time on this torch ({torch.backends.cpu.get_cpu_capability()})",
         )
     return dtype, f"bf16 product {ratio:.2f}x float32's time"
-
-
-def _kernel_variant() -> str | None:
-    from engine.kernels import cpu_kernels
-
-    return cpu_kernels.variant()
-
-
-def _cpu_flags() -> list[str]:
-    """The instruction-set flags our kernels (and llama.cpp's, vLLM's) choose by."""
-    wanted = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16"}
-    return sorted(wanted & (cpu_flags() or frozenset()))
-
-
-def _cuda_copy_bandwidth_gbs(device, size_mb: int = 1024, repeats: int = 10) -> float:
-    src = torch.ones(size_mb * 1024 * 1024 // 4, dtype=torch.float32, device=device)
-    dst = torch.zeros_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / best / 1e9
 
 
 class _HF:
@@ -324,7 +191,8 @@ def _vllm_backends(engine, systems: list[str], notes: list[str]) -> tuple[dict, 
     """{system: VllmBackend} for the vLLM rows asked for, and the servers started for them (the
     caller stops them). A server at SPECLENS_VLLM_URL serves the row of its mode; the others are
     started here from .venv-vllm; a row that cannot run is dropped with a note."""
-    from engine.vllm.backend import ENV_URL, VllmBackend, VllmError
+    from engine.vllm.backend import VllmBackend
+    from engine.vllm.client import ENV_URL, VllmError
     from engine.vllm.server import VllmServer, VllmServerError, ngram_config, why_unavailable
 
     k = ENGINE_SYSTEMS["engine-ngram"][1]["k"]
@@ -431,7 +299,7 @@ def run_bench(
     try:
         samples, outputs = _interleaved_runs(engine, setup, progress)
         # The same copy measured again once every system has run: how far the machine's memory drifted meanwhile.
-        machine = {**setup["machine"], "copy_bandwidth_gbs_after": _copy_bandwidth_now(engine)}
+        machine = {**setup["machine"], "copy_bandwidth_gbs_after": copy_bandwidth_now(engine)}
         events = _event_overhead(engine, workloads, repeats, max_new, progress) if events_check else None
         pass_cost = pass_cost_ms(engine) if pass_costs else None
         rules = _verify_rules(engine, workloads, max_new, progress) if verify_rules else None

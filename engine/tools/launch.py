@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from engine.drafters.spec import DrafterSpec, Serving, family, parse
 from engine.model.loading import DEFAULT_GGUF_FILE, PRESETS, default_gguf_path
 from engine.paths import DEFAULT_MODEL
 
@@ -26,30 +27,16 @@ ENGINES = ("vllm", "sglang", "llama.cpp", "transformers")
 NGRAM_MIN, NGRAM_MAX = 2, 6  # engine.drafters.ngram.NgramDrafter's defaults
 EAGLE_HEAD = "PATH/TO/EAGLE3-HEAD-FOR-THIS-TARGET"
 NO_TREE = "this method drafts a chain here: tree top-k and budget have no flag (the command drafts K in a row)"
-# SpecLens's quantised self-drafters: the target's own weights in fewer bits. Elsewhere the same drafting is a
-# draft model that is a quantised copy of the target: (bits, llama.cpp's quantisation type for the copy).
-QUANTISED_COPY = {"int8": (8, "Q8_0"), "q4": (4, "Q4_1")}
+VERIFY_RULES = ("token", "block")  # GenerationSettings.verify
 
 
-def _copy_path(drafter: str) -> str:
+def _copy_path(serving: Serving) -> str:
     """The placeholder where a command needs the quantised copy of the target as a checkpoint of its own."""
-    return f"PATH/TO/{QUANTISED_COPY[drafter][0]}-BIT-COPY-OF-THIS-TARGET"
+    return f"PATH/TO/{serving.bits}-BIT-COPY-OF-THIS-TARGET"
 
 
-def _copy_note(drafter: str, engine: str) -> str:
-    """What differs when an engine drafts with a quantised copy of the target as a separate draft model."""
-    bits = QUANTISED_COPY[drafter][0]
-    if drafter == "q4":
-        return (
-            f"the draft model is the target itself quantised to {bits} bits, as a model of its own: {engine} runs it"
-            " with its own KV cache and prefill, where SpecLens's q4 reads the target's keys and values for the"
-            " tokens already committed and computes its head's best outputs again in int8; acceptance and speed"
-            " differ"
-        )
-    return (
-        f"the draft model is the target itself quantised to {bits} bits, as SpecLens's int8 is (its own rule: int8"
-        " per output channel, the rows of x in int16); acceptance and speed differ"
-    )
+def _note(serving: Serving, engine: str) -> str:
+    return serving.note.format(engine=engine)
 
 
 def _hub_id(target: str) -> str:
@@ -57,86 +44,76 @@ def _hub_id(target: str) -> str:
     return PRESETS.get(target, {}).get("hub_id", target)
 
 
-def _draft_id(drafter: str) -> str:
-    return _hub_id(drafter.split(":", 1)[1].strip())
-
-
 def _join(argv: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-VERIFY_RULES = ("token", "block")  # GenerationSettings.verify
-
-
-def _vllm(model: str, drafter: str, k: int, topk: int, notes: list[str], verify: str = "token") -> str | None:
+def _vllm(model: str, spec: DrafterSpec, k: int, topk: int, notes: list[str], verify: str = "token") -> str | None:
     argv = ["vllm", "serve", model]
-    if drafter == "none":
+    serving = family(spec.family).serving
+    method = serving.method if serving else None
+    if method == "none":
         return _join(argv)
-    if drafter == "ngram":
-        spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": NGRAM_MAX}
-        spec["prompt_lookup_min"] = NGRAM_MIN
-    elif drafter == "suffix":
-        spec = {"method": "suffix", "num_speculative_tokens": k}
+    if method == "ngram":
+        config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": NGRAM_MAX}
+        config["prompt_lookup_min"] = NGRAM_MIN
+    elif method == "suffix":
+        config = {"method": "suffix", "num_speculative_tokens": k}
+        notes.append(serving.note)
+    elif method == "draft_model":
+        config = {"method": "draft_model", "model": _hub_id(spec.model_id), "num_speculative_tokens": k}
+    elif method == "quantised_copy":
+        config = {"method": "draft_model", "model": _copy_path(serving), "num_speculative_tokens": k}
         notes.append(
-            "vLLM's suffix method needs the arctic-inference package (pip install arctic-inference); it caches "
-            "earlier outputs across all requests of the server, where SpecLens keeps one session's answers"
+            f"put a W{serving.bits}A16 checkpoint of the target where the command says (llm-compressor"
+            f"{', AWQ' * (serving.bits == 4)} or GPTQ: vLLM reads the method from its config); "
+            + _note(serving, "vLLM")
         )
-    elif drafter.startswith("model:"):
-        spec = {"method": "draft_model", "model": _draft_id(drafter), "num_speculative_tokens": k}
-    elif drafter in QUANTISED_COPY:
-        bits = QUANTISED_COPY[drafter][0]
-        spec = {"method": "draft_model", "model": _copy_path(drafter), "num_speculative_tokens": k}
-        notes.append(
-            f"put a W{bits}A16 checkpoint of the target where the command says (llm-compressor{', AWQ' * (bits == 4)}"
-            " or GPTQ: vLLM reads the method from its config); " + _copy_note(drafter, "vLLM")
-        )
-    elif drafter == "eagle":
-        spec = {"method": "eagle3", "model": EAGLE_HEAD, "num_speculative_tokens": k}
-        notes.append(
-            "SpecLens's head is its own format: vLLM needs an EAGLE-3 checkpoint trained for this target "
-            "(SpecForge trains one); put its path where the command says"
-        )
+    elif method == "eagle":
+        config = {"method": "eagle3", "model": EAGLE_HEAD, "num_speculative_tokens": k}
+        notes.append(_note(serving, "vLLM"))
     else:
         return None
     if topk > 1:
         notes.append(f"vLLM: {NO_TREE}")
     if verify == "block":
-        spec["rejection_sample_method"] = "block"
-        if drafter in ("ngram", "suffix"):
+        config["rejection_sample_method"] = "block"
+        if family(spec.family).kind == "copying":
             notes.append(
-                f"vLLM's block verification needs the drafter's q: with {drafter} (no q) it keeps drafts per token"
+                f"vLLM's block verification needs the drafter's q: with {spec.text} (no q) it keeps drafts per token"
             )
-    return _join(argv + ["--speculative-config", json.dumps(spec)])
+    return _join(argv + ["--speculative-config", json.dumps(config)])
 
 
-def _sglang(model: str, drafter: str, k: int, topk: int, budget: int, notes: list[str]) -> str | None:
+def _sglang(model: str, spec: DrafterSpec, k: int, topk: int, budget: int, notes: list[str]) -> str | None:
     argv = ["python", "-m", "sglang.launch_server", "--model-path", model]
-    if drafter == "none":
+    serving = family(spec.family).serving
+    method = serving.method if serving else None
+    if method == "none":
         return _join(argv)
     # SGLang counts the verified root in --speculative-num-draft-tokens: a chain of K drafts is K + 1 there.
     tree = ["--speculative-num-steps", str(k), "--speculative-eagle-topk", str(topk)]
     tree += ["--speculative-num-draft-tokens", str(budget + 1)]
-    if drafter == "ngram":
+    if method == "ngram":
         notes.append(
             "SGLang's NGRAM method runs on CUDA only and sizes its drafts with its own --speculative-ngram-* "
             "flags (their names changed between releases: see python -m sglang.launch_server --help)"
         )
         return _join(argv + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(budget + 1)])
-    if drafter.startswith("model:") or drafter in QUANTISED_COPY:
-        if drafter in QUANTISED_COPY:
+    if method in ("draft_model", "quantised_copy"):
+        if method == "quantised_copy":
             notes.append(
-                f"put a {QUANTISED_COPY[drafter][0]}-bit checkpoint of the target where the command says; "
-                + _copy_note(drafter, "SGLang")
+                f"put a {serving.bits}-bit checkpoint of the target where the command says; " + _note(serving, "SGLang")
             )
-        path = _draft_id(drafter) if drafter.startswith("model:") else _copy_path(drafter)
+        path = _hub_id(spec.model_id) if method == "draft_model" else _copy_path(serving)
         return _join(argv + ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", path] + tree)
-    if drafter == "eagle":
+    if method == "eagle":
         notes.append("SGLang needs an EAGLE-3 checkpoint trained for this target; SpecLens's head is its own format")
         return _join(argv + ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", EAGLE_HEAD] + tree)
     return None
 
 
-def _llamacpp(target: str, drafter: str, k: int, topk: int, notes: list[str]) -> str | None:
+def _llamacpp(target: str, spec: DrafterSpec, k: int, topk: int, notes: list[str]) -> str | None:
     gguf = f"{target}.gguf"
     if target == DEFAULT_MODEL:
         try:
@@ -144,26 +121,26 @@ def _llamacpp(target: str, drafter: str, k: int, topk: int, notes: list[str]) ->
         except (FileNotFoundError, ImportError, OSError):
             gguf = DEFAULT_GGUF_FILE
     argv = ["llama-server", "-m", gguf]
-    if drafter == "none":
+    serving = family(spec.family).serving
+    method = serving.method if serving else None
+    if method == "none":
         return _join(argv)
     if topk > 1:
         notes.append(f"llama.cpp: {NO_TREE}")
     renamed = "builds that renamed the draft flags take --spec-draft-n-max / --spec-draft-n-min instead"
-    if drafter.startswith("model:"):
+    if method == "draft_model":
         notes.append(f"the draft model as a GGUF file of the same vocabulary; {renamed}")
-        return _join(
-            argv + ["-md", f"{_draft_id(drafter).split('/')[-1]}.gguf", "--draft-max", str(k), "--draft-min", "0"]
-        )
-    if drafter in QUANTISED_COPY:
-        kind = QUANTISED_COPY[drafter][1]
+        draft = f"{_hub_id(spec.model_id).split('/')[-1]}.gguf"
+        return _join(argv + ["-md", draft, "--draft-max", str(k), "--draft-min", "0"])
+    if method == "quantised_copy":
         name = _hub_id(target).split("/")[-1]
-        draft = f"{name}.{kind}.gguf"
-        if target == DEFAULT_MODEL and drafter == "q4":  # the file SpecLens's q4 drafts with: its Q4_1 blocks
+        draft = f"{name}.{serving.gguf_type}.gguf"
+        if target == DEFAULT_MODEL and serving.own_gguf:  # the file SpecLens's drafter reads its blocks from
             draft = gguf
         argv[2] = f"{name}.bf16.gguf"
         notes.append(
-            f"the target as a bf16 GGUF (convert_hf_to_gguf.py --outtype bf16), the draft the same model in {kind}"
-            f" (llama-quantize); {_copy_note(drafter, 'llama.cpp')}; {renamed}"
+            "the target as a bf16 GGUF (convert_hf_to_gguf.py --outtype bf16), the draft the same model in"
+            f" {serving.gguf_type} (llama-quantize); {_note(serving, 'llama.cpp')}; {renamed}"
         )
         if target == DEFAULT_MODEL:
             notes.append(
@@ -171,13 +148,13 @@ def _llamacpp(target: str, drafter: str, k: int, topk: int, notes: list[str]) ->
                 " from the Hub's model holds the original weights"
             )
         return _join(argv + ["-md", draft, "--draft-max", str(k), "--draft-min", "0"])
-    if drafter == "ngram":
+    if method == "ngram":
         notes.append(f"needs a llama-server with --spec-type (n-gram speculation, 2026); {renamed}")
         return _join(argv + ["--spec-type", "ngram-simple", "--draft-max", str(k)])
     return None
 
 
-def _transformers(model: str, drafter: str, k: int, temperature: float, adaptive: bool, notes: list[str]):
+def _transformers(model: str, spec: DrafterSpec, k: int, temperature: float, adaptive: bool, notes: list[str]):
     sampling = f"do_sample=True, temperature={temperature}" if temperature > 0 else "do_sample=False"
     lines = [
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
@@ -186,26 +163,27 @@ def _transformers(model: str, drafter: str, k: int, temperature: float, adaptive
         'inputs = tokenizer.apply_chat_template([{"role": "user", "content": "..."}], add_generation_prompt=True, '
         'return_tensors="pt", return_dict=True)',
     ]
-    if drafter == "none":
+    serving = family(spec.family).serving
+    method = serving.method if serving else None
+    if method == "none":
         call = f"model.generate(**inputs, {sampling})"
-    elif drafter == "ngram":
+    elif method == "ngram":
         call = (
             f"model.generate(**inputs, prompt_lookup_num_tokens={k}, max_matching_ngram_size={NGRAM_MAX}, {sampling})"
         )
-    elif drafter.startswith("model:") or drafter in QUANTISED_COPY:
-        if drafter in QUANTISED_COPY:
-            bits = QUANTISED_COPY[drafter][0]
+    elif method in ("draft_model", "quantised_copy"):
+        if method == "quantised_copy":
             lines[0] += ", BitsAndBytesConfig"
             lines.append(
                 f"assistant = AutoModelForCausalLM.from_pretrained({model!r}, "
-                f"quantization_config=BitsAndBytesConfig(load_in_{bits}bit=True))"
+                f"quantization_config=BitsAndBytesConfig(load_in_{serving.bits}bit=True))"
             )
             notes.append(
                 "bitsandbytes quantises the copy as it loads (pip install bitsandbytes; its kernels need a build "
-                "for your device); " + _copy_note(drafter, "transformers")
+                "for your device); " + _note(serving, "transformers")
             )
         else:
-            lines.append(f"assistant = AutoModelForCausalLM.from_pretrained({_draft_id(drafter)!r})")
+            lines.append(f"assistant = AutoModelForCausalLM.from_pretrained({_hub_id(spec.model_id)!r})")
         schedule = "heuristic" if adaptive else "constant"  # heuristic: K + 2 after a full accept, K - 1 otherwise
         call = (
             f"model.generate(**inputs, assistant_model=assistant, num_assistant_tokens={k}, "
@@ -239,11 +217,7 @@ def launch_command(
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if verify not in VERIFY_RULES:
         raise ValueError(f"verify must be one of {', '.join(VERIFY_RULES)}, got {verify!r}")
-    drafter = (drafter or "none").strip()
-    if drafter in ("", "baseline"):
-        drafter = "none"
-    if drafter.startswith(("ngram:", "suffix:")):  # our lookup's sizes: the engines take their own
-        drafter = drafter.split(":", 1)[0]
+    spec = parse(drafter or "none")
     for name, value in (("k", k), ("topk", topk)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -251,43 +225,38 @@ def launch_command(
     model = _hub_id(target)
     notes: list[str] = []
     if engine == "vllm":
-        command = _vllm(model, drafter, k, topk, notes, verify)
+        command = _vllm(model, spec, k, topk, notes, verify)
     elif engine == "sglang":
-        command = _sglang(model, drafter, k, topk, budget, notes)
+        command = _sglang(model, spec, k, topk, budget, notes)
     elif engine == "llama.cpp":
-        command = _llamacpp(target, drafter, k, topk, notes)
+        command = _llamacpp(target, spec, k, topk, notes)
     else:
-        command = _transformers(model, drafter, k, temperature, adaptive, notes)
+        command = _transformers(model, spec, k, temperature, adaptive, notes)
     if command is None:
-        notes.insert(0, _no_equivalent(engine, drafter))
+        notes.insert(0, _no_equivalent(engine, spec))
     else:
         if adaptive and engine != "transformers":
             notes.append("adaptive depth has no flag here: the engine drafts K every step")
-        if verify == "block" and engine != "vllm" and drafter != "none":
+        if verify == "block" and engine != "vllm" and spec.drafts:
             notes.append(
                 f"{engine} has no block verification: it keeps drafts per token (the same output distribution; "
                 "block keeps at least as many tokens per pass in expectation)"
             )
     return {
         "engine": engine,
-        "drafter": drafter,
+        "drafter": _short(spec),
         "command": command,
         "equivalent": command is not None,
         "notes": notes,
     }
 
 
-def _no_equivalent(engine: str, drafter: str) -> str:
-    why = {
-        "suffix": "suffix decoding is vLLM's (method suffix, with arctic-inference); this engine has no such method",
-        "eagle": "this engine has no EAGLE-style head",
-    }.get(drafter, f"SpecLens's drafter {drafter!r} has no counterpart here")
-    if "+" in drafter and not drafter.startswith("model:"):
-        why = "drafts of drafts (a model drafter whose own chain a copying drafter proposes) is SpecLens's alone here"
-    elif "/" in drafter and not drafter.startswith("model:"):
-        why = (
-            "a hybrid (each pass, a copying drafter's proposal or a model drafter's chain, whichever measures "
-            "faster) is SpecLens's here; Arctic Inference pairs suffix decoding with its own speculator in vLLM, "
-            "not with a drafter of your choice: the closest is the copying drafter alone"
-        )
-    return f"{engine}: no equivalent for {drafter}: {why}"
+def _short(spec: DrafterSpec) -> str:
+    """The spec as the engines see it: a copying drafter without our lookup's sizes (they take their own)."""
+    return spec.family if family(spec.family).kind == "copying" else spec.text
+
+
+def _no_equivalent(engine: str, spec: DrafterSpec) -> str:
+    own = family(spec.family)
+    why = own.unserved or f"SpecLens's drafter {_short(spec)!r} has no counterpart here"
+    return f"{engine}: no equivalent for {_short(spec)}: {why}"
