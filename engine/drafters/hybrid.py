@@ -268,10 +268,6 @@ def _build(spec: DrafterSpec, registry, history) -> HybridDrafter:
     return HybridDrafter(spec.text, registry.build(spec.copy, history), registry.build(spec.model), spec.depth)
 
 
-def _memory(spec: DrafterSpec, sizes):
-    return family(spec.model.family).memory(spec.model, sizes)
-
-
 FAMILY = register(
     Family(
         "hybrid",
@@ -280,7 +276,6 @@ FAMILY = register(
         form="COPY/MODEL[:DEPTH]",
         build=_build,
         kind="composite",
-        memory=_memory,
         parse=parse_hybrid,
         join="/",
         unserved="a hybrid (each pass, a copying drafter's proposal or a model drafter's chain, whichever measures "

@@ -211,10 +211,6 @@ def _build(spec: DrafterSpec, registry, history) -> MultiLevelDrafter:
     return MultiLevelDrafter(registry.weights(spec.model), spec.text, inner, family(spec.model.family).target_kv)
 
 
-def _memory(spec: DrafterSpec, sizes):
-    return family(spec.model.family).memory(spec.model, sizes)
-
-
 FAMILY = register(
     Family(
         "multilevel",
@@ -223,7 +219,6 @@ FAMILY = register(
         form="MODEL+COPY",
         build=_build,
         kind="composite",
-        memory=_memory,
         parse=_parse,
         join="+",
         unserved="drafts of drafts (a model drafter whose own chain a copying drafter proposes) is SpecLens's alone here",

@@ -28,6 +28,7 @@ __all__ = [
     "family",
     "family_of",
     "forms",
+    "memory_of",
     "menu",
     "parse",
     "part",
@@ -124,7 +125,7 @@ class Serving:
 class Family:
     """One kind of drafter (module docstring). build(spec, registry, history) -> a fresh Drafter; weights(spec,
     target) -> the weights its runs share (built once per target by the registry); memory(spec, MemorySizes) ->
-    DrafterMemory; parse(text) -> DrafterSpec for a form other than NAME[:N,...]; join: the character that
+    DrafterMemory (a composite without one: its model part's); parse(text) -> DrafterSpec for a form other than NAME[:N,...]; join: the character that
     makes a composite spec (``+``, ``/``). serving None: no production engine drafts this way (``unserved``
     says why). copy_of_target: its model is the target's own weights, quantised (drafts of drafts run on those);
     target_kv: it reads the committed positions' keys and values from the target's cache (DrafterNeeds.target_kv).
@@ -189,6 +190,14 @@ def family(name: str) -> Family:
 
 def family_of(spec: str | DrafterSpec) -> Family:
     return family(spec.family if isinstance(spec, DrafterSpec) else parse(spec).family)
+
+
+def memory_of(spec: DrafterSpec, sizes: MemorySizes) -> DrafterMemory | None:
+    """A spec's memory estimate: its family's, else (a composite) its model part's; None where none is known."""
+    own = family(spec.family)
+    if own.memory is not None:
+        return own.memory(spec, sizes)
+    return memory_of(spec.model, sizes) if spec.model is not None else None
 
 
 def forms() -> str:

@@ -45,7 +45,7 @@ import functools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.drafters.spec import DrafterMemory, MemorySizes, family, parse
+from engine.drafters.spec import DrafterMemory, MemorySizes, family, memory_of, parse
 
 __all__ = ["USABLE_FRACTION", "MemoryPlan", "MemoryPlanError", "available_memory", "check_memory", "plan_memory"]
 
@@ -278,10 +278,11 @@ def plan_memory(
     kv_per_token = sizes.kv_per_token
     target_bytes = w["params"] * wbytes
     kv = kv_per_token * context * concurrent_runs
-    own = family(spec.family)
-    held = own.memory(spec, sizes) if own.memory is not None else DrafterMemory()
-    if own.memory is None and own.kind in ("model", "head"):
-        notes.append(f"{spec.text} drafter: its weights and caches are not counted")
+    held = memory_of(spec, sizes)
+    if held is None:
+        held = DrafterMemory()
+        if family(spec.family).kind in ("model", "head"):
+            notes.append(f"{spec.text} drafter: its weights and caches are not counted")
     if held.note:
         notes.append(held.note)
     drafter_bytes, drafter_kv = held.weight_bytes, held.kv_bytes
