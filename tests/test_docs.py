@@ -221,6 +221,15 @@ def readme_layout() -> str:
     return text[heading.end() :].split("```")[1]
 
 
+def test_the_readme_and_the_bench_index_stay_short():
+    """The README is a product page (at most 200 lines, the two commands in its first 40); docs/bench/README.md
+    says how to run the bench, the current table and an index of the dated notes (at most 150 lines)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(readme) <= 200, len(readme)
+    assert any("make demo" in line for line in readme[:40]) and any("make test" in line for line in readme[:40])
+    assert len((DOCS / "bench" / "README.md").read_text(encoding="utf-8").splitlines()) <= 150
+
+
 def test_readme_layout_names_every_module_and_only_real_paths():
     names = map_names(readme_layout())
     dead = sorted(name for name in names if not (ROOT / name).exists())
