@@ -13,7 +13,7 @@ What goes through here, and what does not:
 - read directly, because they are plain functions of data the handler already holds: the trace
   model and run summary (`engine.trace`, `engine.metrics`, as visuals/ does), the exactness
   statistics (`engine.tools.exactness`), the memory plan (`engine.tools.memory_plan`) and the
-  CPU kernel's description (`engine.kernels.cpu_kernels.describe`).
+  CPU kernel's description (`engine.kernels.cpu_build.describe`).
 - called directly on an engine obtained here: the measurement tools the labs exist to show
   (`engine.tools.parity.parity_check`, `engine.model.pass_timing.measure_pass_times`,
   `engine.vllm.batch.measure_batches`) and `engine.tools.samples.sample_next_tokens` (Lossless lab);

@@ -657,9 +657,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"default model ready ({'cache hit' if first.from_cache else 'cache built'} in {t1 - t0:.1f} s, "
                 f"reload {t2 - t1:.1f} s), weights {first.weight_kind}, cache {first.source.get('cache')}"
             )
-            from engine.kernels import cpu_kernels
+            from engine.kernels import cpu_build
 
-            kernel = cpu_kernels.describe()
+            kernel = cpu_build.describe()
             print(f"CPU kernel: {kernel['variant'] or 'none'} ({kernel['reason']}); {kernel['label']}")
             return 0
         if args.command == "train-head":

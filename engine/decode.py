@@ -39,7 +39,7 @@ from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape, Ve
 from engine.drafters.registry import DrafterRegistry
 from engine.drafters.spec import family, parse
 from engine.host import host_info
-from engine.kernels import cpu_kernels
+from engine.kernels import cpu_build
 from engine.kernels.batched_verifier import warm_up
 from engine.metrics import cpu_share, summarize_steps
 from engine.model.loading import LoadedModel, load_model
@@ -340,7 +340,7 @@ class SpeculativeEngine:
             "tree": {"k": shape.k, "topk": shape.topk, "num_draft_tokens": shape.max_tokens},
             "eos_ids": sorted(self.eos_ids),
             "max_new_tokens": max_new,
-            "host": host_info(model.device, cpu_kernels.variant()),
+            "host": host_info(model.device, cpu_build.variant()),
         }
 
     def _kept(self, emitted: list[dict], produced: int, max_new: int) -> tuple[int, bool]:

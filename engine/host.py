@@ -45,7 +45,7 @@ def cpu_has_native_bf16() -> bool:
 
 def host_info(device: torch.device, kernel: str | None = None) -> dict:
     """{"cpu", "threads", "kernel"}: the CPU, torch's thread count and, on the CPU, which of our kernel
-    variants computes the passes (``cpu_kernels.variant()``; None: torch's own ops); on CUDA "gpu" names
+    variants computes the passes (``cpu_build.variant()``; None: torch's own ops); on CUDA "gpu" names
     the card instead."""
     if device.type == "cuda":
         return {"cpu": cpu_name(), "gpu": torch.cuda.get_device_name(device)}

@@ -47,7 +47,7 @@ import torch
 
 from engine.acceptance import argmax_index, block_verify_chain, verify_children
 from engine.drafters.base import DraftTree
-from engine.kernels import cpu_kernels
+from engine.kernels import cpu_build, cpu_calls
 from engine.kernels.batched_verifier import extra_distribution, verify_batch
 from engine.sampling import SamplingParams, draw, exponentials, probs_from_logits, sample
 from engine.trace import TOP_N
@@ -119,9 +119,9 @@ def top_entries_of(rows: list[torch.Tensor]) -> list[Top]:
     pass lists about two rows per drafted token; docs/bench/2026-12-07-notes-from-engine.md); others (rows of
     other lengths, other devices or dtypes, hosts without the kernels) to torch.topk, row by row."""
     same = all(r.device.type == "cpu" and r.dtype == torch.float32 and r.shape == rows[0].shape for r in rows)
-    if rows and same and rows[0].dim() == 1 and cpu_kernels.available():
+    if rows and same and rows[0].dim() == 1 and cpu_build.available():
         tops = []
-        for row, ids in zip(rows, cpu_kernels.top_rows(list(rows), TOP_N)):
+        for row, ids in zip(rows, cpu_calls.top_rows(list(rows), TOP_N)):
             values = row[ids].tolist()
             tops.append([(i, v) for i, v in zip(ids, values) if v > 0])
         return tops

@@ -155,9 +155,9 @@ def describe_device(device: torch.device) -> tuple[str, dict]:
     """(one line, engine.host's record) for the machine the run happens on."""
     kernel = None
     if device.type == "cpu":
-        from engine.kernels import cpu_kernels
+        from engine.kernels import cpu_build
 
-        kernel = cpu_kernels.variant()
+        kernel = cpu_build.variant()
     info = host_info(device, kernel)
     if device.type == "cuda":
         return f"{info['gpu']} (host CPU {info['cpu']})", info

@@ -31,9 +31,9 @@ def _sampled_out(item) -> bool:
     callspec = getattr(item, "callspec", None)
     if callspec is None or "variant" not in callspec.params or not item.nodeid.startswith("tests/test_cpu_kernel.py"):
         return False
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_build
 
-    if callspec.params["variant"] == cpu_kernels.variant():
+    if callspec.params["variant"] == cpu_build.variant():
         return False
     others = {k: v for k, v in callspec.params.items() if k != "variant"}
     return bool(others) and zlib.crc32(repr(sorted(others.items())).encode()) % SAMPLE_OTHER_VARIANTS != 0
@@ -157,33 +157,33 @@ def pace_target_passes(monkeypatch, floor_s: float = PASS_FLOOR_S, stamps: list[
 
 @pytest.fixture
 def greedy_chain_calls(monkeypatch) -> list[int]:
-    """Every Transformer.greedy_chain call in the test appends its number of passes (n), then runs."""
-    from engine.model.transformer import Transformer
+    """Every chains.greedy_chain call in the test appends its number of passes (n), then runs."""
+    from engine.model import chains
 
     calls: list[int] = []
-    original = Transformer.greedy_chain
+    original = chains.greedy_chain
 
-    def recording(self, token, cache, n):
+    def recording(model, token, cache, n):
         calls.append(n)
-        return original(self, token, cache, n)
+        return original(model, token, cache, n)
 
-    monkeypatch.setattr(Transformer, "greedy_chain", recording)
+    monkeypatch.setattr(chains, "greedy_chain", recording)
     return calls
 
 
 @pytest.fixture
 def sampled_chain_calls(monkeypatch) -> list[int]:
-    """Every Transformer.sampled_chain call in the test appends its number of passes (n), then runs."""
-    from engine.model.transformer import Transformer
+    """Every chains.sampled_chain call in the test appends its number of passes (n), then runs."""
+    from engine.model import chains
 
     calls: list[int] = []
-    original = Transformer.sampled_chain
+    original = chains.sampled_chain
 
-    def recording(self, token, cache, n, temperature, uniforms):
+    def recording(model, token, cache, n, temperature, uniforms):
         calls.append(n)
-        return original(self, token, cache, n, temperature, uniforms)
+        return original(model, token, cache, n, temperature, uniforms)
 
-    monkeypatch.setattr(Transformer, "sampled_chain", recording)
+    monkeypatch.setattr(chains, "sampled_chain", recording)
     return calls
 
 

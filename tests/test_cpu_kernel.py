@@ -1,4 +1,5 @@
-"""Our CPU decoding kernels (engine/kernels/cpu_kernels.py, engine/kernels/csrc/), every variant this CPU runs.
+"""Our CPU decoding kernels (engine/kernels/cpu_build.py, cpu_packed.py, cpu_calls.py, csrc/), every variant
+this CPU runs.
 
 (a) The products match float32 references: odd sizes, bias, float32 in/out, the
     fused RMSNorm, int8 weights against outlier activations.
@@ -17,7 +18,7 @@
 (f) A pass run on another thread, or on two threads at once (two visitors), gives
     the main thread's bits: the kernels hand out their own work (csrc/task_pool.h).
 (a)-(d) and (f) run once per variant (``variant`` fixture: avx512bf16, avx512, avx2),
-each selected with cpu_kernels.using; a variant this CPU lacks is skipped with
+each selected with cpu_build.using; a variant this CPU lacks is skipped with
 the reason, so an AVX512-BF16 host tests all three. (e) runs everywhere.
 """
 
@@ -31,22 +32,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.kernels import cpu_kernels
-from engine.model.transformer import Linear
+from engine.kernels import cpu_build, cpu_calls, cpu_packed
+from engine.model import chains
+from engine.model.weights import Linear
 from engine.tools.samples import next_token_distribution
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(params=list(cpu_kernels.VARIANTS))
+@pytest.fixture(params=list(cpu_build.VARIANTS))
 def variant(request):
     """Run the test on one kernel variant; skipped where this CPU (or compiler) cannot."""
     name = request.param
-    why = cpu_kernels.variant_support(name)
+    why = cpu_build.variant_support(name)
     if why is not None:
         pytest.skip(f"{name}: {why}")
     try:
-        ctx = cpu_kernels.using(name)
+        ctx = cpu_build.using(name)
         ctx.__enter__()
     except RuntimeError as exc:
         if "compil" in str(exc):  # an old compiler without the ISA's flags: the environment, not the kernel
@@ -69,7 +71,7 @@ def _bf16(*shape, seed):
 def test_matches_float32_reference(variant, rows, n_in, n_out, with_bias):
     x, w = _bf16(rows, n_in, seed=1), _bf16(n_out, n_in, seed=2)
     b = _bf16(n_out, seed=3) if with_bias else None
-    got = cpu_kernels.skinny_gemm_bf16(x, cpu_kernels.PackedWeight(w, b))
+    got = cpu_calls.skinny_gemm_bf16(x, cpu_packed.PackedWeight(w, b))
     assert got.shape == (rows, n_out) and got.dtype == torch.bfloat16
     ref = x.float() @ w.float().t() + (b.float() if b is not None else 0)
     # float32 accumulation, one bf16 rounding of the result: within a bf16 ulp or two of the reference
@@ -81,16 +83,16 @@ def test_float32_rows_in_and_out(variant, rows, n_in, n_out):
     """float32 x is rounded to bf16 inside the kernel on avx512bf16, multiplied as is on the
     widening variants; float32 y is the unrounded sum; bf16 x is taken exactly."""
     x, w = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(1)), _bf16(n_out, n_in, seed=2)
-    packed = cpu_kernels.PackedWeight(w)
-    got = cpu_kernels.skinny_gemm_bf16(x, packed)
+    packed = cpu_packed.PackedWeight(w)
+    got = cpu_calls.skinny_gemm_bf16(x, packed)
     assert got.dtype == torch.float32
-    x_seen = x.to(torch.bfloat16).float() if cpu_kernels.VARIANTS[variant].x_bf16 else x
+    x_seen = x.to(torch.bfloat16).float() if cpu_build.VARIANTS[variant].x_bf16 else x
     ref = x_seen.double() @ w.double().t()
     torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4 * n_in**0.5)
     xb = x.to(torch.bfloat16)
-    as_bf16 = cpu_kernels.skinny_gemm_bf16(xb, packed, out_dtype=torch.float32)
-    assert torch.equal(as_bf16, cpu_kernels.skinny_gemm_bf16(xb.float(), packed))
-    if cpu_kernels.VARIANTS[variant].x_bf16:
+    as_bf16 = cpu_calls.skinny_gemm_bf16(xb, packed, out_dtype=torch.float32)
+    assert torch.equal(as_bf16, cpu_calls.skinny_gemm_bf16(xb.float(), packed))
+    if cpu_build.VARIANTS[variant].x_bf16:
         assert torch.equal(got, as_bf16)
 
 
@@ -102,7 +104,7 @@ def test_int8_weights_match_the_dequantised_product(variant, rows, n_in, n_out):
     x = torch.randn(rows, n_in, generator=gen) * torch.linspace(0.1, 30.0, n_in)  # outlier channels
     q = torch.randint(-127, 128, (n_out, n_in), generator=gen, dtype=torch.int8)
     scale, bias = torch.rand(n_out, generator=gen) / 100, _bf16(n_out, seed=4)
-    got = cpu_kernels.skinny_gemm_int8w(x, cpu_kernels.PackedInt8Weight(q, scale, bias))
+    got = cpu_calls.skinny_gemm_int8w(x, cpu_packed.PackedInt8Weight(q, scale, bias))
     ref = (x.double() @ q.double().t()) * scale.double() + bias.double()
     err = (got.double() - ref).abs().max() / ref.abs().max()
     assert err < 1e-3, float(err)
@@ -114,15 +116,15 @@ def test_fused_rms_norm_matches_torch(variant, rows, n_in, n_out):
     gen = torch.Generator().manual_seed(5)
     x, g = torch.randn(rows, n_in, generator=gen) * 3, torch.rand(n_in, generator=gen) + 0.5
     w = _bf16(n_out, n_in, seed=6)
-    got = cpu_kernels.skinny_gemm_bf16(x, cpu_kernels.PackedWeight(w), norm_weight=g, eps=1e-5)
+    got = cpu_calls.skinny_gemm_bf16(x, cpu_packed.PackedWeight(w), norm_weight=g, eps=1e-5)
     xn = torch.nn.functional.rms_norm(x, (n_in,), g, 1e-5)
-    if cpu_kernels.VARIANTS[variant].x_bf16:
+    if cpu_build.VARIANTS[variant].x_bf16:
         xn = xn.to(torch.bfloat16).float()
     torch.testing.assert_close(got, xn @ w.float().t(), rtol=1e-2, atol=2e-2 * n_in**0.5)
 
 
 def test_int8_linear_runs_on_the_kernel(variant):
-    from engine.model.transformer import Int8Linear
+    from engine.model.weights import Int8Linear
 
     w = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
@@ -132,7 +134,7 @@ def test_int8_linear_runs_on_the_kernel(variant):
     assert rel < 0.03, float(rel)
 
 
-@pytest.mark.parametrize("kind", ["bf16", "bf16-float32-normed", "int8", "q4_1", "q4_1b", "q2b"])
+@pytest.mark.parametrize("kind", ["bf16", "bf16-float32-normed", "int8", "q4_1", "q4_1b"])
 def test_rows_are_shape_invariant(variant, kind):
     """Each row of a 16-row product equals its one-row product bit for bit, whatever tiles
     the rows and outputs land in (3072 outputs: full tiles, 200: tails on each thread).
@@ -143,33 +145,30 @@ def test_rows_are_shape_invariant(variant, kind):
         x, norm = _bf16(16, 576, seed=6), None
         if kind == "int8":
             q = torch.randint(-127, 128, (n_out, 576), generator=torch.Generator().manual_seed(7), dtype=torch.int8)
-            packed = cpu_kernels.PackedInt8Weight(q, torch.rand(n_out) / 64, b)
+            packed = cpu_packed.PackedInt8Weight(q, torch.rand(n_out) / 64, b)
             x = x.float() * torch.linspace(0.1, 30.0, 576)
         elif kind == "q4_1":
-            packed = cpu_kernels.PackedQ4_1Weight(*_q4_1_fields(n_out, 576, seed=7), b)
+            packed = cpu_packed.PackedQ4_1Weight(*_q4_1_fields(n_out, 576, seed=7), b)
             x = x.float() * torch.linspace(0.1, 30.0, 576)
         elif kind == "q4_1b":
-            packed = cpu_kernels.PackedQ4_1BWeight(*_q4_1_fields(n_out, 576, seed=7, gguf_like=True), b)
-            x = x.float() * torch.linspace(0.1, 30.0, 576)
-        elif kind == "q2b":
-            packed = cpu_kernels.PackedQ2BWeight(*_q2b_fields(n_out, 576, seed=7), b)
+            packed = cpu_packed.PackedQ4_1BWeight(*_q4_1_fields(n_out, 576, seed=7, gguf_like=True), b)
             x = x.float() * torch.linspace(0.1, 30.0, 576)
         else:
-            packed = cpu_kernels.PackedWeight(w, b)
+            packed = cpu_packed.PackedWeight(w, b)
         if kind == "bf16-float32-normed":
             x, norm = torch.randn(16, 576, generator=torch.Generator().manual_seed(8)), torch.rand(576) + 0.5
-        full = cpu_kernels.skinny_gemm_bf16(x, packed, norm_weight=norm)
+        full = cpu_calls.skinny_gemm_bf16(x, packed, norm_weight=norm)
         for r in range(16):
-            assert torch.equal(cpu_kernels.skinny_gemm_bf16(x[r : r + 1], packed, norm_weight=norm), full[r : r + 1]), r
+            assert torch.equal(cpu_calls.skinny_gemm_bf16(x[r : r + 1], packed, norm_weight=norm), full[r : r + 1]), r
         # (odd: avx2 bf16's leftover row runs over two blocks at once; up to 4 rows on avx512bf16: one block at a
         # time, STREAM_ROWS)
         for n in (2, 3, 4, 5, 7, 9):
-            assert torch.equal(cpu_kernels.skinny_gemm_bf16(x[:n], packed, norm_weight=norm), full[:n]), n
+            assert torch.equal(cpu_calls.skinny_gemm_bf16(x[:n], packed, norm_weight=norm), full[:n]), n
 
 
 def test_packed_weight_unpacks_to_the_original(variant):
     w = _bf16(50, 37, seed=7)  # both dimensions padded
-    assert torch.equal(cpu_kernels.PackedWeight(w).unpack(), w)
+    assert torch.equal(cpu_packed.PackedWeight(w).unpack(), w)
 
 
 def test_bf16_linear_runs_on_the_kernel(variant):
@@ -177,25 +176,25 @@ def test_bf16_linear_runs_on_the_kernel(variant):
     linear = Linear(w)
     assert linear._kernel is not None
     assert torch.equal(linear.weight, w)
-    assert torch.equal(linear(x), cpu_kernels.skinny_gemm_bf16(x, cpu_kernels.PackedWeight(w)))
+    assert torch.equal(linear(x), cpu_calls.skinny_gemm_bf16(x, cpu_packed.PackedWeight(w)))
 
 
 def test_bad_inputs_are_refused_with_a_message():
-    if not cpu_kernels.available():
+    if not cpu_build.available():
         with pytest.raises(RuntimeError, match="unavailable"):
-            cpu_kernels.skinny_gemm_bf16(_bf16(1, 8, seed=0), cpu_kernels.PackedWeight(_bf16(16, 8, seed=1)))
+            cpu_calls.skinny_gemm_bf16(_bf16(1, 8, seed=0), cpu_packed.PackedWeight(_bf16(16, 8, seed=1)))
         return
-    packed = cpu_kernels.PackedWeight(_bf16(16, 8, seed=1))
+    packed = cpu_packed.PackedWeight(_bf16(16, 8, seed=1))
     with pytest.raises(ValueError, match="columns"):
-        cpu_kernels.skinny_gemm_bf16(_bf16(1, 9, seed=0), packed)
+        cpu_calls.skinny_gemm_bf16(_bf16(1, 9, seed=0), packed)
     with pytest.raises(ValueError, match="bf16 or float32"):
-        cpu_kernels.skinny_gemm_bf16(torch.randn(1, 8, dtype=torch.float64), packed)
+        cpu_calls.skinny_gemm_bf16(torch.randn(1, 8, dtype=torch.float64), packed)
 
 
 SNIPPET = """
 import torch
-from engine.kernels import cpu_kernels
-from engine.model.transformer import Linear
+from engine.kernels import cpu_build
+from engine.model.weights import Linear
 w = torch.randn(32, 64).to(torch.bfloat16)
 x = torch.randn(3, 64).to(torch.bfloat16)
 lin = Linear(w)
@@ -204,7 +203,7 @@ ref = x.float() @ w.float().t()
 assert torch.allclose(y.float(), ref, rtol=2e-2, atol=0.5), (y, ref)
 assert lin._kernel is None
 assert torch.equal(lin.weight, w)
-print("WHY:", cpu_kernels.why_unavailable())
+print("WHY:", cpu_build.why_unavailable())
 """
 
 
@@ -219,10 +218,8 @@ print("WHY:", cpu_kernels.why_unavailable())
 def test_without_the_kernel_bf16_falls_back_and_says_why(tmp_path, env, why):
     full_env = {**os.environ, "SPECLENS_CACHE": str(tmp_path), **env}
     if "CC" in env:
-        if not cpu_kernels._cpu_supports():
-            pytest.skip(
-                f"no kernel variant for this CPU, the kernel is never compiled: {cpu_kernels.why_unavailable()}"
-            )
+        if not cpu_build._cpu_supports():
+            pytest.skip(f"no kernel variant for this CPU, the kernel is never compiled: {cpu_build.why_unavailable()}")
         why = "compiling"
     done = subprocess.run(
         [sys.executable, "-c", SNIPPET], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=120
@@ -247,7 +244,7 @@ def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type, weights
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
     assert model.act_dtype == torch.float32
     if weights == "q4_1":  # every layer matrix quantised to Q4_1 blocks (Qwen2's q/k/v bias kept)
-        from engine.model.transformer import quantize_q4_1
+        from engine.model.weights import quantize_q4_1
 
         assert quantize_q4_1(model) == 4 * model.cfg.num_layers
     prompt = list(range(3, 40))
@@ -324,14 +321,15 @@ def test_layer_stack_equals_the_per_layer_path(variant, weights, kv):
     drafter's)."""
     from conftest import tiny_hf_model
 
-    from engine.model.transformer import ModelConfig, Transformer, quantize_q4_1
+    from engine.model.transformer import ModelConfig, Transformer
+    from engine.model.weights import quantize_q4_1
 
     hf = tiny_hf_model("qwen2", 512, 0)  # q/k/v bias: the biased product path too
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16, int8=weights == "int8")
     if weights == "q4_1":
         quantize_q4_1(model)
     if weights == "q4_1b":
-        quantize_q4_1(model, cpu_kernels.PackedQ4_1BWeight)
+        quantize_q4_1(model, cpu_packed.PackedQ4_1BWeight)
     if kv == "bf16":
         model.attention_dtype = torch.bfloat16
     assert model._layer_stack() is not None
@@ -407,13 +405,15 @@ TEAM_SNIPPET = """
 import sys, torch
 sys.path.insert(0, "tests")
 from conftest import tiny_hf_model
-from engine.kernels import cpu_kernels
-from engine.model.transformer import ModelConfig, Transformer, quantize_q4_1
+from engine.kernels import cpu_build
+from engine.model import chains
+from engine.model.transformer import ModelConfig, Transformer
+from engine.model.weights import quantize_q4_1
 torch.set_num_threads(int(sys.argv[3]))  # the kernels' team is torch's libgomp's
 torch.manual_seed(0)
 hf = tiny_hf_model("llama", 512, 0)
 out = []
-with cpu_kernels.using(sys.argv[2]):
+with cpu_build.using(sys.argv[2]):
     for weights in ("bf16", "q4_1"):
         model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
         if weights == "q4_1":
@@ -423,8 +423,8 @@ with cpu_kernels.using(sys.argv[2]):
         for step in range(6):
             new = torch.tensor([5 + step, 9, 11, 2, 7, 13, 4][: 1 + step])
             out.append(model.run_pass(new, torch.arange(cache.length, cache.length + len(new)), cache).logits)
-        if model.greedy_chain_ready(cache):
-            out.append(model.greedy_chain(5, cache, 4)[0])
+        if chains.greedy_chain_ready(model, cache):
+            out.append(chains.greedy_chain(model, 5, cache, 4)[0])
 torch.save(out, sys.argv[1])
 """
 
@@ -492,10 +492,10 @@ def test_swiglu_matches_torch(variant):
     """The kernels' SwiGLU against torch's silu(gate) * up, over the range where exp matters."""
     gate_up = torch.randn(5, 2 * 77, generator=torch.Generator().manual_seed(3)) * 6
     gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])
-    got = cpu_kernels.swiglu(gate_up)
+    got = cpu_calls.swiglu(gate_up)
     ref = torch.nn.functional.silu(gate_up[:, :77]) * gate_up[:, 77:]
     torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
-    assert torch.equal(cpu_kernels.swiglu(gate_up[2:3].contiguous()), got[2:3])  # rows on their own
+    assert torch.equal(cpu_calls.swiglu(gate_up[2:3].contiguous()), got[2:3])  # rows on their own
 
 
 @pytest.mark.parametrize("tokens,length", [(1, 7), (1, 1000), (5, 130), (16, 400), (40, 40), (64, 300)])
@@ -513,7 +513,7 @@ def test_attention_matches_torch(variant, tokens, length, dim, tree):
         own = torch.zeros(tokens, length, dtype=torch.bool)
         own[:, length - tokens :] = torch.eye(tokens, dtype=torch.bool)  # every token sees itself
         mask &= keep | own
-    got = cpu_kernels.attend_few(q, k, v, length, mask if tree else None)  # [T, H D]
+    got = cpu_calls.attend_few(q, k, v, length, mask if tree else None)  # [T, H D]
     ref = torch.nn.functional.scaled_dot_product_attention(
         q[None], k[None, :, :length], v[None, :, :length], attn_mask=mask[None, None], enable_gqa=True
     )[0]  # [H, T, D]
@@ -538,12 +538,12 @@ def test_attention_rows_do_not_depend_on_the_pass(variant, tokens, hole):
     if hole is not None:
         mask[tokens - 1, hole] = False
     for rows in (None, mask):
-        together = cpu_kernels.attend_few(q, k, v, length, rows)  # [T, H D]
+        together = cpu_calls.attend_few(q, k, v, length, rows)  # [T, H D]
         for t in range(tokens):
             if rows is None:
-                alone = cpu_kernels.attend_few(q[:, t : t + 1], k, v, length - tokens + t + 1)
+                alone = cpu_calls.attend_few(q[:, t : t + 1], k, v, length - tokens + t + 1)
             else:
-                alone = cpu_kernels.attend_few(q[:, t : t + 1], k, v, length, rows[t : t + 1].contiguous())
+                alone = cpu_calls.attend_few(q[:, t : t + 1], k, v, length, rows[t : t + 1].contiguous())
             assert torch.equal(alone[0], together[t]), (t, rows is None)
 
 
@@ -562,11 +562,11 @@ def test_attention_reads_a_bf16_cache_as_its_float32_values(variant, tokens, len
     if tree:
         mask = torch.rand(tokens, length, generator=gen) < 0.6
         mask[:, 0] = True
-    got = cpu_kernels.attend_few(q, k, v, length, mask)
-    want = cpu_kernels.attend_few(q, k.float(), v.float(), length, mask)
+    got = cpu_calls.attend_few(q, k, v, length, mask)
+    want = cpu_calls.attend_few(q, k.float(), v.float(), length, mask)
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="float32 or bf16"):
-        cpu_kernels.attend_few(q, k, v.float(), length, mask)
+        cpu_calls.attend_few(q, k, v.float(), length, mask)
 
 
 def test_rope_and_store_rounds_keys_and_values_into_a_bf16_cache(variant):
@@ -582,8 +582,8 @@ def test_rope_and_store_rounds_keys_and_values_into_a_bf16_cache(variant):
         torch.zeros(kv_heads, 32, dim, dtype=torch.bfloat16),
         torch.zeros(kv_heads, 32, dim, dtype=torch.bfloat16),
     )
-    q32 = cpu_kernels.rope_and_store(qkv, cos, sin, k32, v32, start, heads)
-    q16 = cpu_kernels.rope_and_store(qkv, cos, sin, k16, v16, start, heads)
+    q32 = cpu_calls.rope_and_store(qkv, cos, sin, k32, v32, start, heads)
+    q16 = cpu_calls.rope_and_store(qkv, cos, sin, k16, v16, start, heads)
     assert torch.equal(q32, q16)
     assert torch.equal(k16.view(torch.int16), k32.to(torch.bfloat16).view(torch.int16))
     assert torch.equal(v16.view(torch.int16), v32.to(torch.bfloat16).view(torch.int16))
@@ -594,9 +594,9 @@ def test_rope_and_store_rounds_keys_and_values_into_a_bf16_cache(variant):
 
 @pytest.fixture
 def fresh_choice(monkeypatch):
-    """cpu_kernels with no choice made yet (restored afterwards); nothing compiled unless a
+    """cpu_build with no choice made yet (restored afterwards); nothing compiled unless a
     test lets it."""
-    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setattr(cpu_build, "_state", {})
     monkeypatch.delenv("SPECLENS_CPU_KERNEL", raising=False)
     return monkeypatch
 
@@ -605,53 +605,53 @@ AVX2_ONLY = {"fpu", "sse2", "avx", "avx2", "fma", "f16c"}
 
 
 def test_an_avx2_cpu_gets_the_avx2_variant_and_says_why(fresh_choice):
-    fresh_choice.setattr(cpu_kernels, "_cpu_flags", lambda: AVX2_ONLY)
-    fresh_choice.setattr(cpu_kernels, "_is_x86", lambda: True)
-    fresh_choice.setattr(cpu_kernels, "_build", lambda name: pytest.fail(f"built {name}") if name != "avx2" else None)
-    fresh_choice.setattr(cpu_kernels, "_self_check", lambda lib: None)
+    fresh_choice.setattr(cpu_build, "_cpu_flags", lambda: AVX2_ONLY)
+    fresh_choice.setattr(cpu_build, "_is_x86", lambda: True)
+    fresh_choice.setattr(cpu_build, "_build", lambda name: pytest.fail(f"built {name}") if name != "avx2" else None)
+    fresh_choice.setattr(cpu_build, "_self_check", lambda lib: None)
     # (the fake avx2 library is None: load_variant stores it, _choose reports it)
-    name, _, reason = cpu_kernels._choose()
+    name, _, reason = cpu_build._choose()
     assert name == "avx2"
     assert "fallback" in reason and "avx512bf16: this CPU lacks avx512f" in reason and "avx512_bf16" in reason
 
 
 def test_a_forced_variant_the_cpu_lacks_leaves_torch_with_the_reason(fresh_choice):
-    fresh_choice.setattr(cpu_kernels, "_cpu_flags", lambda: AVX2_ONLY)
-    fresh_choice.setattr(cpu_kernels, "_is_x86", lambda: True)
+    fresh_choice.setattr(cpu_build, "_cpu_flags", lambda: AVX2_ONLY)
+    fresh_choice.setattr(cpu_build, "_is_x86", lambda: True)
     fresh_choice.setenv("SPECLENS_CPU_KERNEL", "avx512bf16")
-    assert not cpu_kernels.available()
-    why = cpu_kernels.why_unavailable()
+    assert not cpu_build.available()
+    why = cpu_build.why_unavailable()
     assert "SPECLENS_CPU_KERNEL=avx512bf16" in why and "lacks" in why
-    assert cpu_kernels.describe() == {"variant": None, "label": "torch's ops", "reason": why}
+    assert cpu_build.describe() == {"variant": None, "label": "torch's ops", "reason": why}
 
 
 @pytest.mark.parametrize("machine", ["aarch64", "arm64"])
 def test_arm64_falls_back_without_calling_the_compiler(fresh_choice, machine):
-    fresh_choice.setattr(cpu_kernels.platform, "machine", lambda: machine)
-    fresh_choice.setattr(cpu_kernels, "_build", lambda name: pytest.fail("no x86 flags on ARM"))
+    fresh_choice.setattr(cpu_build.platform, "machine", lambda: machine)
+    fresh_choice.setattr(cpu_build, "_build", lambda name: pytest.fail("no x86 flags on ARM"))
     for setting in ("auto", "avx2"):
-        fresh_choice.setattr(cpu_kernels, "_state", {})
+        fresh_choice.setattr(cpu_build, "_state", {})
         fresh_choice.setenv("SPECLENS_CPU_KERNEL", setting)
-        assert not cpu_kernels.available() and cpu_kernels.variant() is None
-        assert machine in cpu_kernels.why_unavailable() and "x86-64 only" in cpu_kernels.why_unavailable()
+        assert not cpu_build.available() and cpu_build.variant() is None
+        assert machine in cpu_build.why_unavailable() and "x86-64 only" in cpu_build.why_unavailable()
 
 
 def test_a_cpu_without_avx2_gets_no_variant(fresh_choice):
-    fresh_choice.setattr(cpu_kernels, "_cpu_flags", lambda: {"fpu", "sse2", "sse4_2", "avx"})
-    fresh_choice.setattr(cpu_kernels, "_is_x86", lambda: True)
-    fresh_choice.setattr(cpu_kernels, "_build", lambda name: pytest.fail("nothing to build"))
-    assert not cpu_kernels.available()
-    assert "no kernel variant runs here" in cpu_kernels.why_unavailable()
-    assert "avx2: this CPU lacks avx2, fma" in cpu_kernels.why_unavailable()
+    fresh_choice.setattr(cpu_build, "_cpu_flags", lambda: {"fpu", "sse2", "sse4_2", "avx"})
+    fresh_choice.setattr(cpu_build, "_is_x86", lambda: True)
+    fresh_choice.setattr(cpu_build, "_build", lambda name: pytest.fail("nothing to build"))
+    assert not cpu_build.available()
+    assert "no kernel variant runs here" in cpu_build.why_unavailable()
+    assert "avx2: this CPU lacks avx2, fma" in cpu_build.why_unavailable()
 
 
 def test_dtype_auto_is_bf16_wherever_a_kernel_runs(monkeypatch):
     from engine.model import loading as models
 
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)
-    monkeypatch.setattr(cpu_kernels, "available", lambda: True)
+    monkeypatch.setattr(cpu_build, "available", lambda: True)
     assert models.resolve_dtype("auto") == torch.bfloat16
-    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    monkeypatch.setattr(cpu_build, "available", lambda: False)
     assert models.resolve_dtype("auto") == torch.float32
     assert models.resolve_dtype("auto", "cuda") == torch.bfloat16
     assert models.resolve_dtype("float32") == torch.float32
@@ -659,22 +659,22 @@ def test_dtype_auto_is_bf16_wherever_a_kernel_runs(monkeypatch):
 
 VARIANT_SNIPPET = """
 import torch
-from engine.kernels import cpu_kernels
+from engine.kernels import cpu_build
 from engine.model.loading import resolve_dtype
-from engine.model.transformer import Linear
+from engine.model.weights import Linear
 lin = Linear(torch.randn(32, 64).to(torch.bfloat16))
-print("VARIANT:", cpu_kernels.variant(), lin._kernel is not None, resolve_dtype("auto"))
-print("DESCRIBE:", cpu_kernels.describe())
+print("VARIANT:", cpu_build.variant(), lin._kernel is not None, resolve_dtype("auto"))
+print("DESCRIBE:", cpu_build.describe())
 """
 
 
 @pytest.mark.parametrize("setting", ["avx2", "bogus"])
 def test_speclens_cpu_kernel_forces_a_variant(setting):
     """SPECLENS_CPU_KERNEL=<variant> runs that variant; an unknown value is ignored with a note."""
-    if setting == "avx2" and cpu_kernels.variant_support("avx2") is not None:
-        pytest.skip(cpu_kernels.variant_support("avx2"))
-    if setting == "bogus" and not cpu_kernels.available():
-        pytest.skip(f"no kernel here: {cpu_kernels.why_unavailable()}")
+    if setting == "avx2" and cpu_build.variant_support("avx2") is not None:
+        pytest.skip(cpu_build.variant_support("avx2"))
+    if setting == "bogus" and not cpu_build.available():
+        pytest.skip(f"no kernel here: {cpu_build.why_unavailable()}")
     env = {**os.environ, "SPECLENS_CPU_KERNEL": setting}
     done = subprocess.run(
         [sys.executable, "-c", VARIANT_SNIPPET], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
@@ -748,57 +748,55 @@ def test_q4_1_matches_the_dequantised_product(variant, rows, n_in, n_out, with_b
     inputs)."""
     q, d, m = _q4_1_fields(n_out, n_in, seed=1)
     b = _bf16(n_out, seed=3) if with_bias else None
-    packed = cpu_kernels.PackedQ4_1Weight(q, d, m, b)
+    packed = cpu_packed.PackedQ4_1Weight(q, d, m, b)
     w = _dequantised(q, d, m)
     assert torch.equal(packed.unpack(), w)
     x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.1, 30.0, n_in)
     bias = b.double() if b is not None else 0
-    got = _assert_q4_product(cpu_kernels.skinny_gemm_q4_1, packed, w, x, bias)
+    got = _assert_q4_product(cpu_calls.skinny_gemm_q4_1, packed, w, x, bias)
     exact = x.double() @ w.double().t() + bias
     assert float((got.double() - exact).abs().max() / exact.abs().max()) < 2e-2
 
 
 def test_q4_1_quantises_any_matrix_and_pads_odd_widths(variant):
     w = torch.randn(50, 70, generator=torch.Generator().manual_seed(5))  # 70 inputs: padded to 96
-    packed = cpu_kernels.PackedQ4_1Weight.quantize(w)
+    packed = cpu_packed.PackedQ4_1Weight.quantize(w)
     deq = packed.unpack()
     blocks = torch.nn.functional.pad(w, (0, 26)).view(50, 3, 32)  # zero padding takes part in min / max
     step = ((blocks.amax(2) - blocks.amin(2)) / 15).repeat_interleave(32, 1)[:, :70]
     assert deq.shape == (50, 70) and bool(((deq - w).abs() <= 0.51 * step + 2e-3).all())  # half a step
     x = torch.randn(3, 70, generator=torch.Generator().manual_seed(6))
     torch.testing.assert_close(
-        cpu_kernels.skinny_gemm_q4_1(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
+        cpu_calls.skinny_gemm_q4_1(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
     )
 
 
-@pytest.mark.parametrize("kind", ["q4_1", "q4_1b", "q2b"])
-def test_4_and_2_bit_products_give_the_same_bits_on_every_variant(kind):
-    """Integer sums, one quantisation of x (per 16 inputs) and the same float ops per lane: the Q4_1, Q4_1B and
-    Q2B products do not depend on the instruction set (bf16's does, in the last bits)."""
-    names = [n for n in cpu_kernels.VARIANTS if cpu_kernels.variant_support(n) is None]
+@pytest.mark.parametrize("kind", ["q4_1", "q4_1b"])
+def test_4_bit_products_give_the_same_bits_on_every_variant(kind):
+    """Integer sums, one quantisation of x (per 16 inputs) and the same float ops per lane: the Q4_1 and Q4_1B
+    products do not depend on the instruction set (bf16's does, in the last bits)."""
+    names = [n for n in cpu_build.VARIANTS if cpu_build.variant_support(n) is None]
     if len(names) < 2:
         pytest.skip(f"fewer than two variants here ({names})")
     b = _bf16(960, seed=9)
     if kind == "q4_1":
-        packed, product = cpu_kernels.PackedQ4_1Weight(*_q4_1_fields(960, 576, seed=8), b), cpu_kernels.skinny_gemm_q4_1
-    elif kind == "q4_1b":
-        packed = cpu_kernels.PackedQ4_1BWeight(*_q4_1_fields(960, 576, seed=8, gguf_like=True), b)
-        product = cpu_kernels.skinny_gemm_q4_1b
+        packed, product = cpu_packed.PackedQ4_1Weight(*_q4_1_fields(960, 576, seed=8), b), cpu_calls.skinny_gemm_q4_1
     else:
-        packed, product = cpu_kernels.PackedQ2BWeight(*_q2b_fields(960, 576, seed=8), b), cpu_kernels.skinny_gemm_q2b
+        packed = cpu_packed.PackedQ4_1BWeight(*_q4_1_fields(960, 576, seed=8, gguf_like=True), b)
+        product = cpu_calls.skinny_gemm_q4_1b
     x = torch.randn(7, 576, generator=torch.Generator().manual_seed(10)) * torch.linspace(0.1, 30.0, 576)
     outs = []
     for name in names:
-        with cpu_kernels.using(name):
+        with cpu_build.using(name):
             outs.append(product(x, packed))
     assert all(torch.equal(outs[0], other) for other in outs[1:]), names
 
 
-@pytest.mark.parametrize("packing", ["Q4_1", "Q4_1B", "Q2B"])
+@pytest.mark.parametrize("packing", ["Q4_1", "Q4_1B"])
 @pytest.mark.parametrize("rows,n_in,n_out,top", [(1, 576, 960, 32), (7, 576, 200, 8), (3, 70, 50, 64), (2, 64, 40, 1)])
 def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n_in, n_out, top, packing):
-    """head_q4_rescored's contract, bit for bit: each row's `top` best outputs of the 4-bit (or 2-bit) product
-    (Q4_1, Q4_1B or Q2B: its own blocks' product; value
+    """head_q4_rescored's contract, bit for bit: each row's `top` best outputs of the 4-bit product
+    (Q4_1 or Q4_1B: its own blocks' product; value
     descending, the lower index first among equals) hold the int8 product's values (x quantised per row to
     int16, as skinny_gemm_int8w), every other output the Q4_1 product's; fused RMSNorm and bf16 x alike;
     a row's result does not depend on the other rows; top >= n_out re-scores every output (the whole int8
@@ -808,37 +806,33 @@ def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n
     w[:, :3] *= 8.0  # a few strong inputs, as a model's output projection has
     x = torch.randn(rows, n_in, generator=gen) * torch.linspace(0.2, 3.0, n_in)
     x[0, 5] = 40.0  # an outlier: the int16 rows' scale follows it
-    packing = {
-        "Q4_1": cpu_kernels.PackedQ4_1Weight,
-        "Q4_1B": cpu_kernels.PackedQ4_1BWeight,
-        "Q2B": cpu_kernels.PackedQ2BWeight,
-    }[packing]
-    head = cpu_kernels.RescoredQ4Head(w, top, packing)
+    packing = {"Q4_1": cpu_packed.PackedQ4_1Weight, "Q4_1B": cpu_packed.PackedQ4_1BWeight}[packing]
+    head = cpu_packed.RescoredQ4Head(w, top, packing)
     assert isinstance(head.q4, packing)
-    q, scale = cpu_kernels.int8_per_channel(w)
-    int8 = cpu_kernels.PackedInt8Weight(q, scale)
+    q, scale = cpu_packed.int8_per_channel(w)
+    int8 = cpu_packed.PackedInt8Weight(q, scale)
     g = torch.rand(n_in, generator=gen) + 0.5
     for xin, norm in ((x, None), (x, g), (x.to(torch.bfloat16), None)):
-        got = cpu_kernels.head_q4_rescored(xin, head, norm, 1e-5)
-        q4_only = cpu_kernels.skinny_gemm_bf16(xin, head.q4, torch.float32, norm, 1e-5)  # (dispatches on the kind)
+        got = cpu_calls.head_q4_rescored(xin, head, norm, 1e-5)
+        q4_only = cpu_calls.skinny_gemm_bf16(xin, head.q4, torch.float32, norm, 1e-5)  # (dispatches on the kind)
         if norm is not None and n_in % 32:  # padded to Q4_1's groups: the rows are normalised by torch first
             xn = torch.nn.functional.rms_norm(xin, (n_in,), norm, 1e-5)
-            int8_all = cpu_kernels.skinny_gemm_int8w(xn, int8, torch.float32)
+            int8_all = cpu_calls.skinny_gemm_int8w(xn, int8, torch.float32)
         else:
-            int8_all = cpu_kernels.skinny_gemm_int8w(xin, int8, torch.float32, norm, 1e-5)
+            int8_all = cpu_calls.skinny_gemm_int8w(xin, int8, torch.float32, norm, 1e-5)
         best = torch.sort(q4_only, dim=1, descending=True, stable=True).indices[:, :top]  # [rows, top]
         want = q4_only.clone()
         want.scatter_(1, best, int8_all.gather(1, best))
         assert got.shape == (rows, n_out) and torch.equal(got, want), (xin.dtype, norm is not None)
         for t in range(rows):  # rows are independent
-            assert torch.equal(cpu_kernels.head_q4_rescored(xin[t : t + 1], head, norm, 1e-5)[0], got[t])
-    whole = cpu_kernels.RescoredQ4Head(w, n_out + 5, packing)
-    assert torch.equal(cpu_kernels.head_q4_rescored(x, whole), cpu_kernels.skinny_gemm_int8w(x, int8, torch.float32))
-    with pytest.raises(ValueError, match="as Q4_1, Q4_1B or Q2B"):
-        cpu_kernels.RescoredQ4Head(w, 4, cpu_kernels.PackedInt8Weight)
+            assert torch.equal(cpu_calls.head_q4_rescored(xin[t : t + 1], head, norm, 1e-5)[0], got[t])
+    whole = cpu_packed.RescoredQ4Head(w, n_out + 5, packing)
+    assert torch.equal(cpu_calls.head_q4_rescored(x, whole), cpu_calls.skinny_gemm_int8w(x, int8, torch.float32))
+    with pytest.raises(ValueError, match="as Q4_1 or Q4_1B"):
+        cpu_packed.RescoredQ4Head(w, 4, cpu_packed.PackedInt8Weight)
     for bad in (0, 1025):
         with pytest.raises(ValueError, match="between 1 and 1024"):
-            cpu_kernels.RescoredQ4Head(w, bad)
+            cpu_packed.RescoredQ4Head(w, bad)
 
 
 def test_rescored_q4_head_breaks_ties_by_index(variant):
@@ -847,15 +841,15 @@ def test_rescored_q4_head_breaks_ties_by_index(variant):
     w = torch.zeros(200, 64)
     w[:, 0] = 1.0  # every output equal (one strong input)
     w[150, 0] = 2.0  # one best output, far along
-    head = cpu_kernels.RescoredQ4Head(w, 4)
+    head = cpu_packed.RescoredQ4Head(w, 4)
     x = torch.zeros(1, 64)
     x[0, 0] = 1.0
-    q4_only = cpu_kernels.skinny_gemm_q4_1(x, head.q4, torch.float32)
-    got = cpu_kernels.head_q4_rescored(x, head)
+    q4_only = cpu_calls.skinny_gemm_q4_1(x, head.q4, torch.float32)
+    got = cpu_calls.head_q4_rescored(x, head)
     changed = (got != q4_only).nonzero()[:, 1].tolist()
     assert set(changed) <= {150, 0, 1, 2}  # only the candidates may change
-    q, scale = cpu_kernels.int8_per_channel(w)
-    int8_all = cpu_kernels.skinny_gemm_int8w(x, cpu_kernels.PackedInt8Weight(q, scale), torch.float32)
+    q, scale = cpu_packed.int8_per_channel(w)
+    int8_all = cpu_calls.skinny_gemm_int8w(x, cpu_packed.PackedInt8Weight(q, scale), torch.float32)
     assert torch.equal(got[0, [150, 0, 1, 2]], int8_all[0, [150, 0, 1, 2]])
     assert torch.equal(got[0, 3:150], q4_only[0, 3:150])
 
@@ -870,26 +864,28 @@ def test_top_rows_are_the_best_entries_lower_index_first(variant):
     tied[[25000, 40, 41, 49151]] = 1.0
     tied[7] = float("nan")
     rows = [big[0], big[2], torch.softmax(torch.randn(49152, generator=gen) * 4, -1), tied]
-    got = cpu_kernels.top_rows(rows, 10)
+    got = cpu_calls.top_rows(rows, 10)
     for row, ids in zip(rows[:3], got[:3]):
         values, want = torch.topk(row, 10)
         assert ids == want.tolist() and torch.equal(row[ids], values)
     assert got[3][:4] == [40, 41, 25000, 49151] and 7 not in got[3]
     short = torch.randn(7, generator=gen)
-    assert cpu_kernels.top_rows([short], 10) == [torch.topk(short, 7).indices.tolist()]
-    assert cpu_kernels.top_rows([], 10) == []
+    assert cpu_calls.top_rows([short], 10) == [torch.topk(short, 7).indices.tolist()]
+    assert cpu_calls.top_rows([], 10) == []
     with pytest.raises(ValueError, match="float32 vectors of one length"):
-        cpu_kernels.top_rows([rows[0], short], 10)
+        cpu_calls.top_rows([rows[0], short], 10)
 
 
 def _chain_model(weights: str, vocab: int = 512):
     """A tiny model all on our kernels, its weights bf16, int8 (float32 activations, as the int8 drafter's),
-    q4 (the q4 drafter's: Q4_1B blocks), q4-q4_1 (the q4 drafter's on Q4_1 blocks) or q4-q2b (Q4_1B layers,
-    the head in Q2B with its best 128 re-scored), and a cache of 64 holding a 27-token prompt."""
+    q4 (the q4 drafter's: Q4_1B blocks) or q4-q4_1 (the q4 drafter's build on Q4_1 blocks, its head re-scored
+    alike), and a cache of 64 holding a 27-token prompt."""
     from conftest import tiny_hf_model
 
     from engine.drafters.model import q4_weights
+    from engine.model.loading import _state_from_transformer
     from engine.model.transformer import ModelConfig, Transformer
+    from engine.model.weights import RescoredQ4Linear, quantize_q4_1
 
     hf = tiny_hf_model("llama", vocab, 0)
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
@@ -898,17 +894,18 @@ def _chain_model(weights: str, vocab: int = 512):
     if weights == "q4":
         model = q4_weights(model)
     if weights == "q4-q4_1":
-        model = q4_weights(model, packing=cpu_kernels.PackedQ4_1Weight)
-    if weights == "q4-q2b":
-        model = q4_weights(model, head_packing=cpu_kernels.PackedQ2BWeight, head_top=128)
-        assert isinstance(model.lm_head.head.q4, cpu_kernels.PackedQ2BWeight) and model.lm_head.head.top == 128
+        target = model
+        model = Transformer(target.cfg, _state_from_transformer(target), torch.bfloat16)
+        quantize_q4_1(model, cpu_packed.PackedQ4_1Weight)
+        model.lm_head = RescoredQ4Linear(target.lm_head.weight, RescoredQ4Linear.TOP, cpu_packed.PackedQ4_1Weight)
+        model.attention_dtype = torch.bfloat16
     cache = model.new_cache(64)
-    assert model.greedy_chain_ready(cache)
+    assert chains.greedy_chain_ready(model, cache)
     model.prefill(list(range(3, 30)), cache)
     return model, cache
 
 
-@pytest.mark.parametrize("weights", ["bf16", "int8", "q4", "q4-q4_1", "q4-q2b"])
+@pytest.mark.parametrize("weights", ["bf16", "int8", "q4", "q4-q4_1"])
 def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
     """greedy_chain (a greedy drafter's n passes in one C call) gives, bit for bit, what n one-token
     run_pass calls at consecutive slots give, each fed the argmax of the last: the logits, the tokens and
@@ -919,7 +916,7 @@ def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
     model, cache = _chain_model(weights)
     for start in (cache.length, cache.length + 1):
         cache.length = start
-        logits, tokens = model.greedy_chain(11, cache, 6)
+        logits, tokens = chains.greedy_chain(model, 11, cache, 6)
         chain_k, chain_v = cache.k.clone(), cache.v.clone()
         assert cache.length == start + 6 and logits.shape == (6, 512)
         cache.length = start
@@ -934,10 +931,10 @@ def test_greedy_chain_is_one_token_passes_and_their_argmax(variant, weights):
         assert torch.equal(cache.v[:, :, : start + 6], chain_v[:, :, : start + 6])
     cache.length = 60
     with pytest.raises(ValueError, match="exceeds the KV cache capacity"):
-        model.greedy_chain(11, cache, 6)
+        chains.greedy_chain(model, 11, cache, 6)
     cache.length = 30
     with pytest.raises(ValueError, match="a token id below 512"):
-        model.greedy_chain(512, cache, 2)
+        chains.greedy_chain(model, 512, cache, 2)
 
 
 def _inverse_cdf(q: torch.Tensor, u: float) -> int:
@@ -948,7 +945,7 @@ def _inverse_cdf(q: torch.Tensor, u: float) -> int:
     return index_at(q, cdf, cdf[-1].item(), u)
 
 
-@pytest.mark.parametrize("weights,vocab", [("bf16", 512), ("int8", 512), ("q4", 512), ("q4-q2b", 512), ("bf16", 528)])
+@pytest.mark.parametrize("weights,vocab", [("bf16", 512), ("int8", 512), ("q4", 512), ("bf16", 528)])
 def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights, vocab):
     """sampled_chain (a sampled drafter's n passes in one C call, temperature alone): its logits are, bit for
     bit, n one-token run_pass calls' fed the chain's own tokens, and so is the cache; each q row is
@@ -961,7 +958,7 @@ def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights, vo
     model, cache = _chain_model(weights, vocab)
     start, temperature = cache.length, 1.3
     u = torch.tensor([0.0, 0.37, 1.0 - 2.0**-53, 0.9, 0.05, 0.61], dtype=torch.float64)
-    logits, q, tokens = model.sampled_chain(11, cache, 6, temperature, u)
+    logits, q, tokens = chains.sampled_chain(model, 11, cache, 6, temperature, u)
     chain_k, chain_v = cache.k.clone(), cache.v.clone()
     assert cache.length == start + 6 and logits.shape == q.shape == (6, vocab)
     cache.length = start
@@ -980,7 +977,9 @@ def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights, vo
     draws = torch.zeros(vocab)
     for _ in range(3000):
         cache.length = start
-        _, q0, (t,) = model.sampled_chain(11, cache, 1, temperature, torch.rand(1, generator=gen, dtype=torch.float64))
+        _, q0, (t,) = chains.sampled_chain(
+            model, 11, cache, 1, temperature, torch.rand(1, generator=gen, dtype=torch.float64)
+        )
         draws[t] += 1
 
     def p_value(probs: torch.Tensor) -> float:
@@ -995,14 +994,14 @@ def test_sampled_chain_is_one_token_passes_and_draws_from_q(variant, weights, vo
     assert p_value(q0[0]) > 1e-3
     assert p_value(torch.softmax(logits[0] / (temperature * 1.5), -1)) < 1e-6  # the control
     with pytest.raises(ValueError, match="temperature > 0"):
-        model.sampled_chain(11, cache, 2, 0.0, u[:2])
+        chains.sampled_chain(model, 11, cache, 2, 0.0, u[:2])
     with pytest.raises(ValueError, match="temperature > 0"):
-        model.sampled_chain(11, cache, 2, 1e-50, u[:2])  # 0 as a float32
+        chains.sampled_chain(model, 11, cache, 2, 1e-50, u[:2])  # 0 as a float32
     cache.length = start
     with pytest.raises(ValueError, match="NaN or infinite logit"):
-        model.sampled_chain(11, cache, 2, 1e-38, u[:2])  # every logit / T beyond float32
+        chains.sampled_chain(model, 11, cache, 2, 1e-38, u[:2])  # every logit / T beyond float32
     with pytest.raises(ValueError, match="float64 uniforms"):
-        model.sampled_chain(11, cache, 2, 1.0, u[:3])
+        chains.sampled_chain(model, 11, cache, 2, 1.0, u[:3])
 
 
 def test_q4_1_reads_gguf_blocks():
@@ -1014,11 +1013,11 @@ def test_q4_1_reads_gguf_blocks():
         [d.view(torch.uint8).view(40, 3, 2), m.view(torch.uint8).view(40, 3, 2), qb[..., :16] | (qb[..., 16:] << 4)],
         dim=2,
     ).reshape(40, 60)
-    from_raw = cpu_kernels.PackedQ4_1Weight.from_gguf_blocks(raw, 96)
-    assert torch.equal(from_raw.data, cpu_kernels.PackedQ4_1Weight(q, d, m).data)
-    as_bytes = cpu_kernels.PackedQ4_1BWeight.from_gguf_blocks(raw, 96)
-    assert torch.equal(as_bytes.data, cpu_kernels.PackedQ4_1BWeight(q, d, m).data)
-    assert torch.equal(cpu_kernels.dequantize_q4_1(raw, 96), _dequantised(q, d, m))
+    from_raw = cpu_packed.PackedQ4_1Weight.from_gguf_blocks(raw, 96)
+    assert torch.equal(from_raw.data, cpu_packed.PackedQ4_1Weight(q, d, m).data)
+    as_bytes = cpu_packed.PackedQ4_1BWeight.from_gguf_blocks(raw, 96)
+    assert torch.equal(as_bytes.data, cpu_packed.PackedQ4_1BWeight(q, d, m).data)
+    assert torch.equal(cpu_packed.dequantize_q4_1(raw, 96), _dequantised(q, d, m))
 
 
 # ---- Q4_1B weights: Q4_1's nibbles, the scales in bytes (the q4 drafter's) ------------------------
@@ -1033,8 +1032,8 @@ def test_q4_1b_keeps_the_nibbles_and_codes_the_scales(variant, rows, n_in, n_out
     and with the fused RMSNorm alike."""
     q, d, m = _q4_1_fields(n_out, n_in, seed=1, gguf_like=True)
     b = _bf16(n_out, seed=3) if with_bias else None
-    packed = cpu_kernels.PackedQ4_1BWeight(q, d, m, b)
-    q4_1 = cpu_kernels.PackedQ4_1Weight(q, d, m, b)
+    packed = cpu_packed.PackedQ4_1BWeight(q, d, m, b)
+    q4_1 = cpu_packed.PackedQ4_1Weight(q, d, m, b)
     assert torch.equal(packed.data[..., 32:], q4_1.data[..., 64:])  # [out/16, in/32, 256] nibble bytes
     assert packed.nbytes == packed.data.numel() + 4 * packed.out_padded and packed.data.shape[2] == 288
     codes = packed.data[..., :16].permute(0, 2, 1).reshape(packed.out_padded, -1)[:n_out].float()  # [out, in/32]
@@ -1045,7 +1044,7 @@ def test_q4_1b_keeps_the_nibbles_and_codes_the_scales(variant, rows, n_in, n_out
     assert float((w - exact_w).norm() / exact_w.norm()) < 1e-2
     x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.1, 30.0, n_in)
     bias = b.double() if b is not None else 0
-    _assert_q4_product(cpu_kernels.skinny_gemm_q4_1b, packed, w, x, bias)
+    _assert_q4_product(cpu_calls.skinny_gemm_q4_1b, packed, w, x, bias)
 
 
 def test_q4_1b_quantises_any_matrix_and_pads_odd_widths(variant):
@@ -1056,7 +1055,7 @@ def test_q4_1b_quantises_any_matrix_and_pads_odd_widths(variant):
     w[3] = w[3].abs() + 1.0  # a row of positive blocks
     w[4] = -w[4].abs() - 1.0  # and of negative ones
     w[5, :32] = 0.0  # a zero block
-    packed = cpu_kernels.PackedQ4_1BWeight.quantize(w)
+    packed = cpu_packed.PackedQ4_1BWeight.quantize(w)
     deq = packed.unpack()
     blocks = torch.nn.functional.pad(w, (0, 26)).view(50, 3, 32)
     lo, hi = blocks.amin(2).clamp_max(0), blocks.amax(2).clamp_min(0)
@@ -1066,84 +1065,8 @@ def test_q4_1b_quantises_any_matrix_and_pads_odd_widths(variant):
     assert bool((deq[5, :32] == 0).all())
     x = torch.randn(3, 70, generator=torch.Generator().manual_seed(6))
     torch.testing.assert_close(
-        cpu_kernels.skinny_gemm_q4_1b(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
+        cpu_calls.skinny_gemm_q4_1b(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
     )
-
-
-# ---- Q2B weights: 2-bit, Q4_1B's byte scales (the q4 drafter's output projection) ------------------
-
-
-def _q2b_fields(n_out, n_in, seed):
-    """Random Q2B blocks: q uint8 [out, in] in 0..3, d float32 [out, in / 32] (a row's largest at most 9x its
-    smallest) and m = -d * (0.1 .. 3.1)."""
-    gen = torch.Generator().manual_seed(seed)
-    groups = n_in // 32
-    q = torch.randint(0, 4, (n_out, n_in), generator=gen, dtype=torch.uint8)
-    d = torch.rand(n_out, groups, generator=gen) / 8 + 1 / 64
-    return q, d, -d * (0.1 + 3 * torch.rand(n_out, groups, generator=gen))
-
-
-@pytest.mark.parametrize("rows,n_in,n_out", [(1, 576, 960), (5, 1536, 40), (16, 64, 200), (3, 96, 7)])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_q2b_packs_crumbs_and_multiplies_what_it_unpacks(variant, rows, n_in, n_out, with_bias):
-    """The layout, byte for byte: per block dc[16], mc[16] (d = dc * the row's step, its largest d / 255; m =
-    -d * mc / 16), then chunk c byte [l][e] = q[4c + e] | q[4c + 8 + e] << 2 | q[16 + 4c + e] << 4 |
-    q[16 + 4c + 8 + e] << 6 of output l; unpack() is dc * step * (q - mc / 16); and the product is x
-    (quantised per 16 inputs, as Q4_1's) times that, up to float32 rounding, bf16 x and the fused RMSNorm
-    alike."""
-    q, d, m = _q2b_fields(n_out, n_in, seed=1)
-    b = _bf16(n_out, seed=3) if with_bias else None
-    packed = cpu_kernels.PackedQ2BWeight(q, d, m, b)
-    assert (
-        packed.data.shape == (packed.out_padded // 16, n_in // 32, 160)
-        and packed.nbytes == packed.data.numel() + 4 * packed.out_padded
-    )
-    step = d.max(dim=1).values / 255  # [out]
-    dc = torch.round(d / step[:, None])
-    mc = torch.round(-16 * m / (dc * step[:, None])).clamp(0, 255)
-    blocks, groups = packed.data.shape[:2]
-    codes = packed.data[..., :32].reshape(blocks, groups, 2, 16).permute(0, 3, 2, 1)  # [ob, l, dc / mc, g]
-    codes = codes.reshape(packed.out_padded, 2, groups)[:n_out]
-    assert torch.equal(codes[:, 0].float(), dc) and torch.equal(codes[:, 1].float(), mc)
-    qp = torch.nn.functional.pad(q, (0, 0, 0, packed.out_padded - n_out)).long()
-    qv = qp.view(-1, 16, n_in // 32, 2, 2, 2, 4)  # [ob, l, g, h, k, c, e]
-    crumbs = qv[:, :, :, 0, 0] | qv[:, :, :, 0, 1] << 2 | qv[:, :, :, 1, 0] << 4 | qv[:, :, :, 1, 1] << 6
-    assert torch.equal(packed.data[..., 32:].long(), crumbs.permute(0, 2, 3, 1, 4).reshape(-1, n_in // 32, 128))
-    d2 = (dc * step[:, None]).repeat_interleave(32, 1)
-    w = d2 * (q.float() - (mc / 16).repeat_interleave(32, 1))
-    torch.testing.assert_close(packed.unpack(), w, rtol=1e-6, atol=1e-7)
-    x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.1, 30.0, n_in)
-    bias = b.double() if b is not None else 0
-    _assert_q4_product(cpu_kernels.skinny_gemm_q2b, packed, packed.unpack(), x, bias)
-
-
-def test_q2b_fits_any_matrix_by_weighted_least_squares(variant):
-    """quantize: odd widths padded (70 inputs to 96), a zero block stays zero, blocks of one sign keep m in the
-    codes' range; the fit beats the plain range rule's error, and weighting inputs by `importance` lowers the
-    error where it is large (the inputs an output projection after an RMSNorm leans on) at the others' cost;
-    the product multiplies what unpack() gives. A negative or NaN importance is refused."""
-    gen = torch.Generator().manual_seed(5)
-    w = torch.randn(64, 70, generator=gen)
-    w[3] = w[3].abs() + 1.0  # a row of positive blocks
-    w[4] = -w[4].abs() - 1.0  # and of negative ones
-    w[5, :32] = 0.0  # a zero block
-    plain = cpu_kernels.PackedQ2BWeight.quantize(w, rounds=0)  # the range in 3 steps, nothing fitted
-    fitted = cpu_kernels.PackedQ2BWeight.quantize(w)
-    deq = fitted.unpack()
-    assert deq.shape == (64, 70) and bool((deq[5, :32] == 0).all())
-    err = lambda p, cols=slice(None): float((p.unpack() - w)[:, cols].square().mean())  # noqa: E731
-    assert err(fitted) < 0.9 * err(plain)
-    importance = torch.ones(70)
-    importance[:8] = 100.0
-    weighted = cpu_kernels.PackedQ2BWeight.quantize(w, importance=importance)
-    assert err(weighted, slice(0, 8)) < 0.7 * err(fitted, slice(0, 8))
-    x = torch.randn(3, 70, generator=gen)
-    torch.testing.assert_close(
-        cpu_kernels.skinny_gemm_q2b(x, fitted).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
-    )
-    for bad in (torch.full((70,), -1.0), torch.full((70,), float("nan"))):
-        with pytest.raises(ValueError, match="finite and non-negative"):
-            cpu_kernels.PackedQ2BWeight.quantize(w, importance=bad)
 
 
 @pytest.mark.real_model
@@ -1152,11 +1075,11 @@ def test_default_model_runs_on_its_gguf_q4_1_blocks():
     blocks: 123 MB of weights per pass instead of 269 MB in bf16, and greedy speculation
     reproduces the baseline bit for bit (the kernel is row-invariant; the n-gram drafter
     needs no weights, the tiny-model tests above cover its pass shapes)."""
-    if not cpu_kernels.available():
-        pytest.skip(f"no CPU kernel here: {cpu_kernels.why_unavailable()}")
+    if not cpu_build.available():
+        pytest.skip(f"no CPU kernel here: {cpu_build.why_unavailable()}")
     from engine import SpeculativeEngine
     from engine.model.loading import ModelLoadError, default_gguf_path
-    from engine.model.transformer import Q4Linear, use_gguf_q4_1
+    from engine.model.weights import Q4Linear, use_gguf_q4_1
     from engine.tools.parity import parity_check
 
     try:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.drafters.eagle import EagleHead, head_dir, head_state_names, load_head
-from engine.kernels import cpu_kernels
+from engine.kernels import cpu_build
 from engine.metrics import draft_token_cost
 from engine.tools.exactness import TEST_LEVEL, chi_square_test, pair_distribution, verify_children_ignoring_q
 from engine.tools.parity import parity_check
@@ -259,15 +259,15 @@ def test_eagle_on_the_real_model_accepts_and_is_cheap(real_engine):
 
 def test_eagle_never_drafts_through_the_token_chain(served_engine, monkeypatch):
     """EAGLE's passes feed fused features, not token embeddings: its greedy chains never go through
-    Transformer.greedy_chain (which knows only token passes; once they did, and its drafts were the head's
+    chains.greedy_chain (which knows only token passes; once they did, and its drafts were the head's
     guesses from the wrong rows: 1.00 tokens per pass in the bench), even on our bf16 CPU kernels, where the
     head's matrices are."""
-    from engine.model.transformer import Transformer
+    from engine.model import chains
 
-    def refuse(self, token, cache, n):
+    def refuse(model, token, cache, n):
         raise AssertionError("EAGLE went through greedy_chain")
 
-    monkeypatch.setattr(Transformer, "greedy_chain", refuse)
+    monkeypatch.setattr(chains, "greedy_chain", refuse)
     run = served_engine.run("Explain what a hash table is.", "eagle", max_new_tokens=48, k=4)
     assert run["metrics"]["tokens_per_pass"] > 1.1 and run["metrics"]["accepted"] > 0, run["metrics"]
 
@@ -282,7 +282,7 @@ def test_eagle_sampling_is_exact_on_the_real_model(served_engine, shape):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not cpu_kernels.available(), reason=f"CPU kernel unavailable: {cpu_kernels.why_unavailable()}")
+@pytest.mark.skipif(not cpu_build.available(), reason=f"CPU kernel unavailable: {cpu_build.why_unavailable()}")
 def test_bfloat16_eagle_parity_is_bitwise_on_our_cpu_kernels():
     from engine import SpeculativeEngine
 

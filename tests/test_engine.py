@@ -351,13 +351,13 @@ def test_a_long_chain_projects_only_the_rows_its_walk_reads(monkeypatch):
     from conftest import tiny_hf_model
 
     from engine.decode import SpeculativeEngine
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_build
     from engine.model import tree_pass
     from engine.model.loading import LoadedModel, load_model
     from engine.model.transformer import ModelConfig, Transformer
 
-    if not cpu_kernels.available():
-        pytest.skip(f"no CPU kernel here: {cpu_kernels.why_unavailable()}")
+    if not cpu_build.available():
+        pytest.skip(f"no CPU kernel here: {cpu_build.why_unavailable()}")
     hf = tiny_hf_model()
     model = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16)
     assert model.lm_head_on_kernel
@@ -459,30 +459,30 @@ def test_a_chain_that_a_confidence_stop_ends_runs_only_the_loops_passes(tiny_eng
     """With a confidence threshold, each greedy_chain call runs the levels the loop is sure to reach
     (TreeShape.sure_levels): the same tree and q as the pass-by-pass loop, and never a pass the loop would
     not run, whether the stop comes early, late or never and whether one call or several carry the chain."""
-    from engine.kernels import cpu_kernels
-    from engine.model.transformer import Transformer
+    from engine.kernels import cpu_build
+    from engine.model import chains
 
-    if not cpu_kernels.available():
-        pytest.skip(f"no CPU kernel: {cpu_kernels.why_unavailable()}")
+    if not cpu_build.available():
+        pytest.skip(f"no CPU kernel: {cpu_build.why_unavailable()}")
     target = tiny_engine.target.model
     prompt = [5, 9, 3, 7, 11, 2, 8, 4, 5, 9, 3, 7]
     cache = target.new_cache(64)
     target.prefill(prompt, cache)
     context = prompt + [11]  # the pending token
     calls = []
-    chain = Transformer.greedy_chain
+    chain = chains.greedy_chain
 
-    def counted(self, token, kv, n):
+    def counted(model, token, kv, n):
         calls.append(n)
-        return chain(self, token, kv, n)
+        return chain(model, token, kv, n)
 
     def propose(shape, fast: bool) -> tuple:
         drafter = tiny_engine.drafters.build("q4")
         drafter.start(prompt, 64, target_cache=cache)
         with monkeypatch.context() as m:
-            m.setattr(Transformer, "greedy_chain", counted)
+            m.setattr(chains, "greedy_chain", counted)
             if not fast:
-                m.setattr(Transformer, "greedy_chain_ready", lambda self, kv: False)
+                m.setattr(chains, "greedy_chain_ready", lambda model, kv: False)
             tree = drafter.propose(DraftContext(context, shape, SamplingParams(0.0)))
         drafter.close()
         q = [tree.q_dists[parent] for parent in [-1] + list(range(len(tree) - 1))]
@@ -512,35 +512,35 @@ def test_a_chain_that_a_confidence_stop_ends_runs_only_the_loops_passes(tiny_eng
     [("q4", {"k": 4}), ("q4", {"k": 6, "adaptive": True}), ("int8", {"k": 3}), ("int8", {"k": 5, "max_new_tokens": 7})],
 )
 def test_greedy_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatch, drafter, kw):
-    """A model drafter's greedy chain runs its passes in one C call (Transformer.greedy_chain) where every
+    """A model drafter's greedy chain runs its passes in one C call (chains.greedy_chain) where every
     matrix is on our kernels: every step event (drafted tokens, their q, decisions, passes, the stop reason)
     and the output equal the drafter's pass-by-pass loop's. q4 reads the target's keys and values (the pending
     token alone is fed), int8 catches up on its own (two tokens after a fully accepted chain); adaptive depth
     may stop a chain by confidence, and each call runs the levels the loop is sure to reach (several while the
     calibrated confidences cannot fall below the threshold: every level left at the first step)."""
-    from engine.kernels import cpu_kernels
-    from engine.model.transformer import Transformer
+    from engine.kernels import cpu_build
+    from engine.model import chains
 
-    if not cpu_kernels.available():
-        pytest.skip(f"no CPU kernel: {cpu_kernels.why_unavailable()}")
+    if not cpu_build.available():
+        pytest.skip(f"no CPU kernel: {cpu_build.why_unavailable()}")
     settings = {"max_new_tokens": 24, "chat": False, **kw}
     prompt = "a b c d a b c d a b c d e f"
     if kw.get("adaptive"):
         # K by the outcomes alone (transformers' schedule): the measured times differ between the two runs
         monkeypatch.setattr(tiny_engine.costs, "weighed_pass_ms", lambda *args, **kwargs: None)
     calls = []
-    chain = Transformer.greedy_chain
+    chain = chains.greedy_chain
 
-    def counted(self, token, cache, n):
+    def counted(model, token, cache, n):
         calls.append(n)
-        return chain(self, token, cache, n)
+        return chain(model, token, cache, n)
 
-    monkeypatch.setattr(Transformer, "greedy_chain", counted)
+    monkeypatch.setattr(chains, "greedy_chain", counted)
     fast = tiny_engine.run(prompt, drafter, **settings)
     assert calls, "the chain never ran"
     if kw.get("adaptive"):
         assert max(calls) > 1  # the first step: nothing verified yet, every tenth of q trusted fully
-    monkeypatch.setattr(Transformer, "greedy_chain_ready", lambda self, cache: False)
+    monkeypatch.setattr(chains, "greedy_chain_ready", lambda model, cache: False)
     loop = tiny_engine.run(prompt, drafter, **settings)
     assert fast["token_ids"] == loop["token_ids"] == tiny_engine.run(prompt, "none", **settings)["token_ids"]
     assert _steps_without_times(fast) == _steps_without_times(loop)
@@ -568,16 +568,16 @@ def _same_steps(a, b, path: str = "steps") -> None:
     [("q4", {"k": 4}), ("q4", {"k": 6, "adaptive": True}), ("q4", {"k": 5, "verify": "block"}), ("int8", {"k": 3})],
 )
 def test_sampled_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypatch, sampled_chain_calls, drafter, kw):
-    """A q4 or int8 chain sampled with a temperature alone runs its passes in one C call (Transformer.sampled_chain),
+    """A q4 or int8 chain sampled with a temperature alone runs its passes in one C call (chains.sampled_chain),
     each token drawn in C from q = softmax(logits / T) at a uniform from the run's generator, one per pass, as
     the loop draws them: with the same seed every step event (drafted tokens, decisions, passes, stops) equals
     the drafter's pass-by-pass loop's and its q to float32 rounding, and so does the output; with top-p set
     the loop runs (the chain knows only a temperature)."""
-    from engine.kernels import cpu_kernels
-    from engine.model.transformer import Transformer
+    from engine.kernels import cpu_build
+    from engine.model import chains
 
-    if not cpu_kernels.available():
-        pytest.skip(f"no CPU kernel: {cpu_kernels.why_unavailable()}")
+    if not cpu_build.available():
+        pytest.skip(f"no CPU kernel: {cpu_build.why_unavailable()}")
     settings = {"max_new_tokens": 24, "chat": False, "temperature": 0.9, "seed": 3, **kw}
     prompt = "a b c d a b c d a b c d e f"
     if kw.get("adaptive"):
@@ -588,7 +588,7 @@ def test_sampled_chains_in_one_call_are_the_drafters_loop(tiny_engine, monkeypat
     calls.clear()
     tiny_engine.run(prompt, drafter, **{**settings, "top_p": 0.9})
     assert not calls  # top-p: the loop
-    monkeypatch.setattr(Transformer, "greedy_chain_ready", lambda self, cache: False)
+    monkeypatch.setattr(chains, "greedy_chain_ready", lambda model, cache: False)
     loop = tiny_engine.run(prompt, drafter, **settings)
     assert fast["token_ids"] == loop["token_ids"]
     _same_steps(_steps_without_times(fast), _steps_without_times(loop))

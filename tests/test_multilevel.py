@@ -139,19 +139,19 @@ def test_q4_reads_the_committed_keys_and_values_from_the_target(served_engine, m
     values for the committed positions it did not feed itself (rounded to its bf16 cache); greedy output is still
     the baseline's."""
     from engine.drafters.model import ModelDrafter
-    from engine.model.transformer import Transformer
+    from engine.model import chains
 
     widths, seen = [], {}
     original_pass, original_accept = ModelDrafter.model_pass, ModelDrafter.accept
-    original_chain = Transformer.greedy_chain
+    original_chain = chains.greedy_chain
 
     def recording_pass(self, tokens, *args, **kwargs):
         widths.append(int(tokens.shape[0]))
         return original_pass(self, tokens, *args, **kwargs)
 
-    def recording_chain(self, token, cache, n):  # n one-token passes in one call (greedy chains)
+    def recording_chain(model, token, cache, n):  # n one-token passes in one call (greedy chains)
         widths.extend([1] * n)
-        return original_chain(self, token, cache, n)
+        return original_chain(model, token, cache, n)
 
     def recording_accept(self, verified):
         original_accept(self, verified)
@@ -159,7 +159,7 @@ def test_q4_reads_the_committed_keys_and_values_from_the_target(served_engine, m
 
     monkeypatch.setattr(ModelDrafter, "model_pass", recording_pass)
     monkeypatch.setattr(ModelDrafter, "accept", recording_accept)
-    monkeypatch.setattr(Transformer, "greedy_chain", recording_chain)
+    monkeypatch.setattr(chains, "greedy_chain", recording_chain)
     prompt = "Why do cats purr? Answer in a short paragraph."
     run = served_engine.run(prompt, "q4", k=4, max_new_tokens=24)
     assert run["token_ids"] == served_engine.run(prompt, "none", max_new_tokens=24)["token_ids"]
@@ -173,12 +173,12 @@ def test_q4_reads_the_committed_keys_and_values_from_the_target(served_engine, m
     int8 = served_engine.drafter("int8")
     assert not int8.needs.target_kv  # int8 computes its own (its recorded traces stay reproducible)
     # its weights: the GGUF's nibbles in Q4_1B blocks (scales in bytes), the head too: 0.28 of the target's bytes
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_packed
 
     model = served_engine.drafter("q4").model
     mats = [getattr(layer, attr) for layer in model.layers for attr in ("qkv", "o", "gate_up", "down")]
-    assert all(isinstance(m.packed, cpu_kernels.PackedQ4_1BWeight) for m in mats)
-    assert isinstance(model.lm_head.head.q4, cpu_kernels.PackedQ4_1BWeight)
+    assert all(isinstance(m.packed, cpu_packed.PackedQ4_1BWeight) for m in mats)
+    assert isinstance(model.lm_head.head.q4, cpu_packed.PackedQ4_1BWeight)
     read = sum(m.nbytes for m in mats) + model.lm_head.nbytes
     assert 0.27 < read / served_engine.target.model.weight_bytes < 0.29, read
 
@@ -187,10 +187,10 @@ def test_q4_of_a_target_without_a_gguf_quantises_it_and_keeps_greedy_parity(tiny
     """A target that does not come from a Q4_1 GGUF (here the tiny random one) gets its layers quantised by
     Q4_1B's rule (PackedQ4_1BWeight.quantize) for the q4 drafter; greedy output is the baseline's; without our CPU kernels q4 is
     refused with a message that says why."""
-    from engine.kernels import cpu_kernels
-    from engine.model.transformer import Q4Linear
+    from engine.kernels import cpu_build
+    from engine.model.weights import Q4Linear
 
-    if not cpu_kernels.available():
+    if not cpu_build.available():
         with pytest.raises(ValueError, match="CPU kernels"):
             tiny_engine.drafter("q4")
         return
@@ -262,12 +262,13 @@ def test_dry_rounds_count_up_and_a_proposal_inside_a_chain_ends_the_stretch(
     sets the count back to 0, none adds the chain's rounds to it."""
     from engine.drafters.model import ModelDrafter, q4_weights
     from engine.drafters.multilevel import DRY_ROUNDS
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_build
+    from engine.model import chains
 
-    if not cpu_kernels.available():
-        pytest.skip(f"greedy_chain needs our CPU kernels: {cpu_kernels.why_unavailable()}")
+    if not cpu_build.available():
+        pytest.skip(f"greedy_chain needs our CPU kernels: {cpu_build.why_unavailable()}")
     tiny_model = q4_weights(tiny_model)  # its layers in Q4_1: all on our kernels, as the q4 drafter's
-    assert tiny_model.greedy_chain_ready(tiny_model.new_cache(8))
+    assert chains.greedy_chain_ready(tiny_model, tiny_model.new_cache(8))
     context, k = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], DRY_ROUNDS + 3
     greedy = SamplingParams(temperature=0.0)
     plain = ModelDrafter(tiny_model, "tiny")

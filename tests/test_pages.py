@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import config
-from engine.kernels import cpu_kernels, pages
+from engine.kernels import cpu_build, cpu_calls, cpu_packed, pages
 from engine.model.transformer import KVCache, ModelConfig
 
 
@@ -83,7 +83,7 @@ def test_kernel_memory_is_advised_for_huge_pages_where_linux_has_them(monkeypatc
     if not _thp_usable():
         pytest.skip(f"no transparent huge pages to advise here ({pages.describe()})")
     w = torch.randn(64, 96)
-    packed = cpu_kernels.PackedWeight(w)
+    packed = cpu_packed.PackedWeight(w)
     eligible = _vma_of(packed.data.data_ptr()).get("THPeligible")
     if eligible is None:  # (older kernels' smaps do not say)
         pytest.skip("this kernel's /proc/self/smaps has no THPeligible field")
@@ -93,14 +93,14 @@ def test_kernel_memory_is_advised_for_huge_pages_where_linux_has_them(monkeypatc
     assert "2 MB" in pages.describe()
     monkeypatch.setenv("SPECLENS_HUGE_PAGES", "0")
     assert not config.huge_pages() and "SPECLENS_HUGE_PAGES=0" in pages.describe()
-    plain = cpu_kernels.PackedWeight(w)
+    plain = cpu_packed.PackedWeight(w)
     if pages._thp_mode() == "madvise":  # ("always" makes every large mapping eligible)
         assert _vma_of(plain.data.data_ptr()).get("THPeligible") != "1"
     assert pages.zeros((4, 4), torch.float32).untyped_storage().nbytes() == 64  # plain torch.zeros: no arena
     assert torch.equal(plain.data, packed.data)
-    if cpu_kernels.available():
+    if cpu_build.available():
         x = torch.randn(3, 96)
-        assert torch.equal(cpu_kernels.run_packed(x, plain), cpu_kernels.run_packed(x, packed))
+        assert torch.equal(cpu_calls.run_packed(x, plain), cpu_calls.run_packed(x, packed))
 
 
 def test_without_huge_pages_the_memory_is_plain_and_says_so(monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine.kernels import cpu_kernels
+from engine.kernels import cpu_build
 from engine.model.loading import DEFAULT_MODEL, ModelLoadError, check_same_vocab, load_model
 from engine.paths import cache_dir
 from engine.tools.parity import parity_check
@@ -128,7 +128,7 @@ def test_strict_mode_parity_is_bitwise_in_bfloat16():
     assert all(r["identical"] for r in results), results
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason=f"CPU kernel unavailable: {cpu_kernels.why_unavailable()}")
+@pytest.mark.skipif(not cpu_build.available(), reason=f"CPU kernel unavailable: {cpu_build.why_unavailable()}")
 def test_bfloat16_parity_is_bitwise_without_strict_mode_on_our_cpu_kernels():
     """On our CPU kernels every token of a pass is computed on its own, so bf16 greedy
     speculation reproduces the baseline exactly without padding passes (strict mode)."""
@@ -293,7 +293,7 @@ def test_cli_parity_one_prompt():
     assert row["identical"] and row["verdict"] == "identical"
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason=f"CPU kernel unavailable: {cpu_kernels.why_unavailable()}")
+@pytest.mark.skipif(not cpu_build.available(), reason=f"CPU kernel unavailable: {cpu_build.why_unavailable()}")
 def test_q4_1_weights_run_every_drafter_with_bitwise_greedy_parity():
     """--dtype q4_1: the default model's own GGUF blocks on our kernels; the start event says so, and
     greedy speculation (n-gram chain, int8 chain, int8 tree) equals the q4_1 baseline bit for bit."""

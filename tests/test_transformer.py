@@ -100,7 +100,7 @@ def test_cache_capacity_is_enforced():
 
 
 def test_int8_linear_is_close_to_full_precision():
-    from engine.model.transformer import Int8Linear, Linear
+    from engine.model.weights import Int8Linear, Linear
 
     w = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
@@ -117,7 +117,7 @@ def test_torch_ops_only_computes_the_same_pass():
     whose matrices sit on our bf16 kernel refuses it."""
     from conftest import tiny_hf_model
 
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_build
     from engine.model.transformer import ModelConfig, Transformer
 
     hf, ours = tiny_transformer()
@@ -127,7 +127,7 @@ def test_torch_ops_only_computes_the_same_pass():
     prompt = list(range(3, 40))
     got = [m.prefill(prompt, m.new_cache(64)) for m in (ours, plain)]
     torch.testing.assert_close(got[0], got[1], rtol=1e-4, atol=1e-4)
-    if cpu_kernels.available():
+    if cpu_build.available():
         bf16 = Transformer(ModelConfig.from_hf(hf.config), dict(tiny_hf_model().state_dict()), torch.bfloat16)
         with pytest.raises(ValueError, match="float32 weights"):
             bf16.use_torch_ops()
@@ -136,7 +136,7 @@ def test_torch_ops_only_computes_the_same_pass():
 def test_int8_probe_runs_on_the_weights_device():
     """torch's int8 kernel is probed where the weight lives, once per (device, dtype): a CPU
     answer is not reused for another device, and a dtype torch's kernel refuses is refused."""
-    from engine.model.transformer import _INT8_KERNEL, Int8Linear, _int8_kernel_works
+    from engine.model.weights import _INT8_KERNEL, Int8Linear, _int8_kernel_works
 
     assert _int8_kernel_works("cpu", torch.bfloat16)  # this torch's CPU kernel, run on CPU tensors
     assert not _int8_kernel_works("cpu", torch.float64)  # the CPU kernel takes 16/32-bit floats only
@@ -156,7 +156,8 @@ def test_int8_drafter_refused_where_the_device_has_no_int8_path():
     ValueError when the int8 weights are built, before any copy is quantised. `meta` is a
     real device of this torch on which the kernel cannot be checked (it computes no values)."""
     from engine.drafters.model import int8_weights
-    from engine.model.transformer import Int8Linear, ModelConfig, Transformer, check_int8_device
+    from engine.model.transformer import ModelConfig, Transformer
+    from engine.model.weights import Int8Linear, check_int8_device
 
     hf, ours = tiny_transformer(vocab_size=512)
     meta = Transformer(ModelConfig.from_hf(hf.config), dict(hf.state_dict()), torch.bfloat16, device="meta")

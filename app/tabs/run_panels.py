@@ -81,9 +81,9 @@ def launch_controls(c: dict, start: dict, s: dict) -> None:
 
 def _kernel_note() -> str:
     """Which of our CPU kernel variants computes the passes here, and why (or why none)."""
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_build
 
-    kernel = cpu_kernels.describe()
+    kernel = cpu_build.describe()
     if kernel["variant"] is None:
         return f"*CPU kernels: none here ({kernel['reason']}); torch's own ops compute the passes.*"
     return f"*CPU kernels: **{kernel['variant']}**, {kernel['label']} ({kernel['reason']}).*"

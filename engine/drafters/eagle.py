@@ -49,7 +49,8 @@ from engine import paths
 from engine.drafters.base import DraftContext, DrafterNeeds, DraftTree, Verified
 from engine.drafters.model import ModelDrafter
 from engine.drafters.spec import Family, Serving, register
-from engine.model.transformer import Linear, Transformer, check_feature_layers
+from engine.model.transformer import Transformer, check_feature_layers
+from engine.model.weights import Linear
 from engine.sampling import SamplingParams, probs_from_logits
 
 __all__ = ["FAMILY", "HEADS_DIR", "EagleDrafter", "EagleHead", "head_dir", "head_state_names", "load_head"]

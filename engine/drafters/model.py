@@ -10,6 +10,7 @@ import torch
 from engine.acceptance import argmax_index
 from engine.drafters.base import DraftContext, Drafter, DrafterNeeds, DraftTree, Verified
 from engine.drafters.spec import DrafterMemory, DrafterSpec, Family, MemorySizes, Serving, family, register
+from engine.model import chains
 from engine.model.static_pass import StaticPasses
 from engine.model.transformer import KVCache, PassOutput, Transformer
 from engine.sampling import SamplingParams, probs_from_logits, sample_without_replacement
@@ -218,9 +219,9 @@ class ModelDrafter(Drafter):
         ``TreeShape.sure_levels``, so that no pass runs that the loop would not run), without the Python the loop
         spends around each draft pass (docs/bench/2026-12-07-notes-from-engine.md):
 
-        - greedy (``Transformer.greedy_chain``): the tree, q and cache the loop makes, bit for bit (the same
+        - greedy (``chains.greedy_chain``): the tree, q and cache the loop makes, bit for bit (the same
           kernel calls in the same order, the same argmax of the same logits);
-        - sampled with a temperature alone (no top-k, no top-p: ``Transformer.sampled_chain``): the same
+        - sampled with a temperature alone (no top-k, no top-p: ``chains.sampled_chain``): the same
           passes, each token drawn in C from q = softmax(logits / T) at a uniform from the run's generator
           (drawn here, one per pass, in the loop's order), and that q, returned by the call, is the tree's:
           the loop's distribution (its q is the same softmax, computed by torch, to float32 rounding), drawn
@@ -233,7 +234,7 @@ class ModelDrafter(Drafter):
         token was fed alone (its keys and values before it shared from the target's cache) or the first
         step's prompt was."""
         model, cache, shape, params = self.model, self.cache, context.shape, context.params
-        if not (self._token_passes() and model.greedy_chain_ready(cache)):
+        if not (self._token_passes() and chains.greedy_chain_ready(model, cache)):
             return None
         self._share_target_kv()
         committed = len(context.tokens)
@@ -258,11 +259,11 @@ class ModelDrafter(Drafter):
                 n = shape.sure_levels(depth, path_q)  # passes the loop is sure to run (all K without a threshold)
                 first = new[0] if depth == 1 else tree.tokens[-1]
                 if params.greedy:
-                    logits, tokens = model.greedy_chain(first, cache, n)  # [n, V]
+                    logits, tokens = chains.greedy_chain(model, first, cache, n)  # [n, V]
                     qs += list(self.draft_q(logits, params))  # (row by row the bits of one row's softmax)
                 else:
                     u = torch.rand(n, generator=context.gen, dtype=torch.float64)  # [n], one per draw
-                    _, q_rows, tokens = model.sampled_chain(first, cache, n, params.temperature, u)  # [n, V]
+                    _, q_rows, tokens = chains.sampled_chain(model, first, cache, n, params.temperature, u)  # [n, V]
                     qs += list(q_rows)
                 tree.facts["model_passes"] += n
                 chosen += tokens
@@ -318,7 +319,7 @@ def temperature_only(params: SamplingParams) -> bool:
 def int8_weights(target: Transformer) -> Transformer:
     """Quantised self-speculation: the target's weights in int8 (weight-only, per channel)."""
     from engine.model.loading import _state_from_transformer
-    from engine.model.transformer import check_int8_device
+    from engine.model.weights import check_int8_device
 
     # On the CPU the drafter computes in float32 around fbgemm's int8 matmul
     # (elementwise bf16 ops are slow without native bf16, and the int8 kernel
@@ -331,48 +332,34 @@ def int8_weights(target: Transformer) -> Transformer:
     return Transformer(target.cfg, _state_from_transformer(target), act_dtype, int8=True, device=target.device)
 
 
-def q4_weights(
-    target: Transformer,
-    gguf_path=None,
-    packing: type | None = None,
-    head_packing: type | None = None,
-    head_top: int | None = None,
-) -> Transformer:
+def q4_weights(target: Transformer, gguf_path=None) -> Transformer:
     """4-bit self-speculation: the target's weights in 4-bit blocks on our CPU kernels, the output projection
-    included: `packing` PackedQ4_1BWeight (the default: Q4_1's nibbles with the scales in a byte each, 0.5625
-    bytes per weight, so a draft pass reads fewer bytes at the same drafts) or PackedQ4_1Weight (GGUF's Q4_1,
-    0.625). gguf_path: the file the target
-    was loaded from, whose own Q4_1 blocks are used (the default model: its bf16 weights are those blocks
-    dequantised, so the drafter computes nearly the target's function); without one, every matrix is
-    quantised here by the packing's rule.
+    included, in Q4_1B (PackedQ4_1BWeight: Q4_1's nibbles with the scales in a byte each, 0.5625 bytes per
+    weight against GGUF's Q4_1's 0.625, so a draft pass reads fewer bytes at the same drafts). gguf_path: the
+    file the target was loaded from, whose own Q4_1 blocks are used (the default model: its bf16 weights are
+    those blocks dequantised, so the drafter computes nearly the target's function); without one, every matrix
+    is quantised here by Q4_1B's rule.
 
-    The output projection (tied to the embedding) is in Q4_1 with each row's best outputs computed again in
-    int8 (RescoredQ4Linear): fewer bytes per pass than an int8 head. In Q4_1 alone acceptance falls (the head's
-    rows are not the layers' blocks); re-scoring the few tokens that matter gives int8's drafts.
-    `head_packing` (default: `packing`) and `head_top` (default RescoredQ4Linear.TOP) choose the head's blocks
-    and how many outputs a row re-scores: PackedQ2BWeight with 256 gives a 2-bit head (fitted with the final
-    norm's weight squared as each input's importance) with the same drafts. Figures: docs/kernels.md and
-    docs/bench/2026-12-07-notes-from-engine.md.
+    The output projection (tied to the embedding) is in Q4_1B with each row's best outputs computed again in
+    int8 (RescoredQ4Linear): fewer bytes per pass than an int8 head. In 4-bit blocks alone acceptance falls (the
+    head's rows are not the layers' blocks); re-scoring the few tokens that matter gives int8's drafts. Figures:
+    docs/kernels.md and docs/bench/2026-12-07-notes-from-engine.md.
     The drafter's precision does not affect exactness: q can be anything; it only moves acceptance. Its KV
     cache is bf16."""
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_build
+    from engine.kernels.cpu_packed import PackedQ4_1BWeight
     from engine.model.loading import _state_from_transformer
-    from engine.model.transformer import RescoredQ4Linear, quantize_q4_1, use_gguf_q4_1
+    from engine.model.weights import RescoredQ4Linear, quantize_q4_1, use_gguf_q4_1
 
-    if target.device.type != "cpu" or not cpu_kernels.available():
-        why = "it runs on the CPU only" if target.device.type != "cpu" else cpu_kernels.why_unavailable()
+    if target.device.type != "cpu" or not cpu_build.available():
+        why = "it runs on the CPU only" if target.device.type != "cpu" else cpu_build.why_unavailable()
         raise ValueError(f"the q4 drafter needs SpecLens's CPU kernels ({why}); use int8 or a draft model")
-    packing = packing or cpu_kernels.PackedQ4_1BWeight
     state = _state_from_transformer(target)
     model = Transformer(target.cfg, state, torch.bfloat16, device=target.device)
-    swapped = use_gguf_q4_1(model, gguf_path, packing) if gguf_path is not None else 0
+    swapped = use_gguf_q4_1(model, gguf_path, PackedQ4_1BWeight) if gguf_path is not None else 0
     if swapped < 4 * len(model.layers):  # matrices the file does not hold as Q4_1 (or no file)
-        quantize_q4_1(model, packing)
-    # (a Q2B head's fit weights each input by the final norm's weight squared: the head multiplies RMSNorm(x) * g)
-    importance = target.norm.detach().float().cpu().square()
-    model.lm_head = RescoredQ4Linear(
-        target.lm_head.weight, head_top or RescoredQ4Linear.TOP, head_packing or packing, importance
-    )
+        quantize_q4_1(model, PackedQ4_1BWeight)
+    model.lm_head = RescoredQ4Linear(target.lm_head.weight, RescoredQ4Linear.TOP, PackedQ4_1BWeight)
     # Its KV cache in bf16 (the kernels widen the rows exactly as they read them; keys and values rounded
     # once, as they are stored or taken from the target's cache): half the bytes a draft pass's attention
     # reads (measured: docs/bench/2026-12-07-notes-from-engine.md).

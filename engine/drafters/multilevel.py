@@ -31,7 +31,7 @@ the residual).
 
 Dry stretches (greedy, or sampled with a temperature alone): where the copying drafter has proposed nothing for
 DRY_ROUNDS rounds in a row (open chat), a round without a proposal runs the rest of the chain in one C call
-(``Transformer.greedy_chain`` or ``sampled_chain``, as the plain drafter's chain does) instead of one Python pass
+(``chains.greedy_chain`` or ``sampled_chain``, as the plain drafter's chain does) instead of one Python pass
 per token. Greedy, the drafts and q are the same bits (row invariance); sampled, each token is drawn in C from the
 q the call returns (the model's softmax to float32 rounding) at a uniform from the run's generator, where a round
 without a proposal draws one too: an exact draw from q either way, and a proposal would only have saved a pass,
@@ -48,6 +48,7 @@ from engine.acceptance import argmax_index, residual, verify_children
 from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape
 from engine.drafters.model import ModelDrafter, temperature_only
 from engine.drafters.spec import DrafterSpec, Family, family, part, register
+from engine.model import chains
 from engine.model.transformer import Transformer
 from engine.sampling import SamplingParams, sample
 
@@ -124,17 +125,17 @@ class MultiLevelDrafter(ModelDrafter):
             and self._dry >= DRY_ROUNDS
             and len(fed) == 1
             and self.static is None
-            and self.model.greedy_chain_ready(cache)
+            and chains.greedy_chain_ready(self.model, cache)
         ):
             self._dry += 1
             return False
         # [room, V] rows: the token's pass, then each draft's
         if params.greedy:
-            logits, tokens = self.model.greedy_chain(fed[0], cache, room)
+            logits, tokens = chains.greedy_chain(self.model, fed[0], cache, room)
             qs = self.draft_q(logits, params)  # each q the bits of its one-row pass's softmax
         else:  # one uniform per draw, as a round without a proposal draws one; qs: what each was drawn from
             u = torch.rand(room, generator=context.gen, dtype=torch.float64)  # [room]
-            _, qs, tokens = self.model.sampled_chain(fed[0], cache, room, params.temperature, u)
+            _, qs, tokens = chains.sampled_chain(self.model, fed[0], cache, room, params.temperature, u)
         tree.facts["model_passes"] += room
         for q, token in zip(qs, tokens):
             self._add(tree, drafted, token, q)

@@ -137,7 +137,7 @@ DTYPES = ("auto", "float32", "bfloat16", Q4_1)  # what load_model, the CLI and t
 
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     """'auto' -> bfloat16 on CUDA, and on CPUs where one of our kernel variants runs
-    (cpu_kernels: AVX512-BF16, AVX-512 or AVX2+FMA; bf16 weights halve the bytes read
+    (engine/kernels/cpu_build.py: AVX512-BF16, AVX-512 or AVX2+FMA; bf16 weights halve the bytes read
     per token, and the kernels keep every token of a pass independent) or that have
     native bf16 matrix instructions; float32 otherwise. Without either, torch
     multiplies bf16 matrices of several rows in a slow emulated path, so a wide bf16
@@ -156,9 +156,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     if name == "auto":
         if device.startswith("cuda"):
             return torch.bfloat16
-        from engine.kernels import cpu_kernels
+        from engine.kernels import cpu_build
 
-        return torch.bfloat16 if cpu_kernels.available() or cpu_has_native_bf16() else torch.float32
+        return torch.bfloat16 if cpu_build.available() or cpu_has_native_bf16() else torch.float32
     raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
 
 
@@ -424,7 +424,7 @@ def load_model(
             else:
                 loaded = _load_default(resolved, report, device)
                 if q4:  # the shipped model's own 4-bit blocks, exactly as in the GGUF
-                    from engine.model.transformer import use_gguf_q4_1
+                    from engine.model.weights import use_gguf_q4_1
 
                     report("Loading the GGUF's own Q4_1 blocks…")
                     use_gguf_q4_1(loaded.model, gguf)
@@ -433,7 +433,7 @@ def load_model(
     else:
         loaded = _load_hub(name, resolved, report, allow_remote_code, device)
     if q4:  # any other model: quantised here with llama.cpp's Q4_1 rule
-        from engine.model.transformer import quantize_q4_1
+        from engine.model.weights import quantize_q4_1
 
         quantize_q4_1(loaded.model)
         loaded.weights = Q4_1
@@ -442,10 +442,10 @@ def load_model(
 
 def _check_q4_1(device: str) -> None:
     """q4_1 weights run on our CPU kernels only; say so before loading anything."""
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_build
 
-    if not device.startswith("cpu") or not cpu_kernels.available():
-        why = "it runs on the CPU only" if not device.startswith("cpu") else cpu_kernels.why_unavailable()
+    if not device.startswith("cpu") or not cpu_build.available():
+        why = "it runs on the CPU only" if not device.startswith("cpu") else cpu_build.why_unavailable()
         raise ModelLoadError(f"dtype q4_1 needs SpecLens's CPU kernels ({why}); use auto, bfloat16 or float32")
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.model.transformer import KVCache, PassOutput, Transformer, check_feature_layers
+from engine.model.transformer import KVCache, PassOutput, Transformer, check_feature_layers, decoder_layer
 
 __all__ = ["StaticPasses", "capture_available"]
 
@@ -182,7 +182,9 @@ class StaticPasses:
         keep = set(layers[:-1]) if layers else set()
         captured = {}
         for li, layer in enumerate(model.layers):
-            x = model._layer(li, layer, x, cos, sin, cache, None, self.capacity, mask, False, False, slots=slots)
+            x = decoder_layer(
+                model, li, layer, x, cos, sin, cache, None, self.capacity, mask, False, False, slots=slots
+            )
             if li in keep:
                 captured[li] = x
         hidden = None

@@ -134,9 +134,9 @@ def launches_per_pass(engine: SpeculativeEngine) -> dict:
 
 
 def _kernel_variant() -> str | None:
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_build
 
-    return cpu_kernels.variant()
+    return cpu_build.variant()
 
 
 def _cpu_flags() -> list[str]:

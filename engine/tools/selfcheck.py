@@ -186,7 +186,7 @@ def run_selfcheck(dtype: str = "auto", seed: int = 0, log: Callable[[str], None]
     """``python -m engine selfcheck``: load the default model in `dtype`, build the int8 drafter's copy,
     run ``selfcheck``; the result adds what loading took and the total seconds (``seconds``)."""
     from engine.decode import SpeculativeEngine
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_build
 
     log = log or (lambda line: None)
     t0 = time.perf_counter()
@@ -197,7 +197,7 @@ def run_selfcheck(dtype: str = "auto", seed: int = 0, log: Callable[[str], None]
     engine.drafter("int8")  # the shared int8 copy, built once (its time is not the checks')
     t2 = time.perf_counter()
     result = selfcheck(engine, seed, log)
-    kernel = cpu_kernels.describe()["variant"] if engine.target.model.device.type == "cpu" else None
+    kernel = cpu_build.describe()["variant"] if engine.target.model.device.type == "cpu" else None
     return {
         **result,
         "device": engine.target.model.device.type,

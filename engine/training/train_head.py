@@ -669,11 +669,11 @@ def _cached_features(cfg: TrainConfig, hf, sequences: list[list[int]], work: Pat
 def _host_text(hf) -> str:
     """Where the head was trained, as the model card says it: the GPU, or the CPU, our kernel and threads."""
     from engine.host import host_info
-    from engine.kernels import cpu_kernels
+    from engine.kernels import cpu_build
 
     if hf.device.type == "cuda":
         return f"{torch.cuda.get_device_name(hf.device)} (CUDA, torch {torch.__version__})"
-    host = host_info(torch.device("cpu"), cpu_kernels.variant())
+    host = host_info(torch.device("cpu"), cpu_build.variant())
     return f"{host.get('cpu', 'CPU')} ({host.get('kernel', '')}), {torch.get_num_threads()} threads"
 
 

@@ -1,12 +1,12 @@
 /*
- * Decoding kernels for x86-64 CPUs (called from engine/kernels/cpu_kernels.py through ctypes):
+ * Decoding kernels for x86-64 CPUs (built by engine/kernels/cpu_build.py, called from engine/kernels/cpu_calls.py
+ * through ctypes):
  *
  *   skinny_gemm_bf16:  y = x W^T (+ b), W bf16   (the bf16 target)
  *   skinny_gemm_int8w: y = (x Q^T) * scale (+ b), Q int8 per output channel (the int8 drafter)
  *   skinny_gemm_q4_1:  y = x W^T (+ b), W in GGUF's Q4_1 (the q4 drafter)
  *   skinny_gemm_q4_1b: the same with Q4_1B blocks: Q4_1's nibbles, its scales in bytes (the q4 drafter)
- *   skinny_gemm_q2b:   the same with Q2B blocks: 2-bit weights, Q4_1B's byte scales (the q4 drafter's head)
- *   head_q4_rescored:  the q4 drafter's output projection: Q4_1, Q4_1B or Q2B, its best outputs again in int8
+ *   head_q4_rescored:  the q4 drafter's output projection: Q4_1 or Q4_1B, its best outputs again in int8
  *   attend_few:        attention of a pass's new tokens over the KV cache (causal or tree mask)
  *   rope_and_store:    rotary embedding + KV-cache write
  *   swiglu_rows:       silu(gate) * up
@@ -130,7 +130,6 @@ static inline vf vf_exp_neg(vf x) {
 #define TAIL_NB_i8 1
 #define TAIL_NB_q4 1
 #define TAIL_NB_q4b 1
-#define TAIL_NB_q2b 1
 #define ACC_VECS_i8 ACC_VECS
 #define W_PARTS_i8 1
 #define wload_part_i8(line, part) wload_i8(line)
@@ -143,9 +142,6 @@ static inline vf vf_exp_neg(vf x) {
 #define ACC_VECS_q4b ACC_VECS
 #define NB_TILE_q4b Q4_NB_TILE
 #define T_TILE_q4b Q4_T_TILE
-#define ACC_VECS_q2b ACC_VECS
-#define NB_TILE_q2b Q4_NB_TILE
-#define T_TILE_q2b Q4_T_TILE
 
 /* The three kinds of weights share one tiled loop; the ISA header says what a line
  * of W does for each (KIND = bf16, i8 or q4):
@@ -190,16 +186,6 @@ static inline vf vf_exp_neg(vf x) {
  * scale). m is re-fitted to the block's mean after d is rounded, so a draft pass reads fewer bytes. How
  * little the codes move the weights and the q4 drafter's greedy drafts: docs/bench/2026-12-06-q4-byte-scales.md
  * and docs/bench/2026-12-07-notes-from-kernels-and-model.md. */
-/* Q2B (the q4 drafter's output projection: PackedQ2BWeight) is Q4_1B with 2-bit weights: w = d q + m, q in
- * 0..3, the same dc[16], mc[16] bytes per block of 16 outputs x 32 inputs and the same fold (q4b_fold), then
- * 2 chunks of 64 bytes of crumbs: chunk c byte [l][e] = q[l][4c + e] | q[l][4c + 8 + e] << 2 |
- * q[l][16 + 4c + e] << 4 | q[l][16 + 4c + 8 + e] << 6. Byte pairs (shift 0, 4) and (2, 6) of a chunk are then
- * what Q4_1's nibbles of chunks c and c + 2 are, its low and high half group (four inputs of one output per
- * 32-bit lane): q2_crumbs in the ISA headers takes chunk c & 1 shifted by 2 (c >> 1) where q4_nibbles takes
- * chunk c, and everything else is Q4_1B's: the rows of x, the exact int32 sums per half group (smaller:
- * q <= 3), the fold. 160 bytes per block, 0.3125 bytes per weight: the default model's head (49152 x 576)
- * 8.8 MB against Q4_1B's 15.9. Its ranking only picks the candidates that are re-scored in int8
- * (head_q4_rescored): why a head this coarse still drafts what int8 would, see PackedQ2BWeight. */
 typedef int16_t xel_i8;
 typedef int8_t xel_q4;
 typedef acc_f32 acc_q4;
@@ -209,10 +195,6 @@ typedef int8_t xel_q4b;
 typedef acc_f32 acc_q4b;
 #define acc_zero_q4b acc_zero_f32
 #define acc_to_blk_q4b acc_to_blk_f32
-typedef int8_t xel_q2b;
-typedef acc_f32 acc_q2b;
-#define acc_zero_q2b acc_zero_f32
-#define acc_to_blk_q2b acc_to_blk_f32
 #define W_ELEM_bf16 uint16_t
 #define W_ELEM_i8 int8_t
 #define Q4_GROUP 32                               /* inputs per Q4_1 block */
@@ -223,15 +205,11 @@ typedef acc_f32 acc_q2b;
 #define Q4_BYTES_q4 Q4_BLOCK
 #define Q4_HEAD_q4b (2 * LANES)                   /* Q4_1B: dc, mc bytes */
 #define Q4_BYTES_q4b (2 * LANES + LANES * Q4_GROUP / 2) /* 288 */
-#define Q4_HEAD_q2b (2 * LANES)                   /* Q2B: dc, mc bytes as Q4_1B's */
-#define Q4_BYTES_q2b (2 * LANES + LANES * Q4_GROUP / 4) /* 160 */
 #define q4_fold_q4 q4_fold
 #define q4_fold_q4b q4b_fold
-#define q4_fold_q2b q4b_fold
 /* Chunk c's weights of a block (its bytes after the head): the low and high half group's four inputs. */
 #define Q4_WEIGHTS_q4(p, c, lo, hi) q4_nibbles((p) + 64 * (c), lo, hi)
 #define Q4_WEIGHTS_q4b Q4_WEIGHTS_q4
-#define Q4_WEIGHTS_q2b(p, c, lo, hi) q2_crumbs((p) + 64 * ((c) & 1), 2 * ((c) >> 1), lo, hi)
 
 /* Passes of a few rows are compute bound on the widening variants, and the weights must still
  * come from memory: left to the hardware prefetchers the two do not overlap (a 5-token pass
@@ -256,7 +234,6 @@ typedef acc_f32 acc_q2b;
 #define STREAM_ROWS_q4 1
 #endif
 #define STREAM_ROWS_q4b STREAM_ROWS_q4 /* (the same nibbles and tiles, so the same threshold) */
-#define STREAM_ROWS_q2b STREAM_ROWS_q4
 /* __builtin_prefetch's locality: 2 = prefetcht1 (L2).
  * Chosen by measurement: docs/kernels.md, docs/bench/2026-12-07-notes-from-kernels-and-model.md */
 #ifndef PREFETCH_LOCALITY
@@ -357,7 +334,6 @@ typedef acc_f32 acc_q2b;
 #define LOOP_i8 PAIR_LOOP
 #define LOOP_q4 Q4_LOOP
 #define LOOP_q4b Q4_LOOP
-#define LOOP_q2b Q4_LOOP
 
 /* One tile: the kind's loop, then y = acc (* sx[t]) (* scale) (+ b), float32 or
  * rounded to bf16. A macro stamps one function per (KIND, NB, NT) so that the loops
@@ -515,14 +491,13 @@ typedef struct {
         pool_for(out / LANES, GEMM_TASKS_PER_THREAD, blocks_##KIND, &job);                                      \
     }
 
-#if T_TILE_bf16 < 1 || T_TILE_bf16 > 8 || T_TILE_i8 < 1 || T_TILE_i8 > 8 || T_TILE_q4 < 1 || T_TILE_q4 > 8 || T_TILE_q4b != T_TILE_q4 || T_TILE_q2b != T_TILE_q4
+#if T_TILE_bf16 < 1 || T_TILE_bf16 > 8 || T_TILE_i8 < 1 || T_TILE_i8 > 8 || T_TILE_q4 < 1 || T_TILE_q4 > 8 || T_TILE_q4b != T_TILE_q4
 #error "rows per tile must be 1-8: the tile functions go up to 8"
 #endif
 DEFINE_TILES(bf16, 1)
 DEFINE_TILES(i8, 1)
 DEFINE_TILES(q4, 1)
 DEFINE_TILES(q4b, 1)
-DEFINE_TILES(q2b, 1)
 #if NB_TILE_bf16 > 1 /* the 1-block tiles double as the tails */
 DEFINE_TILES(bf16, NB_TILE_bf16)
 #endif
@@ -535,13 +510,11 @@ DEFINE_TILES(i8, NB_TILE_i8)
 #if NB_TILE_q4 > 1
 DEFINE_TILES(q4, NB_TILE_q4)
 DEFINE_TILES(q4b, NB_TILE_q4b)
-DEFINE_TILES(q2b, NB_TILE_q2b)
 #endif
 DEFINE_DRIVER(bf16, NB_TILE_bf16, T_TILE_bf16)
 DEFINE_DRIVER(i8, NB_TILE_i8, T_TILE_i8)
 DEFINE_DRIVER(q4, NB_TILE_q4, T_TILE_q4)
 DEFINE_DRIVER(q4b, NB_TILE_q4b, T_TILE_q4b)
-DEFINE_DRIVER(q2b, NB_TILE_q2b, T_TILE_q2b)
 
 /* RMSNorm of one float32 row into `dst` (float32, may be x): dst = x / sqrt(mean(x^2) + eps) * g.
  * The sum of squares runs in VL lanes, then a fixed reduction, then the scalar tail:
@@ -726,9 +699,8 @@ static void quantise_rows_q4(const void *x, int x_f32, const float *norm_w, floa
 /* y = x W^T (+ b), W Q4_1 packed [out/16, in/32, 320 bytes] (see Q4_BLOCK; in a
  * multiple of 32), b bf16 [out] or NULL. x float32 (x_f32) or bf16 [rows, in], RMS-
  * normalised first when norm_w != NULL; y float32 or bf16. */
-/* The 4-bit (and 2-bit) products' common part: x's rows quantised (quantise_rows_q4), then run_q4 (kind 2: Q4_1
- * blocks), run_q4b (3: Q4_1B blocks, their rows' steps dstep) or run_q2b (4: Q2B, its rows' steps dstep): the
- * kinds of mat_desc. */
+/* The 4-bit products' common part: x's rows quantised (quantise_rows_q4), then run_q4 (kind 2: Q4_1 blocks) or
+ * run_q4b (3: Q4_1B blocks, their rows' steps dstep): the kinds of mat_desc. */
 static void q4_product(int kind, const void *x, int x_f32, const uint8_t *wp, const float *dstep, const uint16_t *b,
                        void *y, int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
     int8_t small[8192];
@@ -738,9 +710,7 @@ static void q4_product(int kind, const void *x, int x_f32, const uint8_t *wp, co
     float *info = rows * record <= 1024 ? small_info : malloc(sizeof(float) * rows * record);
     if (!xq || !info) abort();
     quantise_rows_q4(x, x_f32, norm_w, eps, rows, in, xq, info);
-    if (kind == 4)
-        run_q2b(xq, info, wp, dstep, b, y, y_f32, rows, in, out);
-    else if (kind == 3)
+    if (kind == 3)
         run_q4b(xq, info, wp, dstep, b, y, y_f32, rows, in, out);
     else
         run_q4(xq, info, wp, NULL, b, y, y_f32, rows, in, out);
@@ -754,18 +724,11 @@ void skinny_gemm_q4_1(const void *x, int x_f32, const uint8_t *wp, const uint16_
 }
 
 /* y = x W^T (+ b), W Q4_1B packed [out/16, in/32, 288 bytes] (Q4_BYTES_q4b), dstep float32 [out]: see
- * q4b_fold in the ISA headers and PackedQ4_1BWeight (engine/kernels/cpu_kernels.py). Otherwise as
+ * q4b_fold in the ISA headers and PackedQ4_1BWeight (engine/kernels/cpu_packed.py). Otherwise as
  * skinny_gemm_q4_1: the same rows of x, the same nibbles, the same exact integer sums per half group. */
 void skinny_gemm_q4_1b(const void *x, int x_f32, const uint8_t *wp, const float *dstep, const uint16_t *b, void *y,
                        int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
     q4_product(3, x, x_f32, wp, dstep, b, y, y_f32, rows, in, out, norm_w, eps);
-}
-
-/* y = x W^T (+ b), W Q2B packed [out/16, in/32, 160 bytes] (Q4_BYTES_q2b: see Q2B above), dstep float32 [out]:
- * skinny_gemm_q4_1b's product with 2-bit weights. */
-void skinny_gemm_q2b(const void *x, int x_f32, const uint8_t *wp, const float *dstep, const uint16_t *b, void *y,
-                     int y_f32, int64_t rows, int64_t in, int64_t out, const float *norm_w, float eps) {
-    q4_product(4, x, x_f32, wp, dstep, b, y, y_f32, rows, in, out, norm_w, eps);
 }
 
 /* ---- a drafter's output projection: Q4_1, its best candidates again in int8 -----------
@@ -898,8 +861,7 @@ static void rescore_items(void *arg, int64_t begin, int64_t end) {
 }
 
 /* y [rows, out] float32 = the product of x with the blocks wp of mat_desc's `kind` (2: Q4_1, as
- * skinny_gemm_q4_1; 3: Q4_1B, skinny_gemm_q4_1b; 4: Q2B, skinny_gemm_q2b; dstep the rows' steps of the last
- * two) (RMS-normalised first when norm_w != NULL), then each
+ * skinny_gemm_q4_1; 3: Q4_1B, skinny_gemm_q4_1b, dstep its rows' steps) (RMS-normalised first when norm_w != NULL), then each
  * row's `top` best of its first n_out outputs overwritten with the int8 product's values (w8
  * [out, in] int8 row-major, scale8 [out] float32, no bias). */
 void head_q4_rescored(const void *x, int x_f32, int kind, const uint8_t *wp, const float *dstep, const int8_t *w8,
@@ -1325,7 +1287,7 @@ void swiglu_rows(const float *gu, float *h, int64_t rows, int64_t inter) {
 }
 
 /* One matrix of a layer: kind 0 = bf16 (wp, b), 1 = int8 (wp, scale, b), 2 = Q4_1 (wp, b), 3 = Q4_1B
- * (wp, scale = dstep, b), 4 = Q2B (wp, scale = dstep, b),
+ * (wp, scale = dstep, b),
  * packed as for the products above (in, out already padded). */
 typedef struct {
     int32_t kind, unused;
@@ -1346,8 +1308,6 @@ static void mat_rows(const mat_desc *m, const float *x, const float *norm_w, flo
         skinny_gemm_q4_1(x, 1, m->wp, m->b, y, 1, rows, m->in, m->out, norm_w, eps);
     else if (m->kind == 3)
         skinny_gemm_q4_1b(x, 1, m->wp, m->scale, m->b, y, 1, rows, m->in, m->out, norm_w, eps);
-    else if (m->kind == 4)
-        skinny_gemm_q2b(x, 1, m->wp, m->scale, m->b, y, 1, rows, m->in, m->out, norm_w, eps);
     else
         skinny_gemm_bf16(x, 1, m->wp, m->b, y, 1, rows, m->in, m->out, norm_w, eps);
 }

@@ -257,15 +257,6 @@ static inline void q4_nibbles(const uint8_t *chunk, wv_q4 *lo, wv_q4 *hi) {
         hi[h] = _mm256_and_si256(_mm256_srli_epi16(z, 4), low4);
     }
 }
-/* Q2B's chunk (decode_kernels.c; isa_avx512.h's q2_crumbs): the crumbs at bit `shift` and shift + 4, bytes 0..3. */
-static inline void q2_crumbs(const uint8_t *chunk, int shift, wv_q4 *lo, wv_q4 *hi) {
-    const __m256i low2 = _mm256_set1_epi8(3);
-    for (int h = 0; h < 2; h++) {
-        const __m256i z = _mm256_srli_epi16(_mm256_loadu_si256((const void *)(chunk + 32 * h)), shift);
-        lo[h] = _mm256_and_si256(z, low2);
-        hi[h] = _mm256_and_si256(_mm256_srli_epi16(z, 4), low2);
-    }
-}
 /* acc[l] += sum_e w[l][e] x[e] (w in 0..15, x in -127..127) as int16 pair sums: vpmaddubsw's are at most
  * 2 * 15 * 127 = 3810 in size, and the 4 chunks of a half group add up to at most 15240, inside int16: exact.
  * The folds widen them to int32 once per group (vpmaddwd by ones), where widening every chunk's products takes

@@ -240,13 +240,6 @@ static inline void q4_nibbles(const uint8_t *chunk, wv_q4 *lo, wv_q4 *hi) {
     lo[0] = _mm512_and_si512(z, low4);
     hi[0] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
 }
-/* Q2B's chunk (decode_kernels.c): the crumbs at bit `shift` (0 or 2) of each byte, the low half group's, and at
- * shift + 4, the high half's, as unsigned bytes 0..3 (q4_nibbles' operands for dot_q4). */
-static inline void q2_crumbs(const uint8_t *chunk, int shift, wv_q4 *lo, wv_q4 *hi) {
-    const __m512i z = _mm512_srli_epi16(_mm512_loadu_si512((const void *)chunk), shift), low2 = _mm512_set1_epi8(3);
-    lo[0] = _mm512_and_si512(z, low2);
-    hi[0] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low2);
-}
 /* acc[l] += sum_e w[l][e] x[e], w in 0..15 and x in -127..127: exact in int32 on VNNI; without it as int16
  * pair sums (vpmaddubsw's are at most 2 * 15 * 127 = 3810 in size, a half group's 4 chunks at most 15240:
  * inside int16), widened to int32 once per group by q4_sum_ps (isa_avx2.h says why). */
