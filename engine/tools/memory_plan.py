@@ -278,13 +278,7 @@ def plan_memory(
     kv_per_token = sizes.kv_per_token
     target_bytes = w["params"] * wbytes
     kv = kv_per_token * context * concurrent_runs
-    held = memory_of(spec, sizes)
-    if held is None:
-        held = DrafterMemory()
-        if family(spec.family).kind in ("model", "head"):
-            notes.append(f"{spec.text} drafter: its weights and caches are not counted")
-    if held.note:
-        notes.append(held.note)
+    held = _drafter_memory(spec, sizes, notes)
     drafter_bytes, drafter_kv = held.weight_bytes, held.kv_bytes
     # One pass's logits plus the p rows kept per tree position (float32, vocabulary-sized).
     working = (2 * width) * w["vocab"] * 4 * concurrent_runs
@@ -317,6 +311,19 @@ def plan_memory(
         context_tokens=int(context),
         notes=notes,
     )
+
+
+def _drafter_memory(spec, sizes: MemorySizes, notes: list[str]) -> DrafterMemory:
+    """The drafter's share (its family's estimate), its note added to `notes`; a model drafter whose family has
+    no estimate is counted as nothing, and the notes say so."""
+    held = memory_of(spec, sizes)
+    if held is None:
+        held = DrafterMemory()
+        if family(spec.family).kind in ("model", "head"):
+            notes.append(f"{spec.text} drafter: its weights and caches are not counted")
+    if held.note:
+        notes.append(held.note)
+    return held
 
 
 def _check_counts(**counts) -> None:
