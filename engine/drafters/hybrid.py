@@ -60,6 +60,7 @@ DEFAULT_DEPTH = 6  # chosen by measurement: docs/bench/2026-12-07-notes-from-eng
 # copying side starts from one token a pass (what a pass commits when nothing drafted is kept), so that one lucky
 # copy pass on open chat does not turn the run to copying (measured: docs/bench/2026-12-06-hybrid.md).
 HYBRID_RECENCY = 0.7
+LABEL = "COPY/MODEL (hybrid)"
 COPY_PRIOR_TOKENS = 1.0
 
 
@@ -75,8 +76,8 @@ def parse_hybrid(text: str) -> DrafterSpec:
                 model_text, depth = head, int(tail)
         except ValueError:
             pass
-    copy = part(copy_text, ("copying",), "before the '/'", text)
-    model = part(model_text, ("model",), "after the '/'", text)
+    copy = part(copy_text, ("copying",), "before the '/'", text, LABEL)
+    model = part(model_text, ("model",), "after the '/'", text, LABEL)
     if not 1 <= depth <= 32:
         raise ValueError(f"a hybrid drafter's model depth must be between 1 and 32, got {depth} in {text!r}")
     return DrafterSpec(text, "hybrid", model=model, copy=copy, depth=depth)
@@ -271,7 +272,7 @@ def _build(spec: DrafterSpec, registry, history) -> HybridDrafter:
 FAMILY = register(
     Family(
         "hybrid",
-        label="COPY/MODEL (hybrid)",
+        label=LABEL,
         help="each pass, the copying drafter's proposal or the model drafter's chain, whichever measures faster",
         form="COPY/MODEL[:DEPTH]",
         build=_build,

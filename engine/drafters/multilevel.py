@@ -54,6 +54,8 @@ from engine.sampling import SamplingParams, sample
 
 __all__ = ["DRY_ROUNDS", "FAMILY", "MultiLevelDrafter"]
 
+LABEL = "MODEL+COPY (drafts of drafts)"
+
 # Rounds in a row without a proposal before a round without one chains the rest in C.
 DRY_ROUNDS = 1  # chosen by measurement: docs/bench/2026-12-07-notes-from-engine.md
 
@@ -202,8 +204,8 @@ class MultiLevelDrafter(ModelDrafter):
 def _parse(text: str) -> DrafterSpec:
     """``MODEL+COPY``: MODEL a quantised copy of the target, COPY a copying drafter."""
     outer, inner = (piece.strip() for piece in text.split("+", 1))
-    model = part(outer, ("model",), "before the '+'", text, lambda f: f.copy_of_target)
-    copy = part(inner, ("copying",), "after the '+'", text)
+    model = part(outer, ("model",), "before the '+'", text, LABEL, lambda f: f.copy_of_target)
+    copy = part(inner, ("copying",), "after the '+'", text, LABEL)
     return DrafterSpec(text, "multilevel", model=model, copy=copy)
 
 
@@ -215,7 +217,7 @@ def _build(spec: DrafterSpec, registry, history) -> MultiLevelDrafter:
 FAMILY = register(
     Family(
         "multilevel",
-        label="MODEL+COPY (drafts of drafts)",
+        label=LABEL,
         help="a quantised copy of the target whose own guesses a copying drafter proposes, checked several at once",
         form="MODEL+COPY",
         build=_build,

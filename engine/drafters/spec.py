@@ -240,9 +240,10 @@ def numbers(text: str, of: Family) -> tuple[int, ...]:
     return found
 
 
-def part(text: str, kinds: tuple[str, ...], where: str, whole: str, test=None) -> DrafterSpec:
-    """One part of a composite spec `whole`, parsed and checked: its family of one of `kinds` and passing `test`
-    (a further condition on the family); ValueError naming the forms it may take `where` ("before the '+'")."""
+def part(text: str, kinds: tuple[str, ...], where: str, whole: str, of: str, test=None) -> DrafterSpec:
+    """One part of the spec `whole` of the composite `of` (its label), parsed and checked: its family of one of
+    `kinds` and passing `test` (a further condition on the family); ValueError naming the composite and the forms
+    the part may take `where` ("before the '+'")."""
     allowed = [f for f in families() if f.kind in kinds and (test is None or test(f))]
     try:
         spec = parse(text)
@@ -250,5 +251,5 @@ def part(text: str, kinds: tuple[str, ...], where: str, whole: str, test=None) -
         spec = None
     if spec is None or spec.model is not None or _FAMILIES[spec.family] not in allowed:
         names = ", ".join(f.form for f in allowed)
-        raise ValueError(f"{whole!r} takes {names} {where}, got {text!r}")
+        raise ValueError(f"{of} {whole!r} takes {names} {where}, got {text!r}")
     return spec
