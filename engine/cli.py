@@ -190,6 +190,7 @@ def _add_launch_command(sub) -> None:
 
 def _add_analyze(sub) -> None:
     an = sub.add_parser("analyze", help="does speculation pay on your server? two scrapes of its /metrics")
+    # argparse: one add_argument per flag, so the flags below are alike by design
     an.add_argument(
         "source",
         nargs="?",

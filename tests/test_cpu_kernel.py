@@ -104,7 +104,7 @@ def test_int8_weights_match_the_dequantised_product(variant, rows, n_in, n_out):
     x = torch.randn(rows, n_in, generator=gen) * torch.linspace(0.1, 30.0, n_in)  # outlier channels
     q = torch.randint(-127, 128, (n_out, n_in), generator=gen, dtype=torch.int8)
     scale, bias = torch.rand(n_out, generator=gen) / 100, _bf16(n_out, seed=4)
-    got = cpu_calls.skinny_gemm_int8w(x, cpu_packed.PackedInt8Weight(q, scale, bias))
+    got = cpu_calls.skinny_gemm_bf16(x, cpu_packed.PackedInt8Weight(q, scale, bias))
     ref = (x.double() @ q.double().t()) * scale.double() + bias.double()
     err = (got.double() - ref).abs().max() / ref.abs().max()
     assert err < 1e-3, float(err)
@@ -253,10 +253,10 @@ def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type, weights
     base = cache.length
     new = torch.tensor([7, 9, 11, 13, 15])
     positions = torch.arange(base, base + 5)
-    together = model.forward(new, positions, cache)  # [5, V]
+    together = model.run_pass(new, positions, cache).logits  # [5, V]
     for i in range(5):
         cache.length = base + i
-        alone = model.forward(new[i : i + 1], positions[i : i + 1], cache)
+        alone = model.run_pass(new[i : i + 1], positions[i : i + 1], cache).logits
         assert torch.equal(alone[0], together[i]), i
     # a tree mask (token 3 sees the prefix, token 0 and itself) agrees with the causal pass of that path
     cache.length = base
@@ -264,9 +264,9 @@ def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type, weights
     mask[:, :base] = True
     for row, ancestors in enumerate([[0], [0, 1], [0, 2], [0, 3]]):
         mask[row, [base + a for a in ancestors]] = True
-    tree = model.forward(new[:4], torch.tensor([base, base + 1, base + 1, base + 1]), cache, mask=mask)
+    tree = model.run_pass(new[:4], torch.tensor([base, base + 1, base + 1, base + 1]), cache, mask=mask).logits
     cache.length = base
-    chain = model.forward(new[[0, 3]], positions[:2], cache)
+    chain = model.run_pass(new[[0, 3]], positions[:2], cache).logits
     assert torch.equal(tree[3], chain[1])
     # a deeper path at scattered slots: nodes 0 -> 2 -> 4 of a 5-node tree (1 and 3 are side branches)
     cache.length = base
@@ -280,9 +280,9 @@ def test_bf16_passes_are_shape_invariant_end_to_end(variant, model_type, weights
             mask[node, base + a] = True
             a = parents[a]
     tokens = torch.tensor([21, 22, 23, 24, 25])
-    tree = model.forward(tokens, base + torch.tensor(depth), cache, mask=mask)
+    tree = model.run_pass(tokens, base + torch.tensor(depth), cache, mask=mask).logits
     cache.length = base
-    chain = model.forward(tokens[[0, 2, 4]], positions[:3], cache)
+    chain = model.run_pass(tokens[[0, 2, 4]], positions[:3], cache).logits
     assert torch.equal(tree[[0, 2, 4]], chain)
 
 
@@ -722,7 +722,7 @@ def _q4_product(x, w):
 
 
 def _assert_q4_product(product, packed, w, x, bias) -> torch.Tensor:
-    """A 4-bit product's contract (skinny_gemm_q4_1 or _q4_1b): x [rows, in] quantised per 16 inputs times the
+    """A 4-bit product's contract (decode_kernels.c's skinny_gemm_q4_1 or _q4_1b): x [rows, in] quantised per 16 inputs times the
     dequantised w [out, in] (+ bias), to float32 rounding; bf16 x as its float32 widening; the fused RMSNorm
     alike. Returns the product of x."""
     rows, n_in = x.shape
@@ -753,7 +753,7 @@ def test_q4_1_matches_the_dequantised_product(variant, rows, n_in, n_out, with_b
     assert torch.equal(packed.unpack(), w)
     x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.1, 30.0, n_in)
     bias = b.double() if b is not None else 0
-    got = _assert_q4_product(cpu_calls.skinny_gemm_q4_1, packed, w, x, bias)
+    got = _assert_q4_product(cpu_calls.skinny_gemm_bf16, packed, w, x, bias)
     exact = x.double() @ w.double().t() + bias
     assert float((got.double() - exact).abs().max() / exact.abs().max()) < 2e-2
 
@@ -767,7 +767,7 @@ def test_q4_1_quantises_any_matrix_and_pads_odd_widths(variant):
     assert deq.shape == (50, 70) and bool(((deq - w).abs() <= 0.51 * step + 2e-3).all())  # half a step
     x = torch.randn(3, 70, generator=torch.Generator().manual_seed(6))
     torch.testing.assert_close(
-        cpu_calls.skinny_gemm_q4_1(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
+        cpu_calls.skinny_gemm_bf16(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
     )
 
 
@@ -780,10 +780,10 @@ def test_4_bit_products_give_the_same_bits_on_every_variant(kind):
         pytest.skip(f"fewer than two variants here ({names})")
     b = _bf16(960, seed=9)
     if kind == "q4_1":
-        packed, product = cpu_packed.PackedQ4_1Weight(*_q4_1_fields(960, 576, seed=8), b), cpu_calls.skinny_gemm_q4_1
+        packed, product = cpu_packed.PackedQ4_1Weight(*_q4_1_fields(960, 576, seed=8), b), cpu_calls.skinny_gemm_bf16
     else:
         packed = cpu_packed.PackedQ4_1BWeight(*_q4_1_fields(960, 576, seed=8, gguf_like=True), b)
-        product = cpu_calls.skinny_gemm_q4_1b
+        product = cpu_calls.skinny_gemm_bf16
     x = torch.randn(7, 576, generator=torch.Generator().manual_seed(10)) * torch.linspace(0.1, 30.0, 576)
     outs = []
     for name in names:
@@ -817,9 +817,9 @@ def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n
         q4_only = cpu_calls.skinny_gemm_bf16(xin, head.q4, torch.float32, norm, 1e-5)  # (dispatches on the kind)
         if norm is not None and n_in % 32:  # padded to Q4_1's groups: the rows are normalised by torch first
             xn = torch.nn.functional.rms_norm(xin, (n_in,), norm, 1e-5)
-            int8_all = cpu_calls.skinny_gemm_int8w(xn, int8, torch.float32)
+            int8_all = cpu_calls.skinny_gemm_bf16(xn, int8, torch.float32)
         else:
-            int8_all = cpu_calls.skinny_gemm_int8w(xin, int8, torch.float32, norm, 1e-5)
+            int8_all = cpu_calls.skinny_gemm_bf16(xin, int8, torch.float32, norm, 1e-5)
         best = torch.sort(q4_only, dim=1, descending=True, stable=True).indices[:, :top]  # [rows, top]
         want = q4_only.clone()
         want.scatter_(1, best, int8_all.gather(1, best))
@@ -827,7 +827,7 @@ def test_rescored_q4_head_is_q4_1_with_its_best_outputs_in_int8(variant, rows, n
         for t in range(rows):  # rows are independent
             assert torch.equal(cpu_calls.head_q4_rescored(xin[t : t + 1], head, norm, 1e-5)[0], got[t])
     whole = cpu_packed.RescoredQ4Head(w, n_out + 5, packing)
-    assert torch.equal(cpu_calls.head_q4_rescored(x, whole), cpu_calls.skinny_gemm_int8w(x, int8, torch.float32))
+    assert torch.equal(cpu_calls.head_q4_rescored(x, whole), cpu_calls.skinny_gemm_bf16(x, int8, torch.float32))
     with pytest.raises(ValueError, match="as Q4_1 or Q4_1B"):
         cpu_packed.RescoredQ4Head(w, 4, cpu_packed.PackedInt8Weight)
     for bad in (0, 1025):
@@ -844,12 +844,12 @@ def test_rescored_q4_head_breaks_ties_by_index(variant):
     head = cpu_packed.RescoredQ4Head(w, 4)
     x = torch.zeros(1, 64)
     x[0, 0] = 1.0
-    q4_only = cpu_calls.skinny_gemm_q4_1(x, head.q4, torch.float32)
+    q4_only = cpu_calls.skinny_gemm_bf16(x, head.q4, torch.float32)
     got = cpu_calls.head_q4_rescored(x, head)
     changed = (got != q4_only).nonzero()[:, 1].tolist()
     assert set(changed) <= {150, 0, 1, 2}  # only the candidates may change
     q, scale = cpu_packed.int8_per_channel(w)
-    int8_all = cpu_calls.skinny_gemm_int8w(x, cpu_packed.PackedInt8Weight(q, scale), torch.float32)
+    int8_all = cpu_calls.skinny_gemm_bf16(x, cpu_packed.PackedInt8Weight(q, scale), torch.float32)
     assert torch.equal(got[0, [150, 0, 1, 2]], int8_all[0, [150, 0, 1, 2]])
     assert torch.equal(got[0, 3:150], q4_only[0, 3:150])
 
@@ -1017,7 +1017,7 @@ def test_q4_1_reads_gguf_blocks():
     assert torch.equal(from_raw.data, cpu_packed.PackedQ4_1Weight(q, d, m).data)
     as_bytes = cpu_packed.PackedQ4_1BWeight.from_gguf_blocks(raw, 96)
     assert torch.equal(as_bytes.data, cpu_packed.PackedQ4_1BWeight(q, d, m).data)
-    assert torch.equal(cpu_packed.dequantize_q4_1(raw, 96), _dequantised(q, d, m))
+    assert torch.equal(from_raw.unpack(), _dequantised(q, d, m))
 
 
 # ---- Q4_1B weights: Q4_1's nibbles, the scales in bytes (the q4 drafter's) ------------------------
@@ -1044,7 +1044,7 @@ def test_q4_1b_keeps_the_nibbles_and_codes_the_scales(variant, rows, n_in, n_out
     assert float((w - exact_w).norm() / exact_w.norm()) < 1e-2
     x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.1, 30.0, n_in)
     bias = b.double() if b is not None else 0
-    _assert_q4_product(cpu_calls.skinny_gemm_q4_1b, packed, w, x, bias)
+    _assert_q4_product(cpu_calls.skinny_gemm_bf16, packed, w, x, bias)
 
 
 def test_q4_1b_quantises_any_matrix_and_pads_odd_widths(variant):
@@ -1065,7 +1065,7 @@ def test_q4_1b_quantises_any_matrix_and_pads_odd_widths(variant):
     assert bool((deq[5, :32] == 0).all())
     x = torch.randn(3, 70, generator=torch.Generator().manual_seed(6))
     torch.testing.assert_close(
-        cpu_calls.skinny_gemm_q4_1b(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
+        cpu_calls.skinny_gemm_bf16(x, packed).double(), _q4_product(x, deq), rtol=1e-5, atol=1e-5
     )
 
 

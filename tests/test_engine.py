@@ -210,7 +210,7 @@ def test_cache_rollback_after_rejection_matches_recomputation(tiny_engine):
     drafter = engine.drafter("ngram")
     drafter.start(PROMPT, 256)
     cache = model.new_cache(256)
-    model.forward(torch.tensor(PROMPT[:-1]), torch.arange(len(PROMPT) - 1), cache)
+    model.run_pass(torch.tensor(PROMPT[:-1]), torch.arange(len(PROMPT) - 1), cache)
     gen = torch.Generator().manual_seed(3)
     context = list(PROMPT)
     state = DecodeState(context, drafter, shape, params, gen, cache)
@@ -222,9 +222,9 @@ def test_cache_rollback_after_rejection_matches_recomputation(tiny_engine):
             rejections += 1
             assert cache.length == len(context) - 1
             probe = cache.length
-            got = model.forward(torch.tensor(context[-1:]), torch.tensor([probe]), cache)[0]
+            got = model.run_pass(torch.tensor(context[-1:]), torch.tensor([probe]), cache).logits[0]
             cache.rollback(probe)
-            fresh = model.forward(torch.tensor(context), torch.arange(len(context)), model.new_cache(256))[-1]
+            fresh = model.run_pass(torch.tensor(context), torch.arange(len(context)), model.new_cache(256)).logits[-1]
             assert torch.allclose(got, fresh, rtol=1e-5, atol=1e-5)
     assert rejections > 0
 

@@ -18,13 +18,13 @@ def test_forward_matches_transformers(model_type):
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
     cache = model.new_cache(64)
-    got = model.forward(ids, torch.arange(23), cache)
+    got = model.run_pass(ids, torch.arange(23), cache).logits
     assert torch.allclose(got, ref, **TOL)
     # Token by token through the cache gives the same logits.
     cache = model.new_cache(64)
-    model.forward(ids[:10], torch.arange(10), cache)
+    model.run_pass(ids[:10], torch.arange(10), cache)
     for i in range(10, 23):
-        row = model.forward(ids[i : i + 1], torch.tensor([i]), cache)[0]
+        row = model.run_pass(ids[i : i + 1], torch.tensor([i]), cache).logits[0]
         assert torch.allclose(row, ref[i], **TOL)
 
 
@@ -44,7 +44,7 @@ def _tree() -> DraftTree:
 def _tree_pass(model, prefix, tree):
     """Prefill prefix[:-1], then one pass over [pending] + tree nodes with the tree mask."""
     cache = model.new_cache(128)
-    model.forward(torch.tensor(prefix[:-1]), torch.arange(len(prefix) - 1), cache)
+    model.run_pass(torch.tensor(prefix[:-1]), torch.arange(len(prefix) - 1), cache)
     base = cache.length
     n = len(tree)
     mask = torch.zeros(1 + n, base + 1 + n, dtype=torch.bool)
@@ -54,7 +54,7 @@ def _tree_pass(model, prefix, tree):
             mask[1 + i, base + 1 + anc] = True
     tokens = torch.tensor([prefix[-1]] + tree.tokens)
     positions = torch.tensor([base] + [base + d for d in tree.depths])
-    logits = model.forward(tokens, positions, cache, mask=mask)
+    logits = model.run_pass(tokens, positions, cache, mask=mask).logits
     return cache, base, logits
 
 
@@ -66,9 +66,9 @@ def test_tree_mask_logits_equal_each_root_to_node_path():
     for i in range(len(tree)):
         path_tokens = [tree.tokens[j] for j in tree.path_to(i)]
         seq = torch.tensor(prefix + path_tokens)
-        plain = model.forward(seq, torch.arange(len(seq)), model.new_cache(64))
+        plain = model.run_pass(seq, torch.arange(len(seq)), model.new_cache(64)).logits
         assert torch.allclose(logits[1 + i], plain[-1], **TOL), f"node {i}"
-    plain = model.forward(torch.tensor(prefix), torch.arange(len(prefix)), model.new_cache(64))
+    plain = model.run_pass(torch.tensor(prefix), torch.arange(len(prefix)), model.new_cache(64)).logits
     assert torch.allclose(logits[0], plain[-1], **TOL)
 
 
@@ -81,14 +81,14 @@ def test_cache_after_tree_step_equals_cache_of_accepted_path():
     cache.keep(base, [0] + [1 + i for i in path])
     seq = prefix + [tree.tokens[i] for i in path]
     ref = model.new_cache(128)
-    model.forward(torch.tensor(seq), torch.arange(len(seq)), ref)
+    model.run_pass(torch.tensor(seq), torch.arange(len(seq)), ref)
     assert cache.length == ref.length == len(seq)
     assert torch.allclose(cache.k[:, :, : len(seq)], ref.k[:, :, : len(seq)], **TOL)
     assert torch.allclose(cache.v[:, :, : len(seq)], ref.v[:, :, : len(seq)], **TOL)
     # And decoding continues identically from both caches.
     nxt = torch.tensor([42])
-    a = model.forward(nxt, torch.tensor([len(seq)]), cache)
-    b = model.forward(nxt, torch.tensor([len(seq)]), ref)
+    a = model.run_pass(nxt, torch.tensor([len(seq)]), cache).logits
+    b = model.run_pass(nxt, torch.tensor([len(seq)]), ref).logits
     assert torch.allclose(a, b, **TOL)
 
 
@@ -96,7 +96,7 @@ def test_cache_capacity_is_enforced():
     _, model = tiny_transformer(vocab_size=512)
     cache = model.new_cache(4)
     with pytest.raises(ValueError, match="capacity"):
-        model.forward(torch.arange(5), torch.arange(5), cache)
+        model.run_pass(torch.arange(5), torch.arange(5), cache)
 
 
 def test_int8_linear_is_close_to_full_precision():

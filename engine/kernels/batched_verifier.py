@@ -378,23 +378,17 @@ def _launch(target_probs, draft_probs, draft_ids, uniforms, exponentials, block_
     return args, kwargs, (num_accepted, next_token, accept_prob)
 
 
-def compile_key(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    draft_ids: torch.Tensor,
-    uniforms: torch.Tensor,
-    exponentials: torch.Tensor,
-    *,
-    block_v: int | None = None,
-) -> tuple:
-    """The specialisation under which triton would cache the compiled kernel for this call.
+def compile_key(*inputs: torch.Tensor | None, block_v: int | None = None) -> tuple:
+    """The specialisation under which triton would cache the compiled kernel for the call
+    ``verify_batch_triton(*inputs, block_v=block_v)``: inputs are its five tensors in its order
+    (target_probs, draft_probs, draft_ids, uniforms, exponentials), checked as it checks them.
 
     Computed by triton's own argument binder (``create_function_from_signature``, the
     function ``JITFunction.run`` keys its kernel cache on) with the base backend, whose
     integer and pointer specialisation (value 1, divisibility by 16) is the one the
     NVIDIA backend uses. It needs no GPU and launches nothing, so on a CPU it shows how
     many compiled variants a set of calls would cost: one per distinct key. Tensors on
-    any device; same arguments as ``verify_batch_triton``.
+    any device.
     """
     if not HAS_TRITON:
         raise RuntimeError("triton is not installed")
@@ -403,7 +397,7 @@ def compile_key(
 
     jit = _KERNELS.get(False) or JITFunction(_verify_kernel, do_not_specialize=NO_SPECIALIZE)
     binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
-    args, kwargs, _ = _launch(target_probs, draft_probs, draft_ids, uniforms, exponentials, block_v)
+    args, kwargs, _ = _launch(*inputs, block_v)
     _, specialization, options = binder(*args, **kwargs)
     return tuple((name, *spec) for name, spec in zip(jit.arg_names, specialization)) + tuple(sorted(options.items()))
 

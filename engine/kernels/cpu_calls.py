@@ -48,9 +48,6 @@ __all__ = [
     "run_packed",
     "sampled_chain",
     "skinny_gemm_bf16",
-    "skinny_gemm_int8w",
-    "skinny_gemm_q4_1",
-    "skinny_gemm_q4_1b",
     "swiglu",
     "top_rows",
 ]
@@ -70,19 +67,27 @@ def run_packed(
 
 def skinny_gemm_bf16(
     x: torch.Tensor,
-    packed: PackedWeight | PackedInt8Weight,
+    packed: PackedWeight | PackedInt8Weight | PackedQ4_1Weight | PackedQ4_1BWeight,
     out_dtype: torch.dtype | None = None,
     norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """y [rows, out] = x [rows, in] @ W^T (+ bias) on the CPU, W and bias given packed.
+    """y [rows, out] = x [rows, in] @ W^T (+ bias) on the CPU, W and bias given packed, checked: the product
+    of the packed kind's C kernel (``cpu_build.packed_product`` picks it).
 
-    x is bf16 or float32 (on avx512bf16 float32 is rounded to bf16 for the products,
-    inside the kernel; the widening variants multiply float32 as is and widen bf16
-    x exactly); y is out_dtype, by default x's dtype (float32 output skips the final
+    x is bf16 or float32; y is out_dtype, by default x's dtype (float32 output skips the final
     rounding: the accumulator is stored as is). With norm_weight [in] (float32,
     float32 x only) each row is RMS-normalised first: y = RMSNorm(x) @ W^T, the
-    norm fused into the kernel's pass over x.
+    norm fused into the kernel's pass over x. Per kind:
+
+    * bf16 (``PackedWeight``): on avx512bf16 float32 x is rounded to bf16 for the products, inside the
+      kernel; the widening variants multiply float32 as is and widen bf16 x exactly.
+    * int8 (``PackedInt8Weight``, the int8 drafter's): (x @ Q^T) * scale (+ bias), x quantised per row to
+      int16 inside the kernel (decode_kernels.c's skinny_gemm_int8w).
+    * Q4_1 (``PackedQ4_1Weight``): dequantised in registers and multiplied in float32, x never rounded to
+      bf16 on any variant (skinny_gemm_q4_1).
+    * Q4_1B (``PackedQ4_1BWeight``): Q4_1's rows of x and integer sums, the byte-coded scales applied per
+      group (skinny_gemm_q4_1b).
     """
     if not available():
         raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")
@@ -100,51 +105,14 @@ def skinny_gemm_bf16(
     return packed_product(None, x.contiguous(), packed, out_dtype, norm_weight, eps)
 
 
-def skinny_gemm_int8w(
-    x: torch.Tensor,
-    packed: PackedInt8Weight,
-    out_dtype: torch.dtype | None = None,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-) -> torch.Tensor:
-    """y [rows, out] = (x [rows, in] @ Q^T) * scale (+ bias): the int8 drafter's product
-    (x quantised per row to int16 inside the kernel); norm_weight as in skinny_gemm_bf16."""
-    return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
-
-
-def skinny_gemm_q4_1(
-    x: torch.Tensor,
-    packed: PackedQ4_1Weight,
-    out_dtype: torch.dtype | None = None,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-) -> torch.Tensor:
-    """y [rows, out] = x [rows, in] @ W^T (+ bias) with W in Q4_1 (``PackedQ4_1Weight``),
-    dequantised in registers and multiplied in float32 (x is never rounded to bf16 here,
-    on any variant); norm_weight as in skinny_gemm_bf16."""
-    return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
-
-
-def skinny_gemm_q4_1b(
-    x: torch.Tensor,
-    packed: PackedQ4_1BWeight,
-    out_dtype: torch.dtype | None = None,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-) -> torch.Tensor:
-    """y [rows, out] = x [rows, in] @ W^T (+ bias) with W in Q4_1B (``PackedQ4_1BWeight``): skinny_gemm_q4_1's
-    rows of x and integer sums, the byte-coded scales applied per group; norm_weight as in skinny_gemm_bf16."""
-    return skinny_gemm_bf16(x, packed, out_dtype, norm_weight, eps)
-
-
 def head_q4_rescored(
     x: torch.Tensor, head: RescoredQ4Head, norm_weight: torch.Tensor | None = None, eps: float = 1e-6, lib=None
 ) -> torch.Tensor:
     """y [rows, out] float32: x [rows, in] (float32 or bf16; float32 with norm_weight, RMS-normalised first)
     through the head's blocks, each row's `head.top` best outputs overwritten with the int8 product's values:
-    those entries equal skinny_gemm_int8w's on the same int8 matrix bit for bit, the others the blocks' product
-    (skinny_gemm_q4_1's or skinny_gemm_q4_1b's). Where `in` is not a multiple of 32, rows to
-    normalise are normalised by torch first, as skinny_gemm_q4_1 does: the int8 product then on those rows."""
+    those entries equal the int8 product's (``skinny_gemm_bf16`` on the same int8 matrix) bit for bit, the others
+    the blocks' product (``skinny_gemm_bf16`` on ``head.q4``). Where `in` is not a multiple of 32, rows to
+    normalise are normalised by torch first, as the 4-bit product does: the int8 product then on those rows."""
     if lib is None:
         if not available():
             raise RuntimeError(f"CPU kernel unavailable: {why_unavailable()}")

@@ -29,9 +29,17 @@ __all__ = [
     "PackedWeight",
     "Q4_GROUP",
     "RescoredQ4Head",
-    "dequantize_q4_1",
     "int8_per_channel",
 ]
+
+
+def _padded_bias(bias: torch.Tensor | None, out: int, out_padded: int) -> torch.Tensor | None:
+    """A matrix's bias [out] as every kind keeps it: bf16, zero-padded to out_padded; None without one."""
+    if bias is None:
+        return None
+    padded = torch.zeros(out_padded, dtype=torch.bfloat16)
+    padded[:out] = bias
+    return padded
 
 
 class _Packed:
@@ -47,10 +55,7 @@ class _Packed:
         padded[:out, :n_in] = matrix
         lines = padded.view(self.out_padded // 16, 16, self.in_padded // 2, 2).permute(0, 2, 1, 3)
         self.data = pages.copy_of(lines)  # streamed by every pass: on huge pages (pages.py)
-        self.bias = None
-        if bias is not None:
-            self.bias = torch.zeros(self.out_padded, dtype=torch.bfloat16)
-            self.bias[:out] = bias
+        self.bias = _padded_bias(bias, out, self.out_padded)
         self.sizes = (self.in_padded, self.out_padded)
 
     def unpack(self) -> torch.Tensor:
@@ -107,10 +112,7 @@ class PackedQ4_1Weight:
         scales = [a.reshape(blocks, 16, groups).transpose(0, 2, 1).copy().view(np.uint8) for a in (dp, mp)]
         blocks_q4 = torch.from_numpy(np.concatenate([*scales, nibbles], axis=2))  # [out/16, in/32, 320]
         self.data = pages.copy_of(blocks_q4)  # streamed by every pass: on huge pages (pages.py)
-        self.bias = None
-        if bias is not None:
-            self.bias = torch.zeros(self.out_padded, dtype=torch.bfloat16)
-            self.bias[:out] = bias
+        self.bias = _padded_bias(bias, out, self.out_padded)
         self.sizes = (self.in_padded, self.out_padded)
         self.args = (self.data.data_ptr(), self.bias.data_ptr() if self.bias is not None else None)
 
@@ -248,10 +250,7 @@ def _init_q4_1b(packed, q, d, m, bias) -> None:
     packed.data = pages.copy_of(torch.from_numpy(data))  # [out/16, in/32, 288], streamed by every pass: huge pages
     packed.dstep = torch.zeros(packed.out_padded, dtype=torch.float32)
     packed.dstep[:out] = torch.from_numpy(step)
-    packed.bias = None
-    if bias is not None:
-        packed.bias = torch.zeros(packed.out_padded, dtype=torch.bfloat16)
-        packed.bias[:out] = bias
+    packed.bias = _padded_bias(bias, out, packed.out_padded)
     packed.sizes = (packed.in_padded, packed.out_padded)
     packed.args = (
         packed.data.data_ptr(),
@@ -330,10 +329,3 @@ def _q4_1_fields(raw, n_in: int):
     m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
     qs = blocks[..., 4:]
     return d, m, np.concatenate([qs & 15, qs >> 4], axis=2).reshape(raw.shape[0], n_in)
-
-
-def dequantize_q4_1(raw, n_in: int) -> torch.Tensor:
-    """GGUF Q4_1 bytes [out, in / 32 * 20] -> float32 [out, in], w = d * q + m."""
-    d, m, q = _q4_1_fields(raw, n_in)
-    scale = np.repeat(d.astype(np.float32), Q4_GROUP, axis=1)
-    return torch.from_numpy(scale * q.astype(np.float32) + np.repeat(m.astype(np.float32), Q4_GROUP, axis=1))

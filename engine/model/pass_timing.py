@@ -46,7 +46,8 @@ class _PassBench:
         for b in range(batch):
             s = b * prefix_len
             mask[s : s + prefix_len, s : s + prefix_len] = causal
-        model.forward(prefix_ids, prefix_pos, self.cache, mask=mask, logits_rows=torch.tensor([0]))
+        with torch.inference_mode():
+            model.run_pass(prefix_ids, prefix_pos, self.cache, mask=mask, logits_rows=torch.tensor([0]))
         rows = batch * tokens_per_row
         self.ids = torch.randint(0, vocab, (rows,), generator=gen)
         self.pos = (prefix_len + torch.arange(tokens_per_row)).repeat(batch)
@@ -62,7 +63,8 @@ class _PassBench:
         """Milliseconds of one pass."""
         self.cache.length = self.prefix_total
         t0 = time.perf_counter()
-        self.model.forward(self.ids, self.pos, self.cache, mask=self.mask)
+        with torch.inference_mode():
+            self.model.run_pass(self.ids, self.pos, self.cache, mask=self.mask)
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)  # kernels run asynchronously: time them, not their launch
         return (time.perf_counter() - t0) * 1000.0
@@ -157,7 +159,7 @@ def pass_costs_ms(model: Transformer, max_width: int, prefix_len: int = 64, repe
     vocab = model.cfg.vocab_size
     gen = torch.Generator().manual_seed(max_width)
     cache = model.new_cache(prefix_len + widths[-1])
-    model.forward(
+    model.run_pass(
         torch.randint(0, vocab, (prefix_len,), generator=gen),
         torch.arange(prefix_len),
         cache,
@@ -169,7 +171,7 @@ def pass_costs_ms(model: Transformer, max_width: int, prefix_len: int = 64, repe
         for w in widths:
             cache.length = prefix_len
             t0 = time.perf_counter()
-            model.forward(ids[:w], prefix_len + torch.arange(w), cache)
+            model.run_pass(ids[:w], prefix_len + torch.arange(w), cache)
             if model.device.type == "cuda":
                 torch.cuda.synchronize(model.device)
             if round_:

@@ -301,21 +301,6 @@ class Transformer:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        cache: KVCache,
-        mask: torch.Tensor | None = None,
-        attend_len: int | None = None,
-        logits_rows: torch.Tensor | None = None,
-        to_host: bool = True,
-        x_in: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """One pass (``run_pass``) when only its logits are wanted: [R, V]."""
-        return self.run_pass(tokens, positions, cache, mask, attend_len, logits_rows, to_host, x_in).logits
-
     def run_pass(
         self,
         tokens: torch.Tensor,

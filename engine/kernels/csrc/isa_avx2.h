@@ -16,6 +16,9 @@
  *         bytes) by the broadcast quad of inputs in int16 pairs, summed in int16 over a
  *         half group and added into int32 lanes by vpmaddwd by ones once per group
  *         (exact), the float16 scales (F16C; Q4_1B: bytes) applied once per 32-input group.
+ *
+ * Each ISA header (this one, isa_avx512.h) defines the same types, macros and inline steps for its own
+ * instruction set, the one interface decode_kernels.c is written against: their sections are alike by design.
  */
 #include <immintrin.h>
 

@@ -14,6 +14,9 @@
  * rows quantised to int8 per 16 inputs, four products per 32-bit lane (vpdpbusd on
  * VNNI, else vpmaddubsw + vpmaddwd), the float16 scales applied once per 32-input
  * group (q4_fold).
+ *
+ * Each ISA header (this one, isa_avx2.h) defines the same types, macros and inline steps for its own
+ * instruction set, the one interface decode_kernels.c is written against: their sections are alike by design.
  */
 #include <immintrin.h>
 
