@@ -33,6 +33,8 @@ extra token is the argmax at the stop. No uniforms are drawn.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -95,6 +97,7 @@ def verify_children(
     u: list[float],
     greedy: bool,
     point_mass: bool = False,
+    keep: Callable[[float, float], float] | None = None,
 ) -> tuple[int | None, torch.Tensor, list[dict]]:
     """Verify the children of one tree node (a chain is a tree of single children).
 
@@ -104,6 +107,8 @@ def verify_children(
     child_ids:  the children's token ids, in the order they were drawn
     u:          one uniform in [0, 1) per child (unused when greedy)
     point_mass: the children are deterministic proposals (n-gram), see the module docstring
+    keep:       None: the exact rule, min(1, p(c)/q(c)); another keep probability keep(p(c), q(c)), clipped
+                to [0, 1], is a Shortcuts lab rule (engine.tools.shortcuts), not exact (unused when greedy)
     Returns (index of the accepted child or None, the distribution the extra token
     is drawn from after all rejections, one record per child tried). A record holds
     the numbers the test compared: ``p_eff``, ``q_eff``, ``accept_prob``, ``u`` (None
@@ -129,7 +134,10 @@ def verify_children(
             q_j = torch.zeros_like(p)
             q_j[c] = 1.0
         p_c, q_c = float(p_j[c]), float(q_j[c])
-        accept_prob = accept_probability(p_c, q_c)
+        if keep is None:
+            accept_prob = accept_probability(p_c, q_c)
+        else:
+            accept_prob = min(1.0, max(0.0, keep(p_c, max(q_c, Q_FLOOR))))
         records.append({"p_eff": p_c, "q_eff": q_c, "accept_prob": accept_prob, "u": float(u[j]), "adjusted": j > 0})
         if u[j] < accept_prob:
             return j, p_j, records

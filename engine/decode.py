@@ -28,13 +28,12 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
 from engine import events
-from engine.acceptance import verify_children
-from engine.drafters.adaptive import AdaptiveDepth, verified_outcomes
+from engine.drafters.adaptive import verified_outcomes
 from engine.drafters.base import DraftContext, Drafter, DraftTree, TreeShape, Verified
 from engine.drafters.registry import DrafterRegistry
 from engine.drafters.spec import family, parse
@@ -44,91 +43,17 @@ from engine.kernels.batched_verifier import warm_up
 from engine.metrics import cpu_share, summarize_steps
 from engine.model.loading import LoadedModel, load_model
 from engine.model.runners import MeasuredCosts, RunnerPool
-from engine.model.static_pass import StaticPasses
 from engine.model.transformer import KVCache
-from engine.model.tree_pass import note_walk, target_pass
 from engine.prompts import PromptEncoder
-from engine.sampling import SamplingParams
+from engine.run_state import DecodeState, StepResult
 from engine.settings import GenerationSettings
-from engine.verification import (
-    Verdict,
-    resolve_tops,
-    verify_chain_batched,
-    verify_chain_block,
-    verify_chain_greedy,
-    walk_tree,
-)
+from engine.verification import choose_verifier, logits_to_host, resolve_tops, verify
 
-__all__ = ["DecodeState", "GenerationSettings", "OutOfMemory", "SpeculativeEngine", "StepResult"]
+__all__ = ["GenerationSettings", "OutOfMemory", "SpeculativeEngine"]
 
 
 class OutOfMemory(RuntimeError):
     """The accelerator ran out of memory; the message suggests smaller settings."""
-
-
-@dataclass
-class DecodeState:
-    """What one target pass needs: the committed context, the run's drafter, tree shape, sampling
-    filters, random generator and the target's KV cache; how its passes run (strict: padded to
-    `width` rows; static: the fixed-shape runner it holds; batch_chains: sampled chains verified in one
-    batched call); its adaptive K policy (None: every pass drafts `shape`)."""
-
-    context: list[int]
-    drafter: Drafter
-    shape: TreeShape
-    params: SamplingParams
-    gen: torch.Generator
-    cache: KVCache
-    strict: bool = False
-    adaptive: AdaptiveDepth | None = None
-    static: StaticPasses | None = None
-    batch_chains: bool = False
-    prefill_s: float = 0.0
-    tops: bool = False  # the verifier keeps the top entries of p, q and the residual (full payloads draw them)
-    verify: str = "token"  # a sampled chain's acceptance rule (GenerationSettings.verify)
-    pass_path_reason: str = ""  # why the target's passes take the path they take (the finish metrics say it)
-    # Chains longer than tree_pass.CHAIN_LOGITS_FIRST rows this run, and how many of them the walk read past those
-    # rows (the verdict's path reached them): whether projecting the rest later pays (tree_pass.lazy_logits_pay)
-    long_chains: int = 0
-    long_chains_read_past: int = 0
-
-    @property
-    def width(self) -> int:
-        """Tokens per target pass at most: the pending token plus the draft budget."""
-        return self.shape.max_tokens + 1
-
-    @property
-    def pass_path(self) -> tuple[str, str]:
-        """How the run's target passes ran, and why: "cuda-graph" (recorded once per width, replayed), "static"
-        (the fixed-shape path uncaptured; also after a capture failed, which the reason names) or "eager"."""
-        if self.static is None:
-            return "eager", self.pass_path_reason
-        if self.static.capture_error:
-            return "static", self.static.capture_error
-        return ("cuda-graph" if self.static.capture else "static"), self.pass_path_reason
-
-
-@dataclass
-class StepResult:
-    """One target pass: the draft tree, what verification decided, the timings, and the K this pass
-    drafted with (the run's K, or the adaptive policy's; 0 without a drafter)."""
-
-    tree: DraftTree
-    verdict: Verdict
-    draft_ms: float
-    verify_ms: float
-    k: int = 0
-    kv: dict | None = None  # the target cache this pass: slots written, kept, rolled back, length after
-    why: dict | None = None  # adaptive drafting: why this pass's K (AdaptiveDepth.why), else None
-
-    @property
-    def draft_info(self) -> dict:
-        """The step event's ``draft``: the K used, why drafting stopped, the drafter's own facts (``DraftTree.facts``),
-        and for adaptive drafting why the policy chose that K."""
-        info = {"k": self.k, "stop": self.tree.stop, **self.tree.facts}
-        if self.why is not None:
-            info["why"] = self.why
-        return info
 
 
 def freeze_heap() -> None:
@@ -286,22 +211,10 @@ class SpeculativeEngine:
             mode = settings.chain_verifier
             batch_chains = mode == "batch" or (mode == "auto" and model.device.type == "cuda")
             gen = torch.Generator(device=model.device).manual_seed(seed)  # draws stay on the model's device
-            yield DecodeState(
-                list(prompt_ids),
-                drafter,
-                shape,
-                params,
-                gen,
-                cache,
-                strict,
-                adaptive,
-                static,
-                batch_chains,
-                prefill_s,
-                pass_path_reason=why,
-                tops=settings.payload == "full",
-                verify=settings.verify,
-            )
+            state = DecodeState(list(prompt_ids), drafter, shape, params, gen, cache, strict, adaptive, static)
+            state.batch_chains, state.prefill_s, state.pass_path_reason = batch_chains, prefill_s, why
+            state.tops, state.verify = settings.payload == "full", settings.verify
+            yield state
         finally:
             if static is not None:
                 static.release()
@@ -421,52 +334,32 @@ class SpeculativeEngine:
         )
         draft_ms = (time.perf_counter() - t0) * 1000.0
         t1 = time.perf_counter()
-        cache = state.cache
+        cache, model, n = state.cache, self.target.model, len(tree)
         base = cache.length  # == len(context) - 1: the pending token's position
-        n = len(tree)
-        batched = verify_node is None and state.batch_chains and n and tree.is_chain
-        block = verify_node is None and state.verify == "block" and n and tree.is_chain and not state.params.greedy
-        # 2. Target pass: the pending token and every draft node in one forward. The logits stay on the model's
-        # device (on the CPU the walk may leave a long chain's last rows unprojected: tree_pass.CHAIN_LOGITS_FIRST).
-        on_cpu = self.target.model.device.type == "cpu"
+        # 2. Target pass: the pending token and every draft node in one forward (logits [1 + n, V], features
+        # [1 + n, E] or None), the logits where the verifier chosen for this draft reads them (on the host or not).
+        verifier = choose_verifier(tree, state.params, state.verify, state.batch_chains, verify_node)
         try:
-            logits, hidden = target_pass(
-                self.target.model, state, tree, to_host=on_cpu and not (batched or block)
-            )  # [1 + n, V], [1 + n, E] or None
+            out = state.target_pass(model, tree, logits_to_host(verifier, model.device))
         except torch.OutOfMemoryError as exc:
             raise OutOfMemory(
                 f"out of memory verifying {n} draft tokens; try a smaller K, topk or tree budget"
             ) from exc
-        # 3. Acceptance: the rule walks the tree (or a sampled chain on CUDA, in one kernel launch; trees:
-        # siblings are verified one after another, see engine/kernels/batched_verifier.py).
-        if block:  # (a sampled chain's prefix by its joint ratio, on the logits' device)
-            verdict = verify_chain_block(logits, tree, state.params, state.gen, state.tops)
-        elif batched and state.params.greedy:
-            verdict = verify_chain_greedy(logits, tree, state.params, state.tops)
-        elif batched:
-            verdict = verify_chain_batched(logits, tree, state.params, state.gen, state.tops)
-        else:
-            verdict = walk_tree(logits, tree, state.params, state.gen, verify_node or verify_children, state.tops)
-        # 4. Caches: keep the pending token and the accepted path in the target cache; drop the rest.
+        # 3. Acceptance: the rule walks the tree, or a chain's verifier decides it on the logits' device.
+        verdict = verify(verifier, out.logits, tree, state.params, state.gen, state.tops, verify_node)
+        # 4. Caches: the pending token and every draft node were written at slots base .. base + n; the pending
+        # token and the accepted path stay, the other n - len(path) slots are rolled back (overwritten next pass).
         cache.length = base + 1 + n
         rows = [0] + [1 + i for i in verdict.path]
         cache.keep(base, rows)
-        # The pending token and every draft node were written at slots base .. base + n; the pending token
-        # and the accepted path stay, the other n - len(path) slots are rolled back (overwritten next pass).
         kv = {"written": 1 + n, "kept": len(rows), "rolled_back": n - len(verdict.path), "length": cache.length}
-        note_walk(state, tree, len(verdict.path))
-        features = hidden[rows] if hidden is not None else None  # the committed rows' features, this pass's
-        verified = Verified(tree, verdict.path, features, base)
-        if plain:
-            state.drafter.skipped(verified)
-        else:
-            state.drafter.accept(verified)
+        state.note_walk(out, len(verdict.path))
+        features = out.hidden[rows] if out.hidden is not None else None  # the committed rows' features, this pass's
+        (state.drafter.skipped if plain else state.drafter.accept)(Verified(tree, verdict.path, features, base))
         verify_ms = (time.perf_counter() - t1) * 1000.0
         resolve_tops(verdict)  # (the screen's top entries, listed outside the pass's time)
-        if state.adaptive is not None:
-            # Times as the step event records them (3 decimals): a trace replays the policy exactly.
-            outcomes = verified_outcomes(tree, verdict.path)
-            depth = max(tree.depths, default=0)
+        if state.adaptive is not None:  # (times as the step event records them, 3 decimals: a trace replays it)
+            outcomes, depth = verified_outcomes(tree, verdict.path), max(tree.depths, default=0)
             state.adaptive.update(len(verdict.path), depth, outcomes, round(draft_ms, 3), round(verify_ms, 3), n)
         k = shape.k if state.drafter.drafts and not plain else 0
         return StepResult(tree, verdict, draft_ms, verify_ms, k, kv, why)

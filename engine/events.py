@@ -130,8 +130,8 @@ def step_event(
     """One target pass. emitted: verdict.emitted(tree), which the loop already built; kept: how many of them
     the run keeps (fewer than all when EOS or max_new_tokens cut it); accepted nodes past the cut
     are marked ``dropped``. payload "off" leaves out the per-node records. draft: {"k": the K this pass
-    drafted with, "stop": why drafting stopped} (``decode.StepResult.draft_info``). kv: the target's KV cache
-    in this pass, {"written", "kept", "rolled_back", "length"} (``decode.StepResult.kv``)."""
+    drafted with, "stop": why drafting stopped} (``run_state.StepResult.draft_info``). kv: the target's KV cache
+    in this pass, {"written", "kept", "rolled_back", "length"} (``run_state.StepResult.kv``)."""
     full = payload == "full"
     dropped = {item["node"] for item in emitted[kept:] if item["node"] is not None}
     texts = token_text if full else None

@@ -22,15 +22,16 @@ rule of ``engine.acceptance`` and nothing else:
   (``acceptance.block_verify_chain``): the drafted prefix accepted by a joint
   ratio; every prefix length is tested, the longest that passes is kept.
 
-The two chain verifiers stay on the logits' device: uniforms and the race's
-exponentials are drawn there with the run's generator (made on that device),
-q is stacked there, and what the Verdict and the events record (the accepted
-count, the extra token, every tested number, and with ``tops`` the top
-``TOP_N`` entries of p, q and the residual) comes back in one host copy per
-pass, never a [K+1, V] row.
+``choose_verifier`` picks one from the run's settings and the draft's shape, and
+``verify`` runs it (``logits_to_host``: where the pass leaves the logits for it).
 
-A Verdict holds every decision and the numbers it was made from; ``engine.events``
-records it and nothing downstream decides again.
+The chain verifiers stay on the logits' device: uniforms and the race's exponentials are drawn there
+with the run's generator (made on that device), q is stacked there, and what the Verdict and the events
+record (the accepted count, the extra token, every tested number, and with ``tops`` the top ``TOP_N``
+entries of p, q and the residual) comes back in one host copy per pass, never a [K+1, V] row.
+
+A Verdict holds every decision and the numbers it was made from; ``engine.events`` records it and
+nothing downstream decides again.
 
 Glossary: p the target's distribution, q the drafter's; *drafted* the K tokens
 proposed, *accepted* the verified prefix, *resampled* the extra token drawn from
@@ -53,10 +54,14 @@ from engine.sampling import SamplingParams, draw, exponentials, probs_from_logit
 from engine.trace import TOP_N
 
 __all__ = [
+    "VERIFIERS",
     "Verdict",
+    "choose_verifier",
+    "logits_to_host",
     "resolve_tops",
     "top_entries",
     "top_entries_of",
+    "verify",
     "verify_chain_batched",
     "verify_chain_block",
     "verify_chain_greedy",
@@ -68,6 +73,9 @@ __all__ = [
 _BELOW_ONE_F32 = 1.0 - 2**-24
 
 Top = list[tuple[int, float]]  # [(token_id, probability)], largest first, positive entries only
+
+# What ``choose_verifier`` picks: the walk, or one of the chain verifiers (greedy, batched sampled, block).
+VERIFIERS = ("walk", "chain_greedy", "chain_batched", "chain_block")
 
 
 @dataclass
@@ -425,3 +433,48 @@ def verify_chain_block(
     kept = _kept_tops(host[3 + 6 * k :], p, q, dist, accepted) if tops else None
     p_token = [p_h[i] if i <= accepted else None for i in range(k)]
     return Verdict(decisions, records, list(range(accepted)), extra, p_token, kept, False, "block")
+
+
+def choose_verifier(
+    tree: DraftTree,
+    params: SamplingParams,
+    rule: str = "token",
+    batch_chains: bool = False,
+    verify_node: Callable | None = None,
+) -> str:
+    """Which of VERIFIERS decides a pass over `tree`: "chain_block" for a sampled chain under the block rule
+    (rule: GenerationSettings.verify); with batch_chains, "chain_greedy" or "chain_batched" for a greedy or
+    sampled chain; else "walk" (trees, the empty draft, and any verify_node: only the walk takes another test)."""
+    if verify_node is None and len(tree) and tree.is_chain:
+        if rule == "block" and not params.greedy:
+            return "chain_block"
+        if batch_chains:
+            return "chain_greedy" if params.greedy else "chain_batched"
+    return "walk"
+
+
+def logits_to_host(verifier: str, device: torch.device) -> bool:
+    """Whether the target pass hands `verifier` its logits on the host: the walk's on the CPU, which reads them
+    row by row (a long chain's last rows then stay unprojected until it does, tree_pass.CHAIN_LOGITS_FIRST). The
+    chain verifiers read them where they live, with one host copy; on CUDA the walk too (a scalar per test)."""
+    return verifier == "walk" and device.type == "cpu"
+
+
+def verify(
+    verifier: str,
+    logits,
+    tree: DraftTree,
+    params: SamplingParams,
+    gen: torch.Generator,
+    tops: bool = False,
+    verify_node: Callable | None = None,
+) -> Verdict:
+    """The Verdict of `verifier` (``choose_verifier``) on one pass's logits [1 + n, V] (a walk's may be a lazy
+    chain's rows, read one by one). verify_node: the walk's node test, None for ``acceptance.verify_children``."""
+    if verifier == "chain_block":  # (a sampled chain's prefix by its joint ratio, on the logits' device)
+        return verify_chain_block(logits, tree, params, gen, tops)
+    if verifier == "chain_greedy":
+        return verify_chain_greedy(logits, tree, params, tops)
+    if verifier == "chain_batched":
+        return verify_chain_batched(logits, tree, params, gen, tops)
+    return walk_tree(logits, tree, params, gen, verify_node or verify_children, tops)

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from engine import trace as trace_io
-from engine.decode import DecodeState, GenerationSettings
+from engine.decode import GenerationSettings
 from engine.drafters import TreeShape
-from engine.drafters.base import DraftContext, DraftTree
+from engine.drafters.base import DraftContext
 from engine.drafters.ngram import NgramDrafter
+from engine.run_state import DecodeState
 from engine.sampling import SamplingParams
 
 PROMPT = [1, 504, 2741, 314, 253, 1345, 28, 504, 2741, 314]
@@ -386,7 +387,7 @@ def test_a_long_chain_projects_only_the_rows_its_walk_reads(monkeypatch):
     assert any(chain.rest is None for chain in chains)
 
 
-def test_a_run_whose_walks_read_past_the_first_rows_projects_every_row_at_once():
+def test_a_run_whose_walks_read_past_the_first_rows_projects_every_row_at_once(tiny_engine):
     """Leaving a long chain's last rows unprojected pays only while walks stop early: each run counts its long
     chains and how many the walk read past CHAIN_LOGITS_FIRST, and past a quarter it projects them all at once
     (drafts accepted ~95% of the time read past them in most passes, and a second read of the projection's
@@ -395,18 +396,20 @@ def test_a_run_whose_walks_read_past_the_first_rows_projects_every_row_at_once()
 
     assert tree_pass.lazy_logits_pay(0, 0)  # the first long chain: lazy
     assert tree_pass.lazy_logits_pay(8, 2) and not tree_pass.lazy_logits_pay(8, 3)
+    model, first = tiny_engine.target.model, tree_pass.CHAIN_LOGITS_FIRST
 
-    class State:
-        long_chains = long_chains_read_past = 0
+    def chain_pass(n: int) -> tree_pass.TreePass:  # what the pass over a chain of n drafts measured
+        return tree_pass.target_pass(
+            model, model.new_cache(32), None, 1, [1] * n, list(range(1, n + 1)), list(range(-1, n - 1))
+        )
 
-    state, first = State(), tree_pass.CHAIN_LOGITS_FIRST
-    chain = DraftTree(tokens=[1] * (first + 2), parents=[-1] + list(range(first + 1)), depths=list(range(1, first + 3)))
+    long, short = chain_pass(first + 2), chain_pass(first - 1)
+    counts = (0, 0)
     for accepted in (first + 2, first, first - 1, 0):
-        tree_pass.note_walk(state, chain, accepted)
-    assert (state.long_chains, state.long_chains_read_past) == (4, 2)
-    short = DraftTree(tokens=[1] * (first - 1), parents=[-1] + list(range(first - 2)), depths=list(range(1, first)))
-    tree_pass.note_walk(state, short, 0)  # a chain of at most CHAIN_LOGITS_FIRST rows is not counted
-    assert state.long_chains == 4
+        counts = tree_pass.note_walk(*counts, long.long_chain, accepted)
+    assert counts == (4, 2)
+    assert not short.long_chain  # a chain of at most CHAIN_LOGITS_FIRST rows is not counted
+    assert tree_pass.note_walk(*counts, short.long_chain, 0) == counts
 
 
 def test_each_pass_records_its_kv_cache_and_the_histogram_adds_up(tiny_engine):

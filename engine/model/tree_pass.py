@@ -5,26 +5,28 @@ position base + depth(i). A chain's mask is plain causal attention (the model's 
 mask lets each node see the committed prefix and its own ancestors. A strict run (``GenerationSettings.strict``,
 and every pass on the fixed-shape runner) pads every pass to the run's widest, attending over the whole
 cache: shape-invariant passes, the same bits whatever the draft.
+
+The pass takes the draft as plain lists (tokens, depths, parents) and what the run decided (strict width,
+features, lazy chain logits), and returns what it measured (``TreePass``): it knows neither the drafters
+nor the decode loop, whose state (and counts, ``note_walk``) stays the loop's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
-from engine.model.transformer import Transformer
+from engine.model.static_pass import StaticPasses
+from engine.model.transformer import KVCache, Transformer
 
-if TYPE_CHECKING:  # (a DraftTree and the loop's DecodeState are read, never built, here)
-    from engine.drafters.base import DraftTree
-
-__all__ = ["CHAIN_LOGITS_FIRST", "lazy_logits_pay", "note_walk", "target_pass", "tree_mask"]
+__all__ = ["CHAIN_LOGITS_FIRST", "TreePass", "lazy_logits_pay", "note_walk", "target_pass", "tree_mask"]
 
 
 # A chain's verification reads the target's logits row by row and stops at the first rejection:
 # rows past it are never used. On the CPU the lm_head product (49152 x 576 for the default model)
 # is a large share of a wide pass, and up to a few rows it costs what one row costs (reading its
-# 57 MB of weights). So a chain's pass computes the logits of its first
+# weights once). So a chain's pass computes the logits of its first
 # CHAIN_LOGITS_FIRST rows and keeps the rest as last-layer rows; the walk projects them, all in one
 # product, only if it gets that far (row-invariant kernels: the same bits as an eager pass).
 CHAIN_LOGITS_FIRST = 5  # chosen by measurement: docs/bench/2026-12-07-notes-from-kernels-and-model.md
@@ -41,12 +43,13 @@ def lazy_logits_pay(long_chains: int, read_past: int) -> bool:
     return read_past <= LAZY_READ_PAST_SHARE * long_chains
 
 
-def note_walk(state, tree: DraftTree, accepted: int) -> None:
-    """Count a verified chain longer than CHAIN_LOGITS_FIRST rows in the run's state, and whether its walk read
-    past them (`accepted` drafts kept: the walk read row CHAIN_LOGITS_FIRST once it kept that many), lazy or not."""
-    if tree.is_chain and len(tree) + 1 > CHAIN_LOGITS_FIRST:
-        state.long_chains += 1
-        state.long_chains_read_past += accepted >= CHAIN_LOGITS_FIRST
+def note_walk(long_chains: int, read_past: int, long_chain: bool, accepted: int) -> tuple[int, int]:
+    """A run's counts (its long chains, how many of them the walk read past CHAIN_LOGITS_FIRST rows) after one
+    more verified pass: counted when the pass was a long chain (``TreePass.long_chain``), read past when the walk
+    kept `accepted` >= CHAIN_LOGITS_FIRST drafts (it then read that row), lazy or not."""
+    if not long_chain:
+        return long_chains, read_past
+    return long_chains + 1, read_past + (accepted >= CHAIN_LOGITS_FIRST)
 
 
 class _ChainLogits:
@@ -71,48 +74,84 @@ class _ChainLogits:
         return self.rest[row - self.first.shape[0]]
 
 
-def tree_mask(tree: DraftTree, base: int, rows: int, span: int) -> torch.Tensor:
-    """[rows, span] bool: the pending token (row 0) and node i (row 1 + i) see the committed prefix
-    (slots < base + 1) and their own ancestors (slot base + 1 + ancestor); padding rows see slot 0."""
-    n = len(tree)
+@dataclass(frozen=True)
+class TreePass:
+    """What one verify pass measured over the pending token and n draft nodes.
+
+    logits:     [1 + n, V] float32, row 0 = the pending token, row 1 + i = node i (a lazy pass's as _ChainLogits)
+    hidden:     [1 + n, E] (F E for a feature-layer mix) the same rows' features when asked, else None
+    long_chain: the draft was a chain of more than CHAIN_LOGITS_FIRST rows (what ``note_walk`` counts)
+    lazy:       its rows past CHAIN_LOGITS_FIRST stay unprojected until the walk reads one
+    """
+
+    logits: torch.Tensor | _ChainLogits
+    hidden: torch.Tensor | None
+    long_chain: bool
+    lazy: bool
+
+
+def tree_mask(parents: list[int], base: int, rows: int, span: int) -> torch.Tensor:
+    """[rows, span] bool: the pending token (row 0) and node i (row 1 + i, its parent parents[i], -1: the root)
+    see the committed prefix (slots < base + 1) and their own ancestors (slot base + 1 + ancestor); padding rows
+    see slot 0."""
+    n = len(parents)
     mask = torch.zeros(rows, span, dtype=torch.bool)
     mask[: 1 + n, : base + 1] = True
     for i in range(n):
-        for anc in tree.path_to(i):
-            mask[1 + i, base + 1 + anc] = True
+        node = i
+        while node != -1:  # node i and its ancestors
+            mask[1 + i, base + 1 + node] = True
+            node = parents[node]
     mask[1 + n :, 0] = True
     return mask
 
 
-def target_pass(model: Transformer, state, tree: DraftTree, to_host: bool):
-    """Logits [1 + n, V]: row 0 = the pending token, row 1 + i = draft node i (a long chain's
-    on the CPU as _ChainLogits, projected when the walk reaches them); and the same rows'
-    last-layer features [1 + n, E] when the drafter reads them (else None)."""
-    needs = state.drafter.needs
-    base, n = state.cache.length, len(tree)
-    tokens = [state.context[-1]] + tree.tokens
-    positions = [base] + [base + d for d in tree.depths]
+def target_pass(
+    model: Transformer,
+    cache: KVCache,
+    static: StaticPasses | None,
+    pending: int,
+    tokens: list[int],
+    depths: list[int],
+    parents: list[int],
+    *,
+    width: int | None = None,
+    features: bool = False,
+    feature_layers: tuple[int, ...] | None = None,
+    to_host: bool = True,
+    lazy_ok: bool = True,
+) -> TreePass:
+    """One pass over the pending token and the draft (node i: tokens[i] at depth depths[i] under parents[i]).
+
+    cache: the target's, its length the pending token's position; static: the run's fixed-shape runner (its
+    passes are strict), or None. width: a strict pass's rows (padded to it, attending over the whole cache),
+    None: 1 + n rows. features: return the rows' features too (of feature_layers, else the last layer's).
+    to_host: the logits on the host (else on the model's device). lazy_ok: a long chain's pass may leave its
+    last rows unprojected (on our row-invariant lm_head, to the host, without a mask: CHAIN_LOGITS_FIRST)."""
+    base, n = cache.length, len(tokens)
+    chain = all(parent == i - 1 for i, parent in enumerate(parents))
+    long_chain = chain and n + 1 > CHAIN_LOGITS_FIRST
+    tokens = [pending, *tokens]
+    positions = [base] + [base + d for d in depths]
     mask = attend_len = None
     # A chain's tree mask is plain causal attention: leave it to the model's causal path.
-    if (n and not tree.is_chain) or state.strict:
-        rows = state.width if state.strict else 1 + n
-        attend_len = state.cache.capacity if state.strict else base + 1 + n
-        mask = tree_mask(tree, base, rows, attend_len)
+    if (n and not chain) or width is not None:
+        rows = 1 + n if width is None else width
+        attend_len = base + 1 + n if width is None else cache.capacity
+        mask = tree_mask(parents, base, rows, attend_len)
         tokens += [0] * (rows - 1 - n)  # strict: padding rows
         positions += [base] * (rows - 1 - n)
-    features = needs.target_features
-    layers = needs.feature_layers if features else None
-    if state.static is not None:  # the same strict pass, in fixed buffers (replayed as a CUDA graph there)
-        out = state.static.run(tokens, positions, mask, layers, features=features, to_host=to_host)
-        return out.logits[: 1 + n], out.hidden[: 1 + n] if features else None
+    layers = feature_layers if features else None
+    if static is not None:  # the same strict pass, in fixed buffers (replayed as a CUDA graph there)
+        out = static.run(tokens, positions, mask, layers, features=features, to_host=to_host)
+        return TreePass(out.logits[: 1 + n], out.hidden[: 1 + n] if features else None, long_chain, False)
     # (only where the lm_head runs on our row-invariant kernel: torch's BLAS may round a row
     # differently in products of another height)
-    lazy = tree.is_chain and mask is None and to_host and model.lm_head_on_kernel and n + 1 > CHAIN_LOGITS_FIRST
-    lazy = lazy and lazy_logits_pay(state.long_chains, state.long_chains_read_past)
+    lazy = long_chain and lazy_ok and mask is None and to_host and model.lm_head_on_kernel
     out = model.run_pass(
         torch.tensor(tokens),
         torch.tensor(positions),
-        state.cache,
+        cache,
         mask=mask,
         attend_len=attend_len,
         to_host=to_host,
@@ -123,5 +162,5 @@ def target_pass(model: Transformer, state, tree: DraftTree, to_host: bool):
     hidden = out.hidden[: 1 + n] if features else None
     if lazy:  # (the last layer's rows: the last E columns of a feature-layer mix)
         last = out.hidden[CHAIN_LOGITS_FIRST : 1 + n, -model.cfg.hidden_size :]
-        return _ChainLogits(model, out.logits, last), hidden
-    return out.logits[: 1 + n], hidden
+        return TreePass(_ChainLogits(model, out.logits, last), hidden, long_chain, True)
+    return TreePass(out.logits[: 1 + n], hidden, long_chain, False)

@@ -218,12 +218,7 @@ def exactness_verdict(test: dict | None, lossy: bool = False) -> str:
 
 
 def verify_children_ignoring_q(
-    p: torch.Tensor,
-    q: torch.Tensor,
-    child_ids: list[int],
-    u: list[float],
-    greedy: bool,
-    point_mass: bool = False,
+    p: torch.Tensor, q: torch.Tensor, child_ids: list[int], u: list[float], greedy: bool, point_mass: bool = False
 ) -> tuple[int | None, torch.Tensor, list[dict]]:
     """NEGATIVE CONTROL ONLY: the shortcut of accepting a drafted token with min(1, p(c)) and
     drawing the extra token from p itself, ignoring q. Same arguments and result as

@@ -40,6 +40,7 @@ Under greedy decoding (T = 0) every rule here is the exact greedy rule (``verify
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.acceptance import Q_FLOOR, residual, verify_children
+from engine.acceptance import Q_FLOOR, verify_children
 from engine.tools.exactness import chi_square_test, exactness_verdict, verify_children_ignoring_q
 from engine.tools.samples import sample_next_tokens
 
@@ -58,7 +59,6 @@ __all__ = [
     "RULES",
     "Rule",
     "greedy_match",
-    "relaxed_rule",
     "row_id",
     "rule_verdict",
     "run_rule",
@@ -72,53 +72,13 @@ DEFAULT_WEIGHT = 0.5  # the static ensemble's w: v = w·p + (1 − w)·q
 DEFAULT_THRESHOLD = 0.5  # the accept threshold t
 
 
-def relaxed_rule(
-    keep: Callable[[float, float], float],
-    p: torch.Tensor,
-    q: torch.Tensor,
-    child_ids: list[int],
-    u: list[float],
-    greedy: bool,
-    point_mass: bool = False,
-) -> tuple[int | None, torch.Tensor, list[dict]]:
-    """The exact rule's walk over one node's children (``acceptance.verify_children``: siblings drawn without
-    replacement, the residual after each rejection) with another keep probability keep(p(c), q(c)).
-
-    p: [V] target probabilities at the node; q: [V] the drafter's (ignored when point_mass); child_ids: the
-    children in draw order; u: one uniform per child. Returns what ``verify_children`` returns."""
-    if greedy:
-        return verify_children(p, q, child_ids, u, greedy, point_mass)
-    records: list[dict] = []
-    p_j, q_j = p, q
-    for j, c in enumerate(child_ids):
-        if point_mass:
-            q_j = torch.zeros_like(p)
-            q_j[c] = 1.0
-        p_c, q_c = float(p_j[c]), float(q_j[c])
-        accept_prob = min(1.0, max(0.0, keep(p_c, max(q_c, Q_FLOOR))))
-        records.append({"p_eff": p_c, "q_eff": q_c, "accept_prob": accept_prob, "u": float(u[j]), "adjusted": j > 0})
-        if u[j] < accept_prob:
-            return j, p_j, records
-        p_j = residual(p_j, q_j)
-        if point_mass:
-            continue
-        q_next = q_j.clone()
-        q_next[c] = 0.0
-        total = float(q_next.sum())
-        q_j = q_next / total if total > 0 else q_next
-    return None, p_j, records
-
-
 def static_ensemble(weight: float) -> Callable:
     """The static ensemble's test with weight w in (0, 1]: keep with min(1, 1 − w + w·p/q) (w = 1: the exact
     rule). Its output law is v = w·p + (1 − w)·q (module docstring)."""
     if not 0.0 < weight <= 1.0:
         raise ValueError(f"the ensemble weight w must be in (0, 1], got {weight!r}")
 
-    def verify(p, q, child_ids, u, greedy, point_mass=False):
-        return relaxed_rule(lambda p_c, q_c: 1.0 - weight + weight * p_c / q_c, p, q, child_ids, u, greedy, point_mass)
-
-    return verify
+    return functools.partial(verify_children, keep=lambda p_c, q_c: 1.0 - weight + weight * p_c / q_c)
 
 
 def threshold_rule(threshold: float) -> Callable:
@@ -126,10 +86,7 @@ def threshold_rule(threshold: float) -> Callable:
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"the accept threshold t must be in (0, 1], got {threshold!r}")
 
-    def verify(p, q, child_ids, u, greedy, point_mass=False):
-        return relaxed_rule(lambda p_c, q_c: p_c / (threshold * q_c), p, q, child_ids, u, greedy, point_mass)
-
-    return verify
+    return functools.partial(verify_children, keep=lambda p_c, q_c: p_c / (threshold * q_c))
 
 
 def untempered_q(temperature: float) -> Callable:
