@@ -7,10 +7,8 @@ Public API (imported lazily so that ``import engine`` stays cheap)::
     for event in engine.generate("Hello", drafter="ngram", k=4):
         ...                                            # start, step..., finish dicts
 
-Layout (docs/architecture.md follows one token through it): the top level is the one-token
-path in reading order (``settings``, ``decode``, ``prompts``, ``sampling``, ``acceptance``, ``verification``,
-``events``, ``trace``, ``metrics``; ``host``, ``paths``, ``config``, ``cli``); the rooms are
-``drafters/``, ``model/``, ``kernels/``, ``vllm/``, ``training/`` and ``tools/``.
+Layout: the top level is the one-token path in reading order, the folders are its rooms;
+docs/architecture.md names every module and follows one token through them.
 """
 
 __all__ = ["GenerationSettings", "SpeculativeEngine", "load_model", "ModelLoadError"]

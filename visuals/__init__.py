@@ -3,9 +3,7 @@
 Only plotly, the standard library and the engine's plain-Python trace model (engine.trace, engine.metrics):
 no model code, no UI code. The trace names below are the engine's own functions, re-exported.
 
-Modules: style (colours, marks, layout), steps (reading one pass), tree (the draft tree), distributions
-(p vs q), run_charts (timeline, tokens per pass, acceptance by position, draft depth per pass), speedup
-(speedup calculator, batch figure), report (all figures of a run), lab_figures (the app's labs and race).
+One palette, marks and layout for every figure live in style; docs/architecture.md names each module.
 """
 
 from __future__ import annotations

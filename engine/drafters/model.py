@@ -1,6 +1,6 @@
-"""Drafting with a small model: ``model:<id or preset>`` (an independent model sharing the
-target's vocabulary) and ``int8`` (the target's own weights quantised to int8: quantised
-self-speculation). ``eagle`` builds on ``ModelDrafter`` with a head over the target's features.
+"""Drafting with a model of its own: a separate small model of the target's vocabulary (``model:<id>``) or the
+target's own weights quantised (``int8``, ``q4``: self-speculation), each with its KV cache, one pass per level
+(a chain in one C call where it can). The EAGLE head builds on ``ModelDrafter``; the families are at the bottom.
 """
 
 from __future__ import annotations

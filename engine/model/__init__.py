@@ -1,3 +1,3 @@
-"""The target model: loading (GGUF cache, Hub, presets), our Llama/Qwen2 forward and its KV cache,
-weight formats, the memory plan, and measured pass costs.
+"""The target model and its passes: how it loads, how a pass runs and what a pass costs here. It knows nothing
+of drafters or of the decode loop (a layout rule): the loop hands a pass plain arguments and reads what it returns.
 """

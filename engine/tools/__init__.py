@@ -1,3 +1,3 @@
-"""Measurement tools behind the CLI: ``bench`` (the benchmark table), ``parity`` (greedy parity),
-``exactness`` (chi-square tests, the toy sampler and the lossy negative control).
+"""What the CLI and the app run on top of the engine: measurements (the bench, races, pass costs), checks (greedy
+parity, exactness, selfcheck), the analyzer of a server's traffic, memory plans and launch commands.
 """
