@@ -27,6 +27,12 @@ PROMPT = "Write a haiku about autumn leaves."
 
 def random_head(engine, vocab: int = 4096, seed: int = 0) -> EagleHead:
     """An untrained head of the right shapes: drafting is then poor but must still be exact."""
+    state, vocab_ids = random_head_state(engine, vocab, seed)
+    return EagleHead(engine.target.model, state, vocab_ids, {"target": engine.target.name})
+
+
+def random_head_state(engine, vocab: int = 4096, seed: int = 0) -> tuple[dict, torch.Tensor]:
+    """(an untrained last-layer head's tensors, its reduced vocabulary) for the engine's target."""
     model = engine.target.model
     cfg = model.cfg
     gen = torch.Generator().manual_seed(seed)
@@ -48,7 +54,7 @@ def random_head(engine, vocab: int = 4096, seed: int = 0) -> EagleHead:
     state = {n: (torch.ones(s) if len(s) == 1 else torch.randn(s, generator=gen) * 0.3) for n, s in shapes.items()}
     # The reduced vocabulary: the most likely tokens of a real run are in it, some are not.
     vocab_ids = torch.randperm(cfg.vocab_size, generator=gen)[:vocab].sort().values
-    return EagleHead(model, state, vocab_ids, {"target": engine.target.name})
+    return state, vocab_ids
 
 
 @pytest.fixture(scope="module")
@@ -126,41 +132,44 @@ def test_missing_head_names_the_target_and_the_command(tiny_engine, tmp_path):
         load_head(tiny_engine.target.model, "some/other-model", tmp_path)
 
 
-def test_train_head_quick_writes_a_head_the_engine_drafts_with(tmp_path, tiny_engine):
-    """The whole recipe (prompts, self-distilled answers, features, vocabulary, training with
-    unrolling, export, held-out check, curves HTML) on a tiny random target, through the CLI."""
-    out = tmp_path / "head"
-    proc = subprocess.run(
-        [sys.executable, "-m", "engine", "train-head", "--quick", "--out", str(out), "--work", str(tmp_path / "w")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "held-out greedy K=4" in proc.stdout
-    assert {"eagle-head.safetensors", "README.md", "training-curves.json", "training-curves.html"} <= {
-        p.name for p in out.iterdir()
-    }
-    curves = json.loads((out / "training-curves.json").read_text())
-    assert len(curves["ce"][0]) == 3 and len(curves["step"]) >= 2
-    head = load_head(tiny_engine.target.model, "tiny-random", out)
-    assert head.vocab_ids.numel() == 512 and int(head.meta["hidden_size"]) == 64
+@pytest.fixture(scope="module")
+def trained_head(tmp_path_factory, tiny_engine):
+    """One head trained once for the module, through the CLI, into a folder that already holds a head: an untrained
+    last-layer one (format 1, what --feature-layers last writes). train-head --quick on the tiny random target,
+    three of its prompts written by the target itself; the new head (the default: a mix of layers) is written
+    aside and replaces the installed one only if it drafts more tokens per pass. Returns (out, work, a copy of
+    the untrained head's folder, stdout)."""
+    from safetensors.torch import save_file
 
-    # Another seed in the same work folder draws other prompts: every answer row is for its own
-    # prompt (none reused from the first run's prompt at that index), the features are recomputed.
-    # Three of its prompts are written by the target itself; the head already in `out` is replaced only
-    # if the new one drafts more tokens per pass on the held-out prompts.
-    work = tmp_path / "w"
-    first_digest = (work / "features.sha256").read_text()
-    first_head = (out / "eagle-head.safetensors").read_bytes()
-    again = ["train-head", "--quick", "--seed", "1", "--written", "3", "--out", str(out), "--work", str(work)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "engine", *again],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    root = tmp_path_factory.mktemp("head")
+    out, work, untrained = root / "head", root / "w", root / "untrained"
+    state, vocab_ids = random_head_state(tiny_engine, vocab=512)
+    meta = {"format": "1", "target": "tiny-random", "hidden_size": str(tiny_engine.target.model.cfg.hidden_size)}
+    for folder in (out, untrained):
+        folder.mkdir()
+        save_file({**state, "vocab_ids": vocab_ids}, str(folder / "eagle-head.safetensors"), metadata=meta)
+        (folder / "README.md").write_text("an untrained head\n")
+    args = ["train-head", "--quick", "--written", "3", "--out", str(out), "--work", str(work)]
+    proc = subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return out, work, untrained, proc.stdout
+
+
+def test_train_head_quick_writes_a_head_the_engine_drafts_with(trained_head, tiny_engine):
+    """The whole recipe (prompts, some written by the target, self-distilled answers, features, vocabulary,
+    training with unrolling, export, held-out check, curves HTML, the keep-or-replace decision) on a tiny random
+    target; the engine drafts with the head it wrote and with the head it found, each fed the layers its file
+    names, and greedy decoding with either is the target's own."""
+    out, work, untrained, stdout = trained_head
+    candidate = work / "candidate"
+    assert "held-out greedy K=4" in stdout
+    assert {"eagle-head.safetensors", "README.md", "training-curves.json"} <= {p.name for p in candidate.iterdir()}
+    curves = json.loads((candidate / "training-curves.json").read_text())
+    assert len(curves["ce"][0]) == 3 and len(curves["step"]) >= 2
+    new = load_head(tiny_engine.target.model, "tiny-random", candidate)
+    assert new.vocab_ids.numel() == 512 and int(new.meta["hidden_size"]) == 64
+
+    # Every answer row is for its own prompt; three of the prompts are written by the target itself.
     prompts = json.loads((work / "prompts.json").read_text())
     rows = {}
     for line in (work / "answers.jsonl").read_text().splitlines():
@@ -168,33 +177,24 @@ def test_train_head_quick_writes_a_head_the_engine_drafts_with(tmp_path, tiny_en
         rows[row["index"]] = row  # the last row written for an index is the one the run used
     for i, row in rows.items():
         assert row["prompt_ids"] == tiny_engine.encode_prompt(prompts[i]["prompt"]), i
-    assert (work / "features.sha256").read_text() != first_digest
     written = [p for p in prompts if p["kind"] == "written"]
     assert 0 < len(written) <= 3 and all(12 <= len(p["prompt"]) <= 300 for p in written), written
+
+    # The head already there was weighed against the new one on the same held-out prompts.
     decision = json.loads((work / "decision.json").read_text())
     assert decision["new"]["prompts"] == decision["current"]["prompts"] >= 10
     replaced = decision["replaced"]
     assert replaced == (decision["new"]["tokens_per_pass"] > decision["current"]["tokens_per_pass"])
     kept = (out / "eagle-head.safetensors").read_bytes()
-    assert (kept == (work / "candidate" / "eagle-head.safetensors").read_bytes()) == replaced
-    assert (kept == first_head) == (not replaced)
+    assert (kept == (candidate / "eagle-head.safetensors").read_bytes()) == replaced
+    assert ("untrained" in (out / "README.md").read_text()) == (not replaced)
+    assert (out / "training-curves.html").exists() == replaced  # drawn beside the installed head's curves
 
-    # The default head reads a mix of the target's layers (EAGLE-3 style; both of the tiny
-    # target's two), `--feature-layers last` the last layer alone (EAGLE-1): each file says which,
-    # the engine hands it those layers' rows, and greedy decoding with it is the target's own.
-    last_only = tmp_path / "last"
-    proc = subprocess.run(
-        [sys.executable, "-m", "engine", "train-head", "--quick", "--feature-layers", "last", "--out", str(last_only)]
-        + ["--work", str(work)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    for folder, layers in ((out, (0, 1)), (last_only, None)):
+    # The new head reads a mix of the target's layers (EAGLE-3 style; both of the tiny target's two), the
+    # untrained one the last layer alone (EAGLE-1): each file says which, the engine hands it those rows.
+    for folder, layers in ((candidate, (0, 1)), (untrained, None)):
         head = load_head(tiny_engine.target.model, "tiny-random", folder)
         assert head.feature_layers == layers and (head.fc is not None) == bool(layers)
-        assert ("layers 0, 1" in (folder / "README.md").read_text()) == bool(layers)
         tiny_engine.use_eagle_head(head)
         try:
             results = list(parity_check(tiny_engine, [PROMPT, "List three fruits."], "eagle", max_new_tokens=16, k=3))
@@ -202,6 +202,7 @@ def test_train_head_quick_writes_a_head_the_engine_drafts_with(tmp_path, tiny_en
             assert tiny_engine.drafter("eagle").needs.feature_layers == layers
         finally:
             tiny_engine.use_eagle_head(None)
+    assert "layers 0, 1" in (candidate / "README.md").read_text()
     bad = subprocess.run(
         [sys.executable, "-m", "engine", "train-head", "--quick", "--feature-layers", "1,0", "--work", str(work)],
         capture_output=True,
@@ -209,6 +210,23 @@ def test_train_head_quick_writes_a_head_the_engine_drafts_with(tmp_path, tiny_en
         timeout=300,
     )
     assert bad.returncode != 0 and "feature layers must be increasing" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_features_are_reused_only_for_the_sequences_they_were_computed_from(tmp_path):
+    """Another seed in the same work folder draws other prompts: train-head's features (stage 3) are kept with
+    the digest of the sequences they were computed from and recomputed for any others."""
+    from conftest import tiny_hf_model
+
+    from engine.training.train_head import TrainConfig, _cached_features
+
+    hf, cfg = tiny_hf_model("llama", 512, 0), TrainConfig(feature_layers=())
+    first = _cached_features(cfg, hf, [[1, 2, 3], [4, 5]], tmp_path)
+    digest = (tmp_path / "features.sha256").read_text()
+    again = _cached_features(cfg, hf, [[1, 2, 3], [4, 5]], tmp_path)
+    assert (tmp_path / "features.sha256").read_text() == digest
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    other = _cached_features(cfg, hf, [[1, 2, 3], [4, 6]], tmp_path)
+    assert (tmp_path / "features.sha256").read_text() != digest and not torch.equal(first[1], other[1])
 
 
 def test_training_features_are_the_rows_the_engine_hands_the_head():

@@ -137,7 +137,7 @@ def test_chi_square_pools_small_cells_and_flags_samples_off_support():
         (lambda L: L.lossless.run_lossless("", 1.0, 8, "int8", 1, 2, 300, 0), "prompt"),
         (lambda L: L.lossless.run_lossless("Hi!", 0, 8, "int8", 1, 2, 300, 0), "Temperature"),
         (lambda L: L.lossless.run_lossless("Hi!", 1.0, 8, "int8", 1, 2, 10**6, 0), "Samples"),
-        (lambda L: L.lossless.run_lossless("Hi!", 1.0, 8, "model:x", 1, 2, 300, 0), "int8, q4, ngram, suffix or eagle"),
+        (lambda L: L.lossless.run_lossless("Hi!", 1.0, 8, "model:x", 1, 2, 300, 0), "ngram, suffix, int8, q4 or eagle"),
         (lambda L: L.lossless.run_lossless("Hi!", 1.0, 8, "int8", 1, 2, 300, 0, []), "at least one sampler"),
         (lambda L: L.parity.run_parity("", "ngram", "float32", 8, 4, False), "at least one prompt"),
         (lambda L: L.parity.run_parity("a\n" * 30, "ngram", "float32", 8, 4, False), "At most"),

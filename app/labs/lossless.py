@@ -172,7 +172,8 @@ def _checked(prompt, temperature, top_k, drafter, k, topk, n_samples, seed, samp
         "tokens": number(tokens, "Tokens tested", 1, max(TOKENS_TESTED), integer=True),
     }
     if lab["drafter"] not in single_drafters():
-        raise gr.Error(f"Choose the {', '.join(single_drafters())} drafter for this lab, got {lab['drafter']!r}.")
+        *most, last = single_drafters()
+        raise gr.Error(f"Choose the {', '.join(most)} or {last} drafter for this lab, got {lab['drafter']!r}.")
     lab["chosen"] = list(DEFAULT_SAMPLERS) if samplers is None else [kind for kind in SAMPLERS if kind in samplers]
     if not lab["chosen"] or (samplers is not None and set(samplers) - set(SAMPLERS)):
         raise gr.Error(f"Pick at least one sampler to run ({', '.join(SAMPLERS)}).")
