@@ -22,8 +22,13 @@ ADAPTIVE_INFO = (
 
 def drafter_summary() -> str:
     """Who guesses ahead, one clause per registered drafter family (its own help line)."""
-    clauses = [f"{f.form}: {f.help}" for f in families() if f.kind != "baseline"]
-    return "Who guesses ahead. " + "; ".join(clauses) + ". What a guess costs is c, in target passes: "
+    # (a family's name, or its form where that is the point: model:<id>, MODEL+COPY, COPY/MODEL[:DEPTH])
+    clauses = [f"{f.form if f.parse else f.name}: {f.help}" for f in families() if f.kind != "baseline"]
+    return (
+        "Who guesses ahead. "
+        + " ".join(f"{clause}." for clause in clauses)
+        + " What a guess costs is c, in target passes: "
+    )
 
 
 def drafter_info(engine=None) -> str:
@@ -63,7 +68,7 @@ def drafter_choices(vllm: bool = True, baseline: bool = True) -> list[tuple[str,
 
 
 def single_drafters(baseline: bool = False) -> dict[str, str]:
-    """{spec: "name: one line"} of every family that drafts alone and runs by its bare name (the labs that compare
+    """{spec: its menu label} of every family that drafts alone and runs by its bare name (the labs that compare
     drafters one by one; a draft model needs an id, a composite its parts), in family order."""
     found = {}
     for f in families():
@@ -73,5 +78,5 @@ def single_drafters(baseline: bool = False) -> dict[str, str]:
             parse(f.name)
         except ValueError:
             continue
-        found[f.name] = f"{f.name}: {f.help}"
+        found[f.name] = f.label
     return found
