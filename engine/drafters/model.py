@@ -86,7 +86,7 @@ class ModelDrafter(Drafter):
     def draft_q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         return probs_from_logits(logits, params)  # [.., V] float32
 
-    def _share_target_kv(self) -> None:
+    def take_target_kv(self) -> None:
         """With the target's cache (needs.target_kv): take the keys and values of the committed positions the
         drafter has not computed from it (the prompt at the first step; later the last draft of a pass whose
         drafts were all accepted, which the drafter drew but never fed), so that only the pending token is left
@@ -104,7 +104,7 @@ class ModelDrafter(Drafter):
         step, then the target's extra token and any unseen accepted ones; with the target's
         keys and values shared, the pending token alone). Returns the logits [V] for the
         token after the context and the position the first draft node's slot follows (len(context))."""
-        self._share_target_kv()
+        self.take_target_kv()
         cache = self.cache
         base = cache.length
         new = context[base:]
@@ -236,7 +236,7 @@ class ModelDrafter(Drafter):
         model, cache, shape, params = self.model, self.cache, context.shape, context.params
         if not (self._token_passes() and chains.greedy_chain_ready(model, cache)):
             return None
-        self._share_target_kv()
+        self.take_target_kv()
         committed = len(context.tokens)
         new = context.tokens[cache.length :]
         if not new:

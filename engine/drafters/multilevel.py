@@ -87,7 +87,7 @@ class MultiLevelDrafter(ModelDrafter):
             return super().propose(context)
         if self.cache is None:
             raise RuntimeError("MultiLevelDrafter.start must be called before propose")
-        self._share_target_kv()
+        self.take_target_kv()
         tree = DraftTree(stop="depth", facts={"model_passes": 0, "copied": 0})
         drafted: list[int] = []
         # The first round rides on the catch-up pass: the committed tokens the model has not seen, then the
