@@ -26,7 +26,6 @@ __all__ = [
     "Serving",
     "families",
     "family",
-    "family_of",
     "forms",
     "memory_of",
     "menu",
@@ -186,10 +185,6 @@ def families(kind: str | None = None) -> list[Family]:
 def family(name: str) -> Family:
     """The family of this name (KeyError if none is registered)."""
     return _FAMILIES[name]
-
-
-def family_of(spec: str | DrafterSpec) -> Family:
-    return family(spec.family if isinstance(spec, DrafterSpec) else parse(spec).family)
 
 
 def memory_of(spec: DrafterSpec, sizes: MemorySizes) -> DrafterMemory | None:
